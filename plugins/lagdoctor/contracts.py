@@ -1,0 +1,134 @@
+"""The public data contracts (shared/CONTRACTS.md), in one place.
+
+Everything that reads or writes snapshots, findings or partition status takes
+its column names and types from here; tests compare these against the page.
+No heavy imports at module level: pyarrow and pyspark types are built lazily.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Contract 1: offset snapshot. (name, arrow type name, nullable)
+SNAPSHOT_COLUMNS: Final[tuple[tuple[str, str, bool], ...]] = (
+    ("snapshot_ts", "timestamp[us, UTC]", False),
+    ("cluster", "string", False),
+    ("group_id", "string", False),
+    ("group_state", "string", False),
+    ("topic", "string", False),
+    ("partition", "int32", False),
+    ("log_start_offset", "int64", False),
+    ("log_end_offset", "int64", False),
+    ("committed_offset", "int64", True),
+    ("lag", "int64", True),
+    ("member_id", "string", True),
+    ("client_id", "string", True),
+    ("host", "string", True),
+    ("group_members", "int32", True),
+)
+# Optional columns a reader must tolerate being absent or null.
+SNAPSHOT_OPTIONAL_COLUMNS: Final[tuple[tuple[str, str, bool], ...]] = (
+    ("committed_record_ts", "timestamp[us, UTC]", True),
+    ("leader_broker", "int32", True),
+)
+SNAPSHOT_COLUMN_NAMES: Final[tuple[str, ...]] = tuple(c[0] for c in SNAPSHOT_COLUMNS)
+
+GROUP_STATES: Final[tuple[str, ...]] = (
+    "STABLE",
+    "PREPARING_REBALANCE",
+    "COMPLETING_REBALANCE",
+    "EMPTY",
+    "DEAD",
+    "ASSIGNING",
+    "RECONCILING",
+    "UNKNOWN",
+)
+# States in which a group has no live consumers.
+INACTIVE_GROUP_STATES: Final[frozenset[str]] = frozenset({"EMPTY", "DEAD"})
+REBALANCING_GROUP_STATES: Final[frozenset[str]] = frozenset(
+    {"PREPARING_REBALANCE", "COMPLETING_REBALANCE", "ASSIGNING", "RECONCILING"}
+)
+
+# Contract 2: diagnosis job outputs.
+DIAGNOSES: Final[tuple[str, ...]] = (
+    "healthy",
+    "partition_imbalance",
+    "producer_surge",
+    "slow_consumer",
+    "stalled_consumer",
+    "crashed_consumer",
+    "rebalance_loop",
+)
+PATTERNS: Final[tuple[str, ...]] = (
+    "flat",
+    "steady_climb",
+    "spiky",
+    "staircase",
+    "roller_coaster",
+    "plateau",
+    "sawtooth",
+    "explosion",
+)
+SEVERITIES: Final[tuple[str, ...]] = ("ok", "warning", "critical")
+FINDING_FIELDS: Final[tuple[str, ...]] = (
+    "cluster",
+    "group_id",
+    "topic",
+    "partitions",
+    "diagnosis",
+    "pattern",
+    "severity",
+    "summary",
+    "evidence",
+    "window_start",
+    "window_end",
+)
+PARTITION_STATUS_FIELDS: Final[tuple[str, ...]] = (
+    "cluster",
+    "group_id",
+    "topic",
+    "partition",
+    "status",
+    "lag",
+    "time_lag_seconds",
+    "consume_rate",
+    "produce_rate",
+)
+FINDINGS_FILE: Final[str] = "findings.jsonl"
+PARTITION_STATUS_FILE: Final[str] = "partition_status.jsonl"
+
+# Contract 3: Burrow statuses, least to most bad (a group's status is its
+# worst partition's).
+PARTITION_STATUSES: Final[tuple[str, ...]] = ("OK", "WARN", "ERR", "STOP", "STALL", "REWIND")
+
+# Contract 5
+SWEEP_DAG_ID: Final[str] = "kafka_lag_health_sweep"
+INCIDENT_DAG_ID: Final[str] = "kafka_lag_incident"
+
+
+def snapshot_arrow_schema(include_optional: bool = False):
+    """The pyarrow schema of contract 1."""
+    import pyarrow as pa
+
+    types = {
+        "timestamp[us, UTC]": pa.timestamp("us", tz="UTC"),
+        "string": pa.string(),
+        "int32": pa.int32(),
+        "int64": pa.int64(),
+    }
+    cols = SNAPSHOT_COLUMNS + (SNAPSHOT_OPTIONAL_COLUMNS if include_optional else ())
+    return pa.schema([pa.field(name, types[t], nullable=n) for name, t, n in cols])
+
+
+def snapshot_spark_schema(include_optional: bool = False):
+    """The Spark StructType of contract 1 (imports pyspark: Spark side only)."""
+    from pyspark.sql import types as T
+
+    types = {
+        "timestamp[us, UTC]": T.TimestampType(),
+        "string": T.StringType(),
+        "int32": T.IntegerType(),
+        "int64": T.LongType(),
+    }
+    cols = SNAPSHOT_COLUMNS + (SNAPSHOT_OPTIONAL_COLUMNS if include_optional else ())
+    return T.StructType([T.StructField(name, types[t], n) for name, t, n in cols])

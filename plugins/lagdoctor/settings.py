@@ -1,0 +1,60 @@
+"""Run-time settings: one frozen object, built when a task or command runs.
+
+Nothing here is read at import time, so DAG parsing never touches the
+environment. Secrets never live here: they come from Airflow Connections.
+
+Layout under the data root (contract 6):
+
+    <root>/snapshots/cluster=<c>/date=<YYYY-MM-DD>/<file>.parquet   offset history
+    <root>/findings/<run_key>/findings.jsonl, partition_status.jsonl  each run's diagnosis
+    <root>/actions/actions.jsonl                                       remediation audit log
+    <root>/incidents/                                                  Slack thread / incident state
+    <root>/reports/                                                    HTML incident reports
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def _default_data_root() -> str:
+    airflow_home = os.environ.get("AIRFLOW_HOME") or str(Path.home() / "airflow")
+    return str(Path(airflow_home) / "lagdoctor")
+
+
+def join(root: str, *parts: str) -> str:
+    """Join path parts onto a local path or a URI (s3a://bucket/x) alike."""
+    return "/".join([root.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_root: str = field(default_factory=_default_data_root)
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> "Settings":
+        env = os.environ if environ is None else environ
+        root = env.get("LAGDOCTOR_DATA_ROOT") or _default_data_root()
+        return cls(data_root=root)
+
+    @property
+    def snapshots_root(self) -> str:
+        return join(self.data_root, "snapshots")
+
+    @property
+    def findings_root(self) -> str:
+        return join(self.data_root, "findings")
+
+    @property
+    def actions_log(self) -> str:
+        return join(self.data_root, "actions", "actions.jsonl")
+
+    @property
+    def incidents_root(self) -> str:
+        return join(self.data_root, "incidents")
+
+    @property
+    def reports_root(self) -> str:
+        return join(self.data_root, "reports")

@@ -1,0 +1,35 @@
+"""Test configuration shared by the whole suite.
+
+Airflow reads its configuration at import time, so its environment is set
+here before any test module can import airflow. Fixtures live in
+tests/fixtures/, one module per concern (broker, spark, ...).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_airflow_home = Path(tempfile.mkdtemp(prefix="lagdoctor-airflow-"))
+os.environ.setdefault("AIRFLOW_HOME", str(_airflow_home))
+os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(ROOT / "dags"))
+os.environ.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", str(ROOT / "plugins"))
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
+os.environ.setdefault(
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", f"sqlite:///{_airflow_home / 'airflow.db'}"
+)
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# spark-submit locates SPARK_HOME through the first python3 on PATH.
+os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+pytest_plugins = [
+    "tests.fixtures.broker",
+    "tests.fixtures.spark",
+]
