@@ -1,0 +1,189 @@
+"""The `lagdoctor` command (contract 4).
+
+Errors are one line on stderr and a non-zero exit; nothing half-written is
+left behind. Heavy modules are imported inside the subcommands so `--help`
+stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+
+log = logging.getLogger("lagdoctor")
+
+
+class CommandError(Exception):
+    """A user-facing failure: printed as one line, exit code 1."""
+
+
+def _fail(message: str) -> int:
+    print(f"lagdoctor: error: {' '.join(message.split())}", file=sys.stderr)
+    return 1
+
+
+# -- broker -------------------------------------------------------------------
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from lagdoctor.broker import EmbeddedBroker
+
+    broker = EmbeddedBroker(args.port)
+    stop = {"signal": None}
+
+    def on_signal(signum, _frame):
+        stop["signal"] = signum
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    broker.start()
+    try:
+        print(f"ready bootstrap={broker.bootstrap}", flush=True)
+        while stop["signal"] is None:
+            if not broker.running():
+                return _fail(f"embedded broker on {broker.bootstrap} exited unexpectedly")
+            time.sleep(0.2)
+    finally:
+        broker.stop()
+    return 0
+
+
+# -- snapshot / describe ------------------------------------------------------
+
+def _admin(args: argparse.Namespace):
+    from lagdoctor.kafka_clients import admin_client, read_properties, resolve_bootstrap
+
+    bootstrap = resolve_bootstrap(args.bootstrap_servers)
+    extra = read_properties(args.command_config) if args.command_config else None
+    return bootstrap, admin_client(bootstrap, extra)
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    from lagdoctor.collector import collect_snapshot, compile_group_pattern
+    from lagdoctor.settings import Settings
+    from lagdoctor.store import write_snapshot
+
+    compile_group_pattern(args.groups)  # a bad regex fails before any network call
+    if args.samples < 1:
+        raise CommandError("--samples must be at least 1")
+    if args.interval_seconds < 0:
+        raise CommandError("--interval-seconds must not be negative")
+    output = args.output or Settings.from_env().snapshots_root
+    bootstrap, admin = _admin(args)
+    for sample in range(args.samples):
+        started = time.monotonic()
+        now = datetime.now(timezone.utc)
+        table = collect_snapshot(admin, args.cluster, args.groups, now, bootstrap=bootstrap)
+        path = write_snapshot(table, output, args.cluster, now)
+        groups = len(set(table.column("group_id").to_pylist()))
+        print(f"sample {sample + 1}/{args.samples}: {table.num_rows} rows, {groups} groups -> {path}", flush=True)
+        if sample + 1 < args.samples:
+            time.sleep(max(0.0, args.interval_seconds - (time.monotonic() - started)))
+    return 0
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    import re
+
+    from lagdoctor.collector import collect_snapshot
+    from lagdoctor.describe import render_describe
+
+    bootstrap, admin = _admin(args)
+    table = collect_snapshot(admin, "describe", re.escape(args.group), bootstrap=bootstrap)
+    rows = table.to_pylist()
+    if not rows:
+        raise CommandError(f"consumer group {args.group!r} does not exist or has no offsets at {bootstrap}")
+    if rows[0]["group_members"] == 0:
+        print(f"Consumer group '{args.group}' has no active members.", file=sys.stderr)
+    print(render_describe(rows))
+    return 0
+
+
+# -- diagnose -----------------------------------------------------------------
+
+def cmd_diagnose(args: argparse.Namespace, passthrough: list[str]) -> int:
+    from lagdoctor.diagnosis.submit import run_diagnosis
+
+    return run_diagnosis(
+        snapshots=args.snapshots,
+        output=args.output,
+        as_of=args.as_of,
+        window_minutes=args.window_minutes,
+        master=args.master,
+        extra_args=passthrough,
+    )
+
+
+# -- wiring -------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lagdoctor", description="Kafka consumer lag diagnosis.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log details to stderr")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker in the foreground")
+    p.add_argument("--port", type=int, default=None, help="loopback port (default: a free one)")
+    p.set_defaults(func=cmd_broker)
+
+    def kafka_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--bootstrap-servers", metavar="HOSTS",
+                       help="host:port[,host:port] (default: $KAFKA_BOOTSTRAP_SERVERS)")
+        p.add_argument("--command-config", metavar="FILE",
+                       help="librdkafka properties (security settings), as kafka-*.sh takes")
+
+    p = sub.add_parser("snapshot", help="write offset snapshots (contract 1)")
+    kafka_args(p)
+    p.add_argument("--cluster", required=True, metavar="NAME", help="logical cluster name")
+    p.add_argument("--output", metavar="PATH",
+                   help="snapshot store root (default: $LAGDOCTOR_DATA_ROOT/snapshots)")
+    p.add_argument("--groups", metavar="REGEX", default=None,
+                   help="only groups whose id matches this regex in full (default: all)")
+    p.add_argument("--samples", type=int, default=1, metavar="N")
+    p.add_argument("--interval-seconds", type=float, default=5.0, metavar="S")
+    p.set_defaults(func=cmd_snapshot)
+
+    p = sub.add_parser("describe", help="print a group like kafka-consumer-groups.sh --describe")
+    kafka_args(p)
+    p.add_argument("--group", required=True, metavar="G")
+    p.set_defaults(func=cmd_describe)
+
+    p = sub.add_parser("diagnose", help="run the diagnosis job (contract 2) through spark-submit",
+                       epilog="Unknown options are passed on to the job (e.g. threshold overrides).")
+    p.add_argument("--snapshots", required=True, metavar="PATH")
+    p.add_argument("--output", required=True, metavar="PATH")
+    p.add_argument("--as-of", default=None, metavar="ISO-8601")
+    p.add_argument("--window-minutes", type=float, default=None, metavar="N")
+    p.add_argument("--master", default=None, help="Spark master (default: local[*])")
+    p.set_defaults(func=cmd_diagnose)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command != "diagnose":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.ERROR,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from lagdoctor.collector import CollectionError
+    from lagdoctor.kafka_clients import ConfigError
+    from lagdoctor.store import StoreError
+
+    try:
+        if args.command == "diagnose":
+            return args.func(args, rest)
+        return args.func(args)
+    except (CommandError, CollectionError, ConfigError, StoreError, ValueError) as exc:
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

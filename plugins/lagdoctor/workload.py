@@ -1,0 +1,79 @@
+"""Known Kafka workloads for tests and the demo: topics, exact record counts, commits.
+
+Records are produced one per request (`batch.num.messages=1`) because Tansu's
+high watermark falls one short per multi-record batch (shared/STACK.md);
+against a real cluster the setting is merely slower.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from lagdoctor.kafka_clients import admin_client, client_config
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int, *, timeout_s: float = 10.0) -> None:
+    from confluent_kafka.admin import NewTopic
+
+    admin = admin_client(bootstrap)
+    futures = admin.create_topics([NewTopic(topic, partitions, 1)], request_timeout=timeout_s)
+    for _, fut in futures.items():
+        fut.result()
+
+
+def produce_counts(
+    bootstrap: str, topic: str, counts: Mapping[int, int], *, value: bytes = b"x", exact: bool = True
+) -> None:
+    """Produce counts[p] records to each partition p and wait until all are acknowledged."""
+    from confluent_kafka import Producer
+
+    extra: dict[str, Any] = {"linger.ms": 0, "acks": "all"}
+    if exact:
+        extra["batch.num.messages"] = 1
+        extra["max.in.flight.requests.per.connection"] = 1
+    producer = Producer(client_config(bootstrap, extra))
+    errors: list[str] = []
+
+    def on_delivery(err, _msg):
+        if err is not None:
+            errors.append(str(err))
+
+    for partition, n in counts.items():
+        for i in range(n):
+            producer.produce(topic, value=value, key=str(i).encode(), partition=partition, on_delivery=on_delivery)
+            producer.poll(0)
+    remaining = producer.flush(30)
+    if remaining or errors:
+        raise RuntimeError(f"producing to {topic} failed: {remaining} unsent, errors {errors[:3]}")
+
+
+def commit_offsets(bootstrap: str, group_id: str, topic: str, offsets: Mapping[int, int]) -> None:
+    """Commit the given offsets for a group that has no live member (leaves it EMPTY)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        client_config(bootstrap, {"group.id": group_id, "enable.auto.commit": False})
+    )
+    try:
+        consumer.commit(
+            offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False
+        )
+    finally:
+        consumer.close()
+
+
+def live_consumer_config(bootstrap: str, group_id: str, client_id: str, **extra: Any) -> dict[str, Any]:
+    """A consumer that joins quickly: Tansu takes ~23 s to finish the first join
+    with the default 45 s session timeout, ~3 s with 6 s."""
+    return client_config(
+        bootstrap,
+        {
+            "group.id": group_id,
+            "client.id": client_id,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "session.timeout.ms": 6000,
+            **extra,
+        },
+    )

@@ -1,0 +1,123 @@
+"""The `lagdoctor` command as a user runs it (contract 4)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lagdoctor.store import list_snapshot_files, read_snapshots
+from lagdoctor.workload import commit_offsets, create_topic, produce_counts
+
+LAGDOCTOR = str(Path(sys.executable).parent / "lagdoctor")
+
+
+def run(*args: str, timeout: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [LAGDOCTOR, *args], capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_broker_prints_ready_and_stops_cleanly_on_sigterm():
+    proc = subprocess.Popen([LAGDOCTOR, "broker"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline().strip()
+        m = re.fullmatch(r"ready bootstrap=127\.0\.0\.1:(\d+)", line)
+        assert m, f"unexpected first line {line!r}"
+        port = int(m.group(1))
+        from confluent_kafka.admin import AdminClient
+
+        assert AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"}).list_topics(timeout=10).brokers
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # No tansu process is left listening on that port.
+    leftovers = subprocess.run(["pgrep", "-f", f"tcp://127.0.0.1:{port}"], capture_output=True, text=True)
+    assert leftovers.stdout.strip() == ""
+
+
+def test_unreachable_cluster_fails_fast_with_one_line_and_no_file(tmp_path):
+    out = tmp_path / "store"
+    started = time.monotonic()
+    result = run("snapshot", "--bootstrap-servers", "127.0.0.1:1", "--cluster", "prod",
+                 "--output", str(out), timeout=30)
+    assert time.monotonic() - started < 30
+    assert result.returncode != 0
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert "127.0.0.1:1" in result.stderr
+    assert not out.exists() or list_snapshot_files(str(out)) == []
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--groups", "orders-["], "invalid --groups regex"),  # a typo in the regex, caught before connecting
+        (["--samples", "0"], "--samples must be at least 1"),
+    ],
+)
+def test_bad_arguments_get_one_clear_line(tmp_path, args, message):
+    result = run("snapshot", "--bootstrap-servers", "127.0.0.1:1", "--cluster", "prod",
+                 "--output", str(tmp_path), *args)
+    assert result.returncode != 0
+    assert message in result.stderr and result.stderr.strip().count("\n") == 0
+
+
+def test_missing_bootstrap_names_the_variable(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"}
+    result = subprocess.run([LAGDOCTOR, "describe", "--group", "g"], capture_output=True, text=True,
+                            timeout=30, env=env)
+    assert result.returncode != 0 and "KAFKA_BOOTSTRAP_SERVERS" in result.stderr
+
+
+@pytest.mark.broker
+def test_snapshot_samples_write_one_file_each(kafka_bootstrap, unique, tmp_path):
+    topic, group = unique("cli"), unique("cli-group")
+    create_topic(kafka_bootstrap, topic, 2)
+    produce_counts(kafka_bootstrap, topic, {0: 6, 1: 2})
+    commit_offsets(kafka_bootstrap, group, topic, {0: 1, 1: 2})
+    out = tmp_path / "store"
+    result = run("snapshot", "--bootstrap-servers", kafka_bootstrap, "--cluster", "prod",
+                 "--output", str(out), "--groups", re.escape(group),
+                 "--samples", "3", "--interval-seconds", "0.2")
+    assert result.returncode == 0, result.stderr
+    assert len(list_snapshot_files(str(out))) == 3
+    table = read_snapshots(str(out))
+    assert table.num_rows == 6
+    assert sorted(set(table.column("lag").to_pylist())) == [0, 5]
+    assert len(set(table.column("snapshot_ts").to_pylist())) == 3
+
+
+@pytest.mark.broker
+def test_describe_prints_the_kafka_consumer_groups_table(kafka_bootstrap, unique):
+    topic, group = unique("desc"), unique("desc-group")
+    create_topic(kafka_bootstrap, topic, 3)
+    produce_counts(kafka_bootstrap, topic, {0: 10, 1: 20, 2: 5})
+    commit_offsets(kafka_bootstrap, group, topic, {0: 10, 1: 5})
+    result = run("describe", "--bootstrap-servers", kafka_bootstrap, "--group", group)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET",
+                                "LAG", "CONSUMER-ID", "HOST", "CLIENT-ID"]
+    body = [line.split() for line in lines[1:]]
+    assert body == [
+        [group, topic, "0", "10", "10", "0", "-", "-", "-"],
+        [group, topic, "1", "5", "20", "15", "-", "-", "-"],
+        [group, topic, "2", "-", "5", "-", "-", "-", "-"],  # no commit: "-" as Kafka prints it
+    ]
+    assert f"Consumer group '{group}' has no active members." in result.stderr
+
+
+@pytest.mark.broker
+def test_describe_unknown_group_is_an_error(kafka_bootstrap):
+    result = run("describe", "--bootstrap-servers", kafka_bootstrap, "--group", "never-seen-group")
+    assert result.returncode != 0
+    assert "never-seen-group" in result.stderr and result.stderr.strip().count("\n") == 0
