@@ -1,0 +1,256 @@
+"""Block Kit rendering: a finding (plus its runbook plan) -> a Slack message.
+
+Renders only; never sends, never decides (threads.py decides, slack.py sends).
+
+Evidence keys read from a finding (contract 2 leaves ``evidence`` open; each
+one may be missing and then shows as ``-``)::
+
+    evidence["partitions"]        list of rows, one per partition, any order:
+        partition, committed_offset (or current_offset), log_end_offset, lag,
+        member_id (or consumer_id), host, client_id,
+        time_lag_seconds, consume_rate, produce_rate       (msg/s)
+    evidence["lag_total"]         int, the group's lag on the topic
+    evidence["time_lag_seconds"]  number, worst time lag
+    evidence["partition_count"]   int, partitions of the topic (scale cap)
+    evidence["group_members"]     int, live members
+    evidence["group_state"]       str, contract 1's upper snake case
+    evidence["consume_rate"], evidence["produce_rate"]   msg/s, topic-wide
+    evidence["processing_ms_per_record"], evidence["consumer_config"]  (recommend_consumer_config)
+
+When ``partitions`` rows are absent, the table shows one row per partition
+number in ``finding["partitions"]`` with ``-`` for what is unknown.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+from lagdoctor.notify.templates import code_safe, escape_mrkdwn, render, render_plain, TEMPLATES
+
+SEVERITY_EMOJI = {"critical": ":red_circle:", "warning": ":large_yellow_circle:", "ok": ":large_green_circle:"}
+STATUS_EMOJI = {
+    "dry_run": ":test_tube:", "blocked": ":no_entry:", "awaiting_approval": ":hourglass_flowing_sand:",
+    "rejected": ":no_entry_sign:", "executed": ":white_check_mark:", "noop": ":heavy_minus_sign:",
+    "failed": ":x:", "recommended": ":bulb:", "proposed": ":bulb:",
+}
+STATUS_WORDS = {
+    "dry_run": "dry run", "blocked": "blocked", "awaiting_approval": "waiting for approval",
+    "rejected": "rejected", "executed": "done", "noop": "nothing to do", "failed": "failed",
+    "recommended": "recommended", "proposed": "proposed",
+}
+DESCRIBE_COLUMNS = ("GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG",
+                    "CONSUMER-ID", "HOST", "CLIENT-ID")
+EXTRA_COLUMNS = ("TIME-LAG", "IN/S", "OUT/S")
+WORST_ROWS = 5
+MAX_CELL = 40  # long consumer ids are cut so the table stays readable in a Slack column
+SECTION_LIMIT = 3000  # Slack's limit for a section's text
+HEADER_LIMIT = 150
+
+
+# ---------------------------------------------------------------- formatting
+
+def fmt_int(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{int(value):,}"
+
+
+def fmt_rate(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return "-"
+    return f"{value:,.1f}"
+
+
+def fmt_duration(seconds: Any) -> str:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or math.isnan(seconds) or seconds < 0:
+        return "-"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 86400}d {s % 86400 // 3600:02d}h"
+
+
+def _cell(value: Any) -> str:
+    text = code_safe("-" if value is None or value == "" else value)
+    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+
+
+def _evidence(finding: Mapping[str, Any]) -> Mapping[str, Any]:
+    ev = finding.get("evidence")
+    return ev if isinstance(ev, Mapping) else {}
+
+
+def partition_rows(finding: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    rows = [r for r in _evidence(finding).get("partitions") or [] if isinstance(r, Mapping)]
+    if not rows:
+        rows = [{"partition": p} for p in finding.get("partitions") or []]
+    return rows
+
+
+def worst_partitions(finding: Mapping[str, Any], limit: int = WORST_ROWS) -> list[Mapping[str, Any]]:
+    """Highest lag first (unknown lag last), then time lag, then partition number."""
+    def key(r: Mapping[str, Any]):
+        lag = r.get("lag")
+        tl = r.get("time_lag_seconds")
+        return (-(lag if isinstance(lag, (int, float)) else -1),
+                -(tl if isinstance(tl, (int, float)) else -1),
+                r.get("partition") if isinstance(r.get("partition"), int) else 1 << 31)
+    return sorted(partition_rows(finding), key=key)[:limit]
+
+
+def evidence_table(finding: Mapping[str, Any], limit: int = WORST_ROWS) -> str:
+    """A fixed-width table in a code block, columns as kafka-consumer-groups.sh --describe."""
+    group, topic = finding.get("group_id"), finding.get("topic")
+    lines = [DESCRIBE_COLUMNS + EXTRA_COLUMNS]
+    for r in worst_partitions(finding, limit):
+        current = r.get("committed_offset", r.get("current_offset"))
+        lines.append(tuple(_cell(v) for v in (
+            group, topic, r.get("partition"),
+            current if current is not None else None, r.get("log_end_offset"), r.get("lag"),
+            r.get("member_id") or r.get("consumer_id"), r.get("host"), r.get("client_id"),
+        )) + (fmt_duration(r.get("time_lag_seconds")), fmt_rate(r.get("produce_rate")), fmt_rate(r.get("consume_rate"))))
+    if len(lines) == 1:
+        return ""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    text = "\n".join(" ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+    # Escaped after alignment so widths count what people see.
+    return escape_mrkdwn(text)
+
+
+def _lag_total(finding: Mapping[str, Any]) -> Any:
+    ev = _evidence(finding)
+    if isinstance(ev.get("lag_total"), (int, float)):
+        return ev["lag_total"]
+    lags = [r.get("lag") for r in partition_rows(finding) if isinstance(r.get("lag"), (int, float))]
+    return sum(lags) if lags else None
+
+
+def _time_lag(finding: Mapping[str, Any]) -> Any:
+    ev = _evidence(finding)
+    if isinstance(ev.get("time_lag_seconds"), (int, float)):
+        return ev["time_lag_seconds"]
+    tls = [r.get("time_lag_seconds") for r in partition_rows(finding) if isinstance(r.get("time_lag_seconds"), (int, float))]
+    return max(tls) if tls else None
+
+
+def _title(diagnosis: str) -> str:
+    return diagnosis.replace("_", " ").capitalize() if diagnosis else "Finding"
+
+
+def _text_section(text: str) -> dict[str, Any]:
+    if len(text) > SECTION_LIMIT:
+        text = text[: SECTION_LIMIT - 1] + "…"
+    return {"type": "section", "text": {"type": "mrkdwn", "text": text}}
+
+
+def _values(finding: Mapping[str, Any]) -> dict[str, Any]:
+    diagnosis = str(finding.get("diagnosis") or "")
+    severity = str(finding.get("severity") or "")
+    return {
+        "group": finding.get("group_id", "-"), "topic": finding.get("topic", "-"),
+        "cluster": finding.get("cluster", "-"), "diagnosis": diagnosis,
+        "diagnosis_title": _title(diagnosis), "severity": severity or "-",
+        "severity_word": severity.upper() or "FINDING",
+        "emoji": SEVERITY_EMOJI.get(severity, ":grey_question:"),
+        "pattern": finding.get("pattern") or "-", "summary": finding.get("summary") or "",
+        "time_lag": fmt_duration(_time_lag(finding)), "lag_total": fmt_int(_lag_total(finding)),
+    }
+
+
+def action_lines(actions: Iterable[Mapping[str, Any]]) -> list[str]:
+    """One line per planned action or action record (``status`` present) ."""
+    out = []
+    for a in actions:
+        status = a.get("status") or "proposed"
+        state = STATUS_WORDS.get(status, status)
+        if status == "proposed":
+            flags = [w for w, on in (("needs approval", a.get("requires_approval")), ("irreversible", a.get("irreversible"))) if on]
+            state += f" ({', '.join(flags)})" if flags else ""
+        out.append(render("action_line", emoji=STATUS_EMOJI.get(status, ":grey_question:"), action=a.get("action", "?"),
+                          state=state, description=a.get("description") or a.get("message") or ""))
+    return out
+
+
+# ---------------------------------------------------------------- messages
+
+def render_incident(finding: Mapping[str, Any], plan: Mapping[str, Any] | None = None,
+                    *, run_id: str = "", actions: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """The first message of an incident thread: ``{"text": fallback, "blocks": [...]}``.
+
+    ``plan`` is ``lagdoctor.runbooks.Plan.as_dict()`` (next steps, proposed actions);
+    ``actions`` are action records to show instead of the plan's proposals.
+    """
+    v = _values(finding)
+    plan = plan or {}
+    header = render_plain(TEMPLATES["header"], **v)
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": header[:HEADER_LIMIT], "emoji": True}},
+        _text_section(render("summary", **v)),
+        {"type": "section", "fields": [
+            {"type": "mrkdwn", "text": render(name, **v)}
+            for name in ("field_cluster", "field_topic", "field_pattern", "field_time_lag", "field_lag", "field_severity")
+        ]},
+    ]
+    table = evidence_table(finding)
+    if table:
+        blocks.append(_text_section(render("evidence_title") + "\n```\n" + table + "\n```"))
+    steps = list(plan.get("next_steps") or [])
+    if steps:
+        body = "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
+        blocks.append(_text_section(render("next_steps_title", runbook=plan.get("runbook", "")) + "\n" + body))
+    lines = action_lines(actions if actions is not None else plan.get("actions") or [])
+    if lines:
+        blocks.append(_text_section(render("actions_title") + "\n" + "\n".join(lines)))
+    window = " → ".join(str(finding[k]) for k in ("window_start", "window_end") if finding.get(k))
+    blocks.append({"type": "context", "elements": [
+        {"type": "mrkdwn", "text": render("context", window=window or "-", run_id=run_id or "-")}]})
+    return {"text": render("fallback", **v), "blocks": blocks}
+
+
+def render_update(finding: Mapping[str, Any], changes: Sequence[str], *, run_id: str = "") -> dict[str, Any]:
+    v = _values(finding)
+    changes_text = "; ".join(changes)
+    blocks = [_text_section(render("update", changes=changes_text, **{k: v[k] for k in ("emoji", "summary")})),
+              {"type": "section", "fields": [
+                  {"type": "mrkdwn", "text": render(n, **v)} for n in ("field_pattern", "field_time_lag", "field_lag", "field_severity")]}]
+    table = evidence_table(finding)
+    if table:
+        blocks.append(_text_section("```\n" + table + "\n```"))
+    return {"text": render("update_fallback", changes=changes_text, group=v["group"], topic=v["topic"]), "blocks": blocks}
+
+
+def render_recovery(finding: Mapping[str, Any], *, diagnosis: str, duration_seconds: float | None) -> dict[str, Any]:
+    v = {**_values(finding), "diagnosis": diagnosis.replace("_", " "), "duration": fmt_duration(duration_seconds)}
+    return {"text": render("recovery_fallback", **v), "blocks": [_text_section(render("recovery", **v))]}
+
+
+def render_action_result(record: Mapping[str, Any]) -> dict[str, Any]:
+    status = str(record.get("status", ""))
+    v = {"emoji": STATUS_EMOJI.get(status, ":grey_question:"), "action": record.get("action", "?"),
+         "state": STATUS_WORDS.get(status, status), "message": record.get("message", ""),
+         "group": record.get("group_id", "-")}
+    text = render("action_result", **v)
+    if record.get("warning") and status in ("dry_run", "awaiting_approval", "executed"):
+        text += "\n" + render("action_warning", warning=record["warning"])
+    return {"text": render("action_fallback", **v), "blocks": [_text_section(text)]}
+
+
+def render_failure(*, dag_id: str, task_id: str, run_id: str, reason: str = "") -> dict[str, Any]:
+    v = {"dag_id": dag_id, "task_id": task_id, "run_id": run_id, "reason": reason}
+    return {"text": render("failure_fallback", **v), "blocks": [_text_section(render("failure", **v))]}
+
+
+def render_approval_request(record: Mapping[str, Any]) -> dict[str, str]:
+    from lagdoctor.notify.templates import APPROVAL_BODY, APPROVAL_SUBJECT
+
+    message = str(record.get("message", ""))
+    v = {"action": record.get("action"), "group": record.get("group_id"), "topic": record.get("topic"),
+         "cluster": record.get("cluster"), "diagnosis": record.get("diagnosis"), "run_id": record.get("run_id"),
+         "irreversible": record.get("irreversible"), "warning": record.get("warning"),
+         "description": message.removeprefix("needs approval: ")}
+    return {"subject": render_plain(APPROVAL_SUBJECT, **v), "body": render_plain(APPROVAL_BODY, **v)}

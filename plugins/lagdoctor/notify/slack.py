@@ -1,0 +1,163 @@
+"""Senders: deliver a rendered message; nothing else.
+
+``slack_sender()`` picks the provider's SlackHook when the ``slack_api_default``
+connection exists, else an outbox file under the data root (plus a log line),
+so a machine without Slack still runs every DAG to success.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+from lagdoctor.notify.redact import one_line
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONN_ID = "slack_api_default"
+CHANNEL_ENV = "LAGDOCTOR_SLACK_CHANNEL"
+DEFAULT_CHANNEL = "#kafka-lag"
+# slack-sdk's own handlers: 429 honours Retry-After; 500/503 back off; resets/refusals retry.
+RATE_LIMIT_RETRIES = 3
+SERVER_ERROR_RETRIES = 2
+CONNECTION_RETRIES = 2
+
+
+class SlackDeliveryError(RuntimeError):
+    """Slack refused or could not take a message; one line, no token."""
+
+
+@dataclass(frozen=True)
+class Posted:
+    channel: str
+    ts: str
+
+
+class Sender(Protocol):
+    kind: str
+
+    def post(self, *, text: str, blocks: Sequence[dict], thread_ts: str | None = None,
+             channel: str | None = None) -> Posted: ...
+
+
+def retry_handlers() -> list[Any]:
+    from slack_sdk.http_retry.builtin_handlers import (
+        ConnectionErrorRetryHandler,
+        RateLimitErrorRetryHandler,
+        ServerErrorRetryHandler,
+    )
+
+    return [
+        ConnectionErrorRetryHandler(max_retry_count=CONNECTION_RETRIES),
+        RateLimitErrorRetryHandler(max_retry_count=RATE_LIMIT_RETRIES),
+        ServerErrorRetryHandler(max_retry_count=SERVER_ERROR_RETRIES),
+    ]
+
+
+def default_channel() -> str:
+    return os.environ.get(CHANNEL_ENV) or DEFAULT_CHANNEL
+
+
+def connection_exists(conn_id: str) -> bool:
+    from airflow.sdk.bases.hook import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        return False
+    return True
+
+
+class ProviderSlackSender:
+    """chat.postMessage through ``SlackHook``'s WebClient, with slack-sdk's retry handlers."""
+
+    kind = "slack"
+
+    def __init__(self, conn_id: str = DEFAULT_CONN_ID, channel: str | None = None) -> None:
+        self.conn_id = conn_id
+        self.channel = channel or default_channel()
+        self._hook = None
+
+    @property
+    def hook(self):
+        if self._hook is None:
+            from airflow.providers.slack.hooks.slack import SlackHook
+
+            self._hook = SlackHook(slack_conn_id=self.conn_id, retry_handlers=retry_handlers())
+        return self._hook
+
+    def _token(self) -> list[str]:
+        try:
+            from airflow.sdk.bases.hook import BaseHook
+
+            return [BaseHook.get_connection(self.conn_id).password or ""]
+        except Exception:
+            return []
+
+    def post(self, *, text: str, blocks: Sequence[dict], thread_ts: str | None = None,
+             channel: str | None = None) -> Posted:
+        kwargs: dict[str, Any] = {"channel": channel or self.channel, "text": text, "blocks": list(blocks),
+                                  "unfurl_links": False, "unfurl_media": False}
+        if thread_ts:
+            kwargs["thread_ts"] = thread_ts
+        try:
+            response = self.hook.client.chat_postMessage(**kwargs)
+        except Exception as exc:
+            error = getattr(getattr(exc, "response", None), "data", None)
+            reason = error.get("error") if isinstance(error, dict) else None
+            message = f"Slack API error: {reason}" if reason else exc
+            raise SlackDeliveryError(one_line(message, self._token())) from None
+        return Posted(channel=str(response["channel"]), ts=str(response["ts"]))
+
+
+class OutboxSender:
+    """Appends each message as a JSON line to a local outbox and logs its text."""
+
+    kind = "outbox"
+    _lock = threading.Lock()
+
+    def __init__(self, path: str, channel: str | None = None) -> None:
+        self.path = Path(path[len("file://"):] if path.startswith("file://") else path)
+        self.channel = channel or default_channel()
+
+    def post(self, *, text: str, blocks: Sequence[dict], thread_ts: str | None = None,
+             channel: str | None = None) -> Posted:
+        import fcntl
+
+        with self._lock:
+            # Slack-shaped ts, unique and increasing, so threads work the same way.
+            ts = f"{time.time():.6f}"
+            time.sleep(0.000002)
+        channel = channel or self.channel
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        entry = {"channel": channel, "ts": ts, "thread_ts": thread_ts, "text": text, "blocks": list(blocks)}
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            fh.write(json.dumps(entry, sort_keys=True) + "\n")
+            fcntl.flock(fh, fcntl.LOCK_UN)
+        log.info("Slack outbox (no %r connection) %s%s: %s", DEFAULT_CONN_ID, channel,
+                 f" thread {thread_ts}" if thread_ts else "", text)
+        return Posted(channel=channel, ts=ts)
+
+
+def outbox_path(settings: Any) -> str:
+    from lagdoctor.settings import join
+
+    return join(settings.data_root, "outbox", "slack.jsonl")
+
+
+def slack_sender(conn_id: str = DEFAULT_CONN_ID, *, channel: str | None = None, settings: Any = None) -> Sender:
+    """The provider's Slack client when ``conn_id`` exists, else the outbox."""
+    if connection_exists(conn_id):
+        return ProviderSlackSender(conn_id, channel)
+    from lagdoctor.settings import Settings
+
+    settings = settings or Settings.from_env()
+    return OutboxSender(outbox_path(settings), channel)

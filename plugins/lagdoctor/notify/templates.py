@@ -1,0 +1,97 @@
+"""Message bodies, as Jinja templates (Slack mrkdwn unless said otherwise).
+
+Every ``{{ value }}`` is escaped for mrkdwn by the environment (``finalize``),
+so a group called ``<!channel>`` or ``a&b`` shows as written and pings nobody.
+Literal template text is trusted markup. ``| code`` additionally keeps a value
+from closing an inline code span.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+TEMPLATES: dict[str, str] = {
+    # Header block (plain_text, not mrkdwn: the renderer does not escape it).
+    "header": "{{ emoji }} {{ diagnosis_title }} · {{ group }}",
+    "summary": "*{{ summary }}*",
+    "field_cluster": "*Cluster*\n{{ cluster }}",
+    "field_topic": "*Topic*\n{{ topic }}",
+    "field_pattern": "*Lag pattern*\n{{ pattern }}",
+    "field_time_lag": "*Time lag*\n{{ time_lag }}",
+    "field_lag": "*Total lag*\n{{ lag_total }} messages",
+    "field_severity": "*Severity*\n{{ severity }}",
+    "evidence_title": "*Worst partitions* (as `kafka-consumer-groups.sh --describe`, plus time lag and rates)",
+    "next_steps_title": "*Next steps* ({{ runbook }})",
+    "actions_title": "*Actions*",
+    "action_line": "{{ emoji }} `{{ action | code }}` {{ state }}: {{ description }}",
+    "context": "{{ window }} · run `{{ run_id | code }}` · lagdoctor",
+    "fallback": "{{ severity_word }}: {{ diagnosis }} for group {{ group }} on {{ topic }} ({{ cluster }}): {{ summary }}",
+    # Thread replies.
+    "update": "{{ emoji }} *Changed:* {{ changes }}\n{{ summary }}",
+    "update_fallback": "Update for {{ group }} on {{ topic }}: {{ changes }}",
+    "recovery": ":large_green_circle: *Recovered:* group {{ group }} on {{ topic }} ({{ cluster }}) "
+                "is healthy again; the {{ diagnosis }} incident lasted {{ duration }}.\n{{ summary }}",
+    "recovery_fallback": "Recovered: {{ group }} on {{ topic }} is healthy again",
+    "action_result": "{{ emoji }} *{{ action }}* {{ state }}: {{ message }}",
+    "action_warning": ":warning: {{ warning }}",
+    "action_fallback": "{{ action }} {{ state }} for {{ group }}: {{ message }}",
+    "failure": ":x: Airflow DAG *{{ dag_id }}* failed: task `{{ task_id | code }}` in run `{{ run_id | code }}`"
+               "{% if reason %}\n{{ reason }}{% endif %}",
+    "failure_fallback": "Airflow DAG {{ dag_id }} failed: task {{ task_id }} in run {{ run_id }}",
+}
+
+# HITL approval: Markdown for the Airflow UI, not Slack; not escaped for mrkdwn.
+APPROVAL_SUBJECT = "Approve {{ action }} for {{ group }} on {{ topic }} ({{ cluster }})?"
+APPROVAL_BODY = """\
+**{{ description }}**
+
+- diagnosis: `{{ diagnosis }}`
+- run: `{{ run_id }}`
+{% if irreversible %}- **irreversible**{% endif %}
+
+{% if warning %}> {{ warning }}{% endif %}
+
+Reject skips the action; it is logged either way.
+"""
+
+
+def escape_mrkdwn(value: object) -> str:
+    """Slack's three control characters; Slack asks for exactly these escapes."""
+    text = "" if value is None else str(value)
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def code_safe(value: object) -> str:
+    """Keep a value inside a code span/block: no backtick, no line break."""
+    text = "" if value is None else str(value)
+    return " ".join(text.replace("`", "'").split()) if text.strip() else text
+
+
+@lru_cache(maxsize=1)
+def mrkdwn_env():
+    from jinja2 import Environment, StrictUndefined
+
+    env = Environment(finalize=escape_mrkdwn, autoescape=False, undefined=StrictUndefined,
+                      keep_trailing_newline=False)
+    env.filters["code"] = code_safe
+    return env
+
+
+@lru_cache(maxsize=1)
+def plain_env():
+    from jinja2 import Environment, StrictUndefined
+
+    return Environment(autoescape=False, undefined=StrictUndefined)
+
+
+def render(name: str, **values: object) -> str:
+    return mrkdwn_env().from_string(TEMPLATES[name]).render(**values)
+
+
+def render_mrkdwn_source(source: str, **values: object) -> str:
+    """Render a template held as data (a runbook's Slack text) with the same escaping."""
+    return mrkdwn_env().from_string(source).render(**values)
+
+
+def render_plain(source: str, **values: object) -> str:
+    return plain_env().from_string(source).render(**values)

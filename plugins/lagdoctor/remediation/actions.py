@@ -1,0 +1,121 @@
+"""The action interface and the registry runbooks choose from.
+
+An action is a class with a ``name`` and three steps, so the runner can keep
+dry runs, approvals, guardrails and retries in one place:
+
+  prepare(ctx)            pure: what it would do, from the finding, the config
+                          and the runbook's params. Runs in dry runs too.
+  resolve(ctx, plan)      real runs only: read live state and fix absolute
+                          targets (replicas = 5, offset 41 -> 42). The runner
+                          stores the result before ``apply`` so a retried task
+                          repeats the same absolute change instead of a new one.
+  apply(ctx, plan)        make the change; idempotent for the same plan.
+
+Raise ``ActionBlocked`` from any step when the action must not go ahead.
+This module imports no client library: they are imported inside the steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Callable, ClassVar, Mapping
+
+from lagdoctor.remediation.config import RemediationConfig
+
+
+class ActionBlocked(Exception):
+    """The action must not run; the message says why (one line, no secret)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str  # "executed" or "noop"
+    message: str
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ActionContext:
+    finding: Mapping[str, Any]
+    config: RemediationConfig
+    params: Mapping[str, Any]
+    now: datetime
+    # Lazily built clients' inputs: resolved only when a real run needs them.
+    kafka_config: Callable[[], dict[str, Any]]
+
+    @property
+    def cluster(self) -> str:
+        return str(self.finding.get("cluster", ""))
+
+    @property
+    def group_id(self) -> str:
+        return str(self.finding.get("group_id", ""))
+
+    @property
+    def topic(self) -> str:
+        return str(self.finding.get("topic", ""))
+
+    @property
+    def evidence(self) -> Mapping[str, Any]:
+        ev = self.finding.get("evidence")
+        return ev if isinstance(ev, Mapping) else {}
+
+
+class Action:
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    irreversible: ClassVar[bool] = False
+    changes_state: ClassVar[bool] = True  # False: advice only, no guardrail or approval
+    warning: ClassVar[str] = ""
+    params: ClassVar[Mapping[str, type | tuple[type, ...]]] = {}  # runbook params it accepts
+
+    @property
+    def requires_approval(self) -> bool:
+        return self.irreversible
+
+    def prepare(self, ctx: ActionContext) -> dict[str, Any]:
+        return {}
+
+    def describe(self, plan: Mapping[str, Any]) -> str:
+        """One line: what the action does or would do with this plan."""
+        return self.summary
+
+    def resolve(self, ctx: ActionContext, plan: dict[str, Any]) -> dict[str, Any]:
+        return plan
+
+    def apply(self, ctx: ActionContext, plan: Mapping[str, Any]) -> Outcome:
+        raise NotImplementedError
+
+
+_REGISTRY: dict[str, Action] = {}
+
+
+def register(cls: type[Action]) -> type[Action]:
+    if cls.name in _REGISTRY:
+        raise ValueError(f"action {cls.name!r} registered twice")
+    _REGISTRY[cls.name] = cls()
+    return cls
+
+
+def registered_actions() -> Mapping[str, Action]:
+    _load_builtin()
+    return dict(_REGISTRY)
+
+
+def get_action(name: str) -> Action:
+    actions = registered_actions()
+    try:
+        return actions[name]
+    except KeyError:
+        raise KeyError(f"unknown action {name!r} (registered: {', '.join(sorted(actions))})") from None
+
+
+def action_names() -> tuple[str, ...]:
+    """The branch targets a DAG builds: one task per registered action."""
+    return tuple(sorted(registered_actions()))
+
+
+def _load_builtin() -> None:
+    # Importing the modules registers their actions (cheap: no client imports).
+    from lagdoctor.remediation import k8s, kafka_ops, recommend  # noqa: F401

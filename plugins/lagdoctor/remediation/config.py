@@ -1,0 +1,159 @@
+"""Remediation configuration: one frozen object, loaded at run time.
+
+Where it comes from (first wins):
+  1. ``LAGDOCTOR_REMEDIATION_CONFIG``: a path to a YAML/JSON file, or inline JSON;
+  2. built-in defaults (every action dry-run, nothing mapped to a deployment).
+
+Secrets never live here: Kafka settings come from the cluster's Airflow
+connection, Kubernetes credentials from the in-cluster service account or the
+kubeconfig.
+
+Example (YAML)::
+
+    cooldown_minutes: 30
+    max_actions_per_hour: 6
+    allow_groups: ["orders-*"]
+    deny_groups: ["payments-*"]
+    require_approval: [restart_consumers]
+    dead_letter_topic: "{topic}.dlq"
+    max_replicas: 24
+    deployments:
+      orders-consumer: {namespace: shop, name: orders-consumer}
+      prod/billing: {namespace: billing, name: billing-worker}
+    kubernetes: {host: "https://10.0.0.1:6443"}   # else in-cluster, else kubeconfig
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+ENV_VAR = "LAGDOCTOR_REMEDIATION_CONFIG"
+
+
+class ConfigError(ValueError):
+    """A remediation config problem, one line naming the source and the field."""
+
+
+@dataclass(frozen=True)
+class Deployment:
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class KubernetesSettings:
+    host: str | None = None  # explicit API server (tests, out-of-cluster)
+    in_cluster: bool | None = None  # None: try in-cluster, then kubeconfig
+    context: str | None = None
+    verify_ssl: bool = True
+
+
+@dataclass(frozen=True)
+class RemediationConfig:
+    cooldown_minutes: float = 30
+    max_actions_per_hour: int = 6
+    allow_groups: tuple[str, ...] = ()  # fnmatch globs; empty = every group
+    deny_groups: tuple[str, ...] = ()
+    require_approval: tuple[str, ...] = ()  # reversible actions that still need a human
+    deployments: Mapping[str, Deployment] = field(default_factory=lambda: MappingProxyType({}))
+    max_replicas: int | None = None  # absolute cap on top of the partition count
+    scale_step: int = 1
+    dead_letter_topic: str = "{topic}.dlq"
+    kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
+    # recommend_consumer_config: wanted ratio of max.poll.interval.ms to one batch's processing time
+    poll_headroom: float = 2.0
+
+    def deployment_for(self, cluster: str, group_id: str) -> Deployment | None:
+        """``cluster/group`` beats ``group``: the same group id can live on two clusters."""
+        return self.deployments.get(f"{cluster}/{group_id}") or self.deployments.get(group_id)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], source: str = "<config>") -> "RemediationConfig":
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{source}: expected a mapping at the top level")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{source}: unknown field {unknown[0]!r} (known: {', '.join(sorted(known))})")
+        kw: dict[str, Any] = {}
+        for name in ("cooldown_minutes", "poll_headroom"):
+            if name in data:
+                kw[name] = _number(data[name], source, name)
+        for name in ("max_actions_per_hour", "scale_step"):
+            if name in data:
+                kw[name] = int(_number(data[name], source, name))
+        if data.get("max_replicas") is not None:
+            kw["max_replicas"] = int(_number(data["max_replicas"], source, "max_replicas"))
+        for name in ("allow_groups", "deny_groups", "require_approval"):
+            if name in data:
+                value = data[name]
+                if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+                    raise ConfigError(f"{source}: {name}: expected a list of strings")
+                kw[name] = tuple(value)
+        if "dead_letter_topic" in data:
+            if not isinstance(data["dead_letter_topic"], str) or not data["dead_letter_topic"]:
+                raise ConfigError(f"{source}: dead_letter_topic: expected a non-empty string")
+            kw["dead_letter_topic"] = data["dead_letter_topic"]
+        if "deployments" in data:
+            deps = data["deployments"] or {}
+            if not isinstance(deps, Mapping):
+                raise ConfigError(f"{source}: deployments: expected a mapping group -> {{namespace, name}}")
+            parsed = {}
+            for group, target in deps.items():
+                if not isinstance(target, Mapping) or not target.get("name"):
+                    raise ConfigError(f"{source}: deployments.{group}: expected {{namespace, name}}")
+                parsed[str(group)] = Deployment(
+                    namespace=str(target.get("namespace") or "default"), name=str(target["name"])
+                )
+            kw["deployments"] = MappingProxyType(parsed)
+        if "kubernetes" in data:
+            k = data["kubernetes"] or {}
+            kfields = {f.name for f in fields(KubernetesSettings)}
+            if not isinstance(k, Mapping) or set(k) - kfields:
+                raise ConfigError(f"{source}: kubernetes: expected keys among {', '.join(sorted(kfields))}")
+            kw["kubernetes"] = KubernetesSettings(**k)
+        config = cls(**kw)
+        if config.cooldown_minutes < 0 or config.max_actions_per_hour < 0 or config.scale_step < 1:
+            raise ConfigError(f"{source}: cooldown_minutes, max_actions_per_hour must be >= 0, scale_step >= 1")
+        return config
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> "RemediationConfig":
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{p}: cannot read ({exc.strerror})") from None
+        return cls.from_mapping(_parse(text, str(p)), str(p))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "RemediationConfig":
+        env = os.environ if environ is None else environ
+        value = (env.get(ENV_VAR) or "").strip()
+        if not value:
+            return cls()
+        if value.startswith("{"):
+            return cls.from_mapping(_parse(value, ENV_VAR), ENV_VAR)
+        return cls.from_file(value)
+
+
+def _parse(text: str, source: str) -> Any:
+    import yaml  # JSON is YAML too
+
+    try:
+        return yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        line = getattr(getattr(exc, "problem_mark", None), "line", None)
+        where = f" line {line + 1}" if line is not None else ""
+        raise ConfigError(f"{source}:{where} not valid YAML/JSON") from None
+
+
+def _number(value: Any, source: str, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{source}: {name}: expected a number, got {value!r}")
+    return value

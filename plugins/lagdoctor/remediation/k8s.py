@@ -1,0 +1,152 @@
+"""Kubernetes actions: scale a group's Deployment, or restart its pods.
+
+Both go through the official ``kubernetes`` client (apps/v1), imported inside
+the functions. The group -> Deployment mapping is ``deployments`` in the
+remediation config; credentials come from the pod's service account or the
+kubeconfig, never from lagdoctor's own config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Mapping
+
+from lagdoctor.remediation.actions import Action, ActionBlocked, ActionContext, Outcome, register
+from lagdoctor.remediation.config import KubernetesSettings
+
+RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
+
+
+@contextlib.contextmanager
+def apps_v1(settings: KubernetesSettings) -> Iterator[Any]:
+    """An AppsV1Api on a client that is closed afterwards."""
+    from kubernetes import client, config as kube_config
+
+    configuration = client.Configuration()
+    if settings.host:
+        configuration.host = settings.host
+        configuration.verify_ssl = settings.verify_ssl
+    else:
+        loaded = False
+        if settings.in_cluster is not False:
+            try:
+                kube_config.load_incluster_config(client_configuration=configuration)
+                loaded = True
+            except kube_config.ConfigException:
+                if settings.in_cluster:
+                    raise
+        if not loaded:
+            kube_config.load_kube_config(context=settings.context, client_configuration=configuration)
+    api_client = client.ApiClient(configuration)
+    try:
+        yield client.AppsV1Api(api_client)
+    finally:
+        api_client.close()
+
+
+def _deployment(ctx: ActionContext) -> dict[str, str]:
+    dep = ctx.config.deployment_for(ctx.cluster, ctx.group_id)
+    if dep is None:
+        raise ActionBlocked(f"no Deployment mapped for group {ctx.group_id!r} (remediation config: deployments)")
+    return {"namespace": dep.namespace, "deployment": dep.name}
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def partition_count_from_kafka(kafka_config: Mapping[str, Any], topic: str) -> int:
+    from lagdoctor.remediation.kafka_ops import admin_client
+
+    with admin_client(kafka_config) as admin:
+        meta = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
+    if meta is None or meta.error is not None or not meta.partitions:
+        raise ActionBlocked(f"topic {topic!r} not found: partition count unknown")
+    return len(meta.partitions)
+
+
+@register
+class ScaleConsumers(Action):
+    name = "scale_consumers"
+    summary = "scale the group's Deployment up, never above the partition count"
+    params = {"step": int, "partition_count": int}
+
+    def prepare(self, ctx: ActionContext) -> dict[str, Any]:
+        plan = _deployment(ctx)
+        step = int(ctx.params.get("step", ctx.config.scale_step))
+        if step < 1:
+            raise ActionBlocked("step must be at least 1")
+        plan.update(
+            step=step,
+            partition_count=_int_or_none(ctx.params.get("partition_count"))
+            or _int_or_none(ctx.evidence.get("partition_count")),
+            observed_members=_int_or_none(ctx.evidence.get("group_members")),
+            max_replicas=ctx.config.max_replicas,
+        )
+        return plan
+
+    def describe(self, plan: Mapping[str, Any]) -> str:
+        where = f"{plan['namespace']}/{plan['deployment']}"
+        if "target_replicas" in plan:
+            return f"scale {where} from {plan['current_replicas']} to {plan['target_replicas']} replicas (cap {plan['cap']})"
+        cap = plan.get("partition_count")
+        cap_text = f"{cap} partitions" if cap else "the partition count"
+        now = plan.get("observed_members")
+        frm = f" from ~{now}" if now is not None else ""
+        return f"scale {where}{frm} by +{plan['step']} replicas, never above {cap_text}"
+
+    def resolve(self, ctx: ActionContext, plan: dict[str, Any]) -> dict[str, Any]:
+        partitions = plan.get("partition_count")
+        if not partitions:
+            try:
+                partitions = partition_count_from_kafka(ctx.kafka_config(), ctx.topic)
+            except ActionBlocked:
+                raise
+            except Exception as exc:  # no connection, unreachable cluster...
+                raise ActionBlocked(
+                    f"partition count unknown ({type(exc).__name__}); refusing to scale without the cap"
+                ) from None
+        cap = min(partitions, plan["max_replicas"]) if plan.get("max_replicas") else partitions
+        with apps_v1(ctx.config.kubernetes) as api:
+            scale = api.read_namespaced_deployment_scale(plan["deployment"], plan["namespace"])
+        current = int(scale.spec.replicas or 0)
+        return {**plan, "partition_count": partitions, "cap": cap,
+                "current_replicas": current, "target_replicas": min(current + plan["step"], cap)}
+
+    def apply(self, ctx: ActionContext, plan: Mapping[str, Any]) -> Outcome:
+        target = plan["target_replicas"]
+        where = f"{plan['namespace']}/{plan['deployment']}"
+        with apps_v1(ctx.config.kubernetes) as api:
+            current = int(api.read_namespaced_deployment_scale(plan["deployment"], plan["namespace"]).spec.replicas or 0)
+            if current >= target:
+                # Already there (a retry, or someone scaled by hand): never scale down here.
+                why = "the partition count: more consumers would sit idle" if target >= plan["cap"] else "the target"
+                return Outcome("noop", f"{where} already has {current} replicas, at or above {why}",
+                               {"replicas": current})
+            api.patch_namespaced_deployment_scale(
+                plan["deployment"], plan["namespace"], {"spec": {"replicas": target}}
+            )
+        return Outcome("executed", f"scaled {where} from {current} to {target} replicas", {"replicas": target})
+
+
+@register
+class RestartConsumers(Action):
+    name = "restart_consumers"
+    summary = "rollout restart of the group's Deployment (like kubectl rollout restart)"
+
+    def prepare(self, ctx: ActionContext) -> dict[str, Any]:
+        return _deployment(ctx)
+
+    def describe(self, plan: Mapping[str, Any]) -> str:
+        return f"rollout restart {plan['namespace']}/{plan['deployment']}"
+
+    def resolve(self, ctx: ActionContext, plan: dict[str, Any]) -> dict[str, Any]:
+        # Fixed once per run: patching the same value again starts no second rollout.
+        return {**plan, "restarted_at": ctx.now.strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+    def apply(self, ctx: ActionContext, plan: Mapping[str, Any]) -> Outcome:
+        body = {"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: plan["restarted_at"]}}}}}
+        with apps_v1(ctx.config.kubernetes) as api:
+            api.patch_namespaced_deployment(plan["deployment"], plan["namespace"], body)
+        return Outcome("executed", f"rollout restart of {plan['namespace']}/{plan['deployment']} "
+                       f"(restartedAt {plan['restarted_at']})", {"restarted_at": plan["restarted_at"]})

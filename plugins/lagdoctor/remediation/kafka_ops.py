@@ -1,0 +1,231 @@
+"""Kafka actions: skip a poison pill, add partitions. Both are irreversible.
+
+confluent-kafka is imported inside the functions. The cluster's client config
+is the extra of its Airflow ``kafka`` connection (contract 5). AdminClient
+calls use the futures-map idiom; every client is closed when done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Iterator, Mapping
+
+from lagdoctor.remediation.actions import Action, ActionBlocked, ActionContext, Outcome, register
+
+log = logging.getLogger(__name__)
+TIMEOUT_S = 15
+
+
+def kafka_config_for(conn_id: str) -> dict[str, Any]:
+    """The librdkafka config of a ``kafka`` Airflow connection (its extra)."""
+    from airflow.sdk.bases.hook import BaseHook
+
+    conn = BaseHook.get_connection(conn_id)
+    config = dict(conn.extra_dejson)
+    if not config.get("bootstrap.servers"):
+        raise ActionBlocked(f"connection {conn_id!r} has no bootstrap.servers in its extra")
+    return config
+
+
+def _client_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    # Route librdkafka's own log lines through Python logging, not raw stderr.
+    return {**config, "logger": log}
+
+
+@contextlib.contextmanager
+def admin_client(config: Mapping[str, Any]) -> Iterator[Any]:
+    from confluent_kafka.admin import AdminClient
+
+    with AdminClient(_client_config(config)) as admin:
+        yield admin
+
+
+def _wait(futures: Mapping[Any, Any]) -> dict[Any, Any]:
+    """Futures-map idiom: every future's result, the first error raised."""
+    return {key: fut.result(timeout=TIMEOUT_S) for key, fut in futures.items()}
+
+
+def group_state(admin: Any, group_id: str) -> tuple[str, int]:
+    """(STATE in upper snake case, member count) of a consumer group."""
+    (description,) = _wait(admin.describe_consumer_groups([group_id], request_timeout=TIMEOUT_S)).values()
+    state = getattr(description.state, "name", str(description.state)).upper()
+    return state, len(description.members or [])
+
+
+def committed_offsets(admin: Any, group_id: str, topic: str, partitions: list[int]) -> dict[int, int | None]:
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+    request = [ConsumerGroupTopicPartitions(group_id, [TopicPartition(topic, p) for p in partitions])]
+    (result,) = _wait(admin.list_consumer_group_offsets(request, request_timeout=TIMEOUT_S)).values()
+    out: dict[int, int | None] = {}
+    for tp in result.topic_partitions:
+        if tp.error is not None:
+            raise ActionBlocked(f"partition {tp.partition}: cannot read the committed offset ({tp.error.str()})")
+        # A negative offset is librdkafka's "no committed offset".
+        out[tp.partition] = tp.offset if tp.offset >= 0 else None
+    return out
+
+
+def _stuck_partitions(ctx: ActionContext) -> list[int]:
+    parts = [p for p in ctx.finding.get("partitions") or [] if isinstance(p, int)]
+    if not parts:
+        raise ActionBlocked("the finding names no stuck partition")
+    return sorted(set(parts))
+
+
+@register
+class SkipPoisonPill(Action):
+    name = "skip_poison_pill"
+    summary = "copy the record at the stuck offset to a dead-letter topic and commit past it"
+    irreversible = True
+    warning = ("The group will never process the skipped record; it is kept in the dead-letter "
+               "topic. Runs only while the group is EMPTY (stop the consumers first).")
+    params = {"dead_letter_topic": str}
+
+    def prepare(self, ctx: ActionContext) -> dict[str, Any]:
+        template = str(ctx.params.get("dead_letter_topic") or ctx.config.dead_letter_topic)
+        rows = {r.get("partition"): r for r in ctx.evidence.get("partitions") or [] if isinstance(r, Mapping)}
+        parts = _stuck_partitions(ctx)
+        return {
+            "dead_letter_topic": template.format(topic=ctx.topic, group=ctx.group_id),
+            "partitions": parts,
+            "observed_offsets": {str(p): rows.get(p, {}).get("committed_offset") for p in parts},
+        }
+
+    def describe(self, plan: Mapping[str, Any]) -> str:
+        offsets = plan.get("from_offsets") or plan.get("observed_offsets") or {}
+        at = ", ".join(f"p{p}@{'?' if offsets.get(str(p)) is None else offsets[str(p)]}" for p in plan["partitions"])
+        return f"copy the record at {at} to {plan['dead_letter_topic']} and commit offset +1 (group must be EMPTY)"
+
+    def resolve(self, ctx: ActionContext, plan: dict[str, Any]) -> dict[str, Any]:
+        with admin_client(ctx.kafka_config()) as admin:
+            state, members = group_state(admin, ctx.group_id)
+            # kafka-consumer-groups.sh --reset-offsets refuses active groups: a live
+            # member would overwrite the new offset with its own next commit.
+            if state != "EMPTY":
+                raise ActionBlocked(f"group is {state} with {members} member(s), not EMPTY: stop its consumers first")
+            committed = committed_offsets(admin, ctx.group_id, ctx.topic, plan["partitions"])
+        missing = [p for p, o in committed.items() if o is None]
+        if missing:
+            raise ActionBlocked(f"no committed offset on partition(s) {missing}: nothing to skip")
+        return {**plan, "from_offsets": {str(p): o for p, o in committed.items()}}
+
+    def apply(self, ctx: ActionContext, plan: Mapping[str, Any]) -> Outcome:
+        from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+        config = ctx.kafka_config()
+        topic, dlt = ctx.topic, plan["dead_letter_topic"]
+        from_offsets = {int(p): int(o) for p, o in plan["from_offsets"].items()}
+        with admin_client(config) as admin:
+            state, members = group_state(admin, ctx.group_id)
+            if state != "EMPTY":
+                raise ActionBlocked(f"group is {state} with {members} member(s), not EMPTY: stop its consumers first")
+            now = committed_offsets(admin, ctx.group_id, topic, sorted(from_offsets))
+            todo = {}
+            for p, start in from_offsets.items():
+                if now[p] == start + 1:
+                    continue  # done by an earlier attempt of this same run
+                if now[p] != start:
+                    raise ActionBlocked(f"partition {p} moved from offset {start} to {now[p]} since the plan")
+                todo[p] = start
+            if not todo:
+                return Outcome("noop", "already skipped by an earlier attempt", {"skipped": {}})
+            copied = _copy_records(config, topic, todo, dlt, ctx.group_id)
+            request = [ConsumerGroupTopicPartitions(
+                ctx.group_id, [TopicPartition(topic, p, o + 1) for p, o in sorted(todo.items())]
+            )]
+            (result,) = _wait(admin.alter_consumer_group_offsets(request, request_timeout=TIMEOUT_S)).values()
+            for tp in result.topic_partitions:
+                if tp.error is not None:
+                    raise RuntimeError(f"partition {tp.partition}: commit failed ({tp.error.str()})")
+        where = ", ".join(f"p{p}: {o} -> {o + 1}" for p, o in sorted(todo.items()))
+        return Outcome("executed", f"copied {len(copied)} record(s) to {dlt}; committed {where}",
+                       {"skipped": {str(p): o for p, o in todo.items()}, "dead_letter_topic": dlt})
+
+
+def _copy_records(config: Mapping[str, Any], topic: str, offsets: Mapping[int, int],
+                  dlt: str, group_id: str) -> list[tuple[int, int]]:
+    """Read each record at (partition, offset) and produce it, with its origin, to ``dlt``."""
+    from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+    reader = Consumer(_client_config({
+        **config,
+        # Its own group id, never the stuck group's: reading must not join it.
+        "group.id": f"lagdoctor-dlq-reader-{group_id}",
+        "enable.auto.commit": False,
+        "enable.partition.eof": True,
+    }))
+    producer = Producer(_client_config({**config, "enable.idempotence": False, "acks": "all"}))
+    copied: list[tuple[int, int]] = []
+    try:
+        for partition, offset in sorted(offsets.items()):
+            reader.assign([TopicPartition(topic, partition, offset)])
+            msg = reader.poll(TIMEOUT_S)
+            if msg is None or msg.error() is not None or msg.offset() != offset:
+                why = "timeout" if msg is None else (msg.error().str() if msg.error() else f"got offset {msg.offset()}")
+                raise ActionBlocked(f"cannot read the record at partition {partition} offset {offset} ({why})")
+            headers = list(msg.headers() or []) + [
+                ("lagdoctor.original.topic", topic.encode()),
+                ("lagdoctor.original.partition", str(partition).encode()),
+                ("lagdoctor.original.offset", str(offset).encode()),
+                ("lagdoctor.group", group_id.encode()),
+            ]
+            errors: list[Any] = []
+            producer.produce(dlt, value=msg.value(), key=msg.key(), headers=headers,
+                             on_delivery=lambda err, _m: errors.append(err) if err else None)
+            if producer.flush(TIMEOUT_S) > 0:
+                raise RuntimeError(f"dead-letter produce to {dlt} timed out")
+            if errors:
+                raise KafkaException(errors[0])
+            copied.append((partition, offset))
+    finally:
+        reader.close()
+        producer.flush(5)
+    return copied
+
+
+@register
+class AddPartitions(Action):
+    name = "add_partitions"
+    summary = "add partitions to the topic (CreatePartitions)"
+    irreversible = True
+    warning = ("Irreversible: partitions can never be removed. Keyed records start landing on new "
+               "partitions (per-key order breaks across the change) and every group on the topic rebalances.")
+    params = {"add": int, "total": int}
+
+    def prepare(self, ctx: ActionContext) -> dict[str, Any]:
+        total, add = ctx.params.get("total"), ctx.params.get("add")
+        if total is None and add is None:
+            add = ctx.evidence.get("partition_count")  # default: double the partitions
+        if total is None and not add:
+            raise ActionBlocked("set params.add or params.total: current partition count unknown")
+        return {"topic": ctx.topic, "total": total, "add": add}
+
+    def describe(self, plan: Mapping[str, Any]) -> str:
+        if plan.get("current") is not None:
+            return f"grow {plan['topic']} from {plan['current']} to {plan['target']} partitions (irreversible)"
+        what = f"to {plan['total']}" if plan.get("total") else f"by {plan['add']}"
+        return f"grow {plan['topic']} {what} partitions (irreversible; the group rebalances)"
+
+    def resolve(self, ctx: ActionContext, plan: dict[str, Any]) -> dict[str, Any]:
+        with admin_client(ctx.kafka_config()) as admin:
+            meta = admin.list_topics(topic=ctx.topic, timeout=TIMEOUT_S).topics.get(ctx.topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise ActionBlocked(f"topic {ctx.topic!r} not found")
+        current = len(meta.partitions)
+        target = int(plan["total"]) if plan.get("total") else current + int(plan["add"])
+        return {**plan, "current": current, "target": target}
+
+    def apply(self, ctx: ActionContext, plan: Mapping[str, Any]) -> Outcome:
+        from confluent_kafka.admin import NewPartitions
+
+        with admin_client(ctx.kafka_config()) as admin:
+            meta = admin.list_topics(topic=ctx.topic, timeout=TIMEOUT_S).topics.get(ctx.topic)
+            have = len(meta.partitions) if meta is not None and meta.partitions else 0
+            if have >= plan["target"]:
+                return Outcome("noop", f"{ctx.topic} already has {have} partitions", {"partitions": have})
+            _wait(admin.create_partitions([NewPartitions(ctx.topic, int(plan["target"]))],
+                                          request_timeout=TIMEOUT_S))
+        return Outcome("executed", f"grew {ctx.topic} from {have} to {plan['target']} partitions",
+                       {"partitions": plan["target"]})
