@@ -77,3 +77,90 @@ def live_consumer_config(bootstrap: str, group_id: str, client_id: str, **extra:
             **extra,
         },
     )
+
+
+class SteadyProducer:
+    """Produces `rate_per_partition` records/s to every listed partition in a thread."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: list[int], rate_per_partition: float) -> None:
+        import threading
+
+        self.bootstrap, self.topic, self.partitions = bootstrap, topic, partitions
+        self.rate = rate_per_partition
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"produce-{topic}", daemon=True)
+
+    def start(self) -> "SteadyProducer":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        import time
+
+        from confluent_kafka import Producer
+
+        producer = Producer(client_config(self.bootstrap, {"linger.ms": 0, "batch.num.messages": 1}))
+        tick = 0.1
+        try:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                for p in self.partitions:
+                    for _ in range(max(1, round(self.rate * tick))):
+                        producer.produce(self.topic, value=b"event", partition=p)
+                producer.poll(0)
+                self._stop.wait(max(0.0, tick - (time.monotonic() - started)))
+        finally:
+            producer.flush(10)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+
+class ThrottledConsumer:
+    """A group member that keeps up on every partition but those in `slow`,
+    which it serves only a fraction of the time (a slow partition owner)."""
+
+    def __init__(self, bootstrap: str, group_id: str, topic: str, *, client_id: str,
+                 slow: Mapping[int, float] | None = None) -> None:
+        import threading
+
+        self.bootstrap, self.group_id, self.topic, self.client_id = bootstrap, group_id, topic, client_id
+        self.slow = dict(slow or {})  # partition -> share of time it is served (0..1)
+        self.assigned = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"consume-{group_id}", daemon=True)
+
+    def start(self) -> "ThrottledConsumer":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        import time
+
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer(live_consumer_config(self.bootstrap, self.group_id, self.client_id))
+        consumer.subscribe([self.topic], on_assign=lambda c, parts: self.assigned.set())
+        period, cycle_start = 1.0, time.monotonic()
+        paused: set[int] = set()
+        try:
+            while not self._stop.is_set():
+                if self.assigned.is_set():
+                    # Duty cycle: a slow partition is paused for part of every second.
+                    phase = (time.monotonic() - cycle_start) % period
+                    should = {p for p, share in self.slow.items() if phase >= share}
+                    if should - paused:
+                        consumer.pause([TopicPartition(self.topic, p) for p in should - paused])
+                    if paused - should:
+                        consumer.resume([TopicPartition(self.topic, p) for p in paused - should])
+                    paused = should
+                messages = consumer.consume(500, timeout=0.1)
+                if messages:
+                    consumer.commit(asynchronous=False)
+        finally:
+            consumer.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(15)

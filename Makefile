@@ -1,0 +1,46 @@
+# Two commands for a newcomer: `make demo` and `make test`. Each creates
+# ./.venv and installs what is missing first; a second run installs nothing.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+STAMP := $(VENV)/.lagdoctor-installed
+PYSPARK_VERSION := 4.3.0
+
+# spark-submit finds SPARK_HOME through the first python3 on PATH: the venv's.
+export PATH := $(BIN):$(PATH)
+export SPARK_LOCAL_IP ?= 127.0.0.1
+export AIRFLOW__CORE__LOAD_EXAMPLES := False
+
+.PHONY: demo test install clean bench
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "lagdoctor needs Python >= 3.11 (found $$($(PYTHON) --version))"; exit 1; }
+	@command -v java >/dev/null || { echo "lagdoctor needs a Java 17+ runtime for Spark (apt-get install openjdk-17-jre-headless)"; exit 1; }
+	@echo "==> setting up $(VENV) (first run: about a minute; later runs skip this)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check uv
+	@echo "==> installing lagdoctor with Airflow, Spark, Kafka and Slack dependencies"
+	@$(BIN)/uv pip install --python $(BIN)/python -e '.[test]'
+	@# The Spark provider's pyspark-client overwrites pyspark's files: repair last.
+	@echo "==> restoring pyspark $(PYSPARK_VERSION) over pyspark-client's files"
+	@$(BIN)/uv pip install --python $(BIN)/python --force-reinstall --no-deps pyspark==$(PYSPARK_VERSION)
+	@$(BIN)/python -c 'import pyspark, sys; v = pyspark.__version__; sys.exit(0 if v == "$(PYSPARK_VERSION)" else f"pyspark is {v}, expected $(PYSPARK_VERSION)")'
+	@touch $(STAMP)
+	@echo "==> installed"
+
+demo: $(STAMP)
+	@$(BIN)/python -m lagdoctor.demo
+
+test: $(STAMP)
+	@$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	@$(BIN)/python bench/snapshot_bench.py
+
+clean:
+	rm -rf $(VENV) .demo .bench
