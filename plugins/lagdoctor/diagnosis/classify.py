@@ -1,0 +1,400 @@
+"""Diagnoses: features -> findings (contract 2), as Spark SQL expressions.
+
+The rule table ("the correctness proof"), evaluated per (cluster, group, topic);
+every rule that holds yields a finding, none -> one `healthy` finding:
+
+ #  diagnosis            holds when                                              why
+ 1  crashed_consumer     state at the end is EMPTY/DEAD or group_members == 0,    nobody consumes; null members
+                         and lag > 0                                              (unknown membership) never counts
+ 2  rebalance_loop       not 1; rebalances (entering a rebalancing state, or      one rebalance is a deploy,
+                         the set of owner member ids changing) >= rebalance_loop_min   several are a loop
+ 3  stalled_consumer     not 1; some partition has lag > 0 and its committed       a stuck message or hung handler;
+                         offset has not advanced for stall_min_seconds and        the gap rule keeps batch
+                         stall_min_snapshots and > stall_gap_factor x its         committers healthy
+                         longest earlier commit gap, or advances at less than
+                         near_frozen_ratio of what arrives
+ 4  partition_imbalance  not 1; >= 2 partitions; the smallest set holding         hot key or one slow owner;
+                         imbalance_share of the lag is at most                    stalled partitions belong to 3
+                         imbalance_max_partition_fraction of them and has a
+                         partition that is not stalled; lag >= warning_lag
+ 5  producer_surge       not 1, 2; late produce rate >= surge_ratio x early;      consumers outpaced by new load
+                         lag growing and >= warning_lag
+ 6  slow_consumer        not 1, 2, 4, 5; produce steady; most non-stalled         capacity below a steady load
+                         partitions consume below produce; lag climbs steadily
+                         (growing, R^2 >= steady_r2) and >= warning_lag
+
+"Growing": the fitted rise of lag over the window is positive and at least
+growth_fraction of the end lag. Severity: critical at critical_lag or when a
+growing lag >= warning_lag at least doubled; warning at warning_lag and
+growing; else ok. A non-healthy finding is at least warning; healthy is ok.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from lagdoctor.contracts import INACTIVE_GROUP_STATES
+from lagdoctor.diagnosis.features import GROUP_KEY
+from lagdoctor.diagnosis.patterns import pattern_column
+from lagdoctor.diagnosis.thresholds import Thresholds
+
+_FOCUS_FIELDS = (
+    "partition",
+    "lag_end",
+    "member_id",
+    "client_id",
+    "host",
+    "consume_rate",
+    "produce_rate",
+    "time_lag_seconds",
+    "time_lag_lower_bound",
+    "frozen_seconds",
+)
+
+
+def partition_rollup(partition_feats, thresholds: Thresholds = Thresholds()):
+    """Partition features -> one row per group: counts, the hot set, the worst partitions."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    th = thresholds
+    by_lag = Window.partitionBy(*GROUP_KEY).orderBy(F.col("lag_end").desc(), F.col("partition").asc())
+    before = by_lag.rowsBetween(Window.unboundedPreceding, -1)
+    whole = Window.partitionBy(*GROUP_KEY)
+    p = partition_feats.withColumns(
+        {
+            "group_lag": F.sum("lag_end").over(whole),
+            "lag_before": F.coalesce(F.sum("lag_end").over(before), F.lit(0)),
+        }
+    )
+    p = p.withColumns(
+        {
+            "lag_share": F.coalesce(F.try_divide(F.col("lag_end"), F.col("group_lag")), F.lit(0.0)),
+            "in_hot": (F.col("group_lag") > 0) & (F.col("lag_before") < th.imbalance_share * F.col("group_lag")),
+        }
+    )
+    focus = F.struct(*[F.col(c) for c in _FOCUS_FIELDS], F.col("lag_share"))
+    # max_by over (lag, -partition): the worst partition, ties to the lowest number
+    order = F.struct(F.col("lag_end"), -F.col("partition"))
+    return p.groupBy(*GROUP_KEY).agg(
+        F.count(F.lit(1)).alias("partition_count"),
+        F.sum("lag_end").alias("partition_lag_sum"),
+        F.sum("produce_rate").alias("produce_rate"),
+        F.sum("consume_rate").alias("consume_rate"),
+        F.max("time_lag_seconds").alias("max_time_lag_seconds"),
+        F.count(F.when(F.col("stalled"), 1)).alias("stalled_count"),
+        F.array_sort(F.collect_list(F.when(F.col("stalled"), F.col("partition")))).alias("stalled_partitions"),
+        F.count(F.when(F.col("slow"), 1)).alias("slow_count"),
+        F.array_sort(F.collect_list(F.when(F.col("slow"), F.col("partition")))).alias("slow_partitions"),
+        F.count(F.when(F.col("in_hot"), 1)).alias("hot_count"),
+        F.sum(F.when(F.col("in_hot"), F.col("lag_end"))).alias("hot_lag"),
+        F.array_sort(F.collect_list(F.when(F.col("in_hot") & ~F.col("stalled"), F.col("partition")))).alias(
+            "hot_partitions"
+        ),
+        F.array_sort(F.collect_list(F.when(F.col("retention_loss"), F.col("partition")))).alias(
+            "retention_loss_partitions"
+        ),
+        F.max_by(focus, order).alias("worst"),
+        F.max_by(focus, F.when(F.col("stalled"), order)).alias("worst_stalled"),
+        F.max_by(focus, F.when(F.col("in_hot") & ~F.col("stalled"), order)).alias("worst_hot"),
+    )
+
+
+def _num(col, digits_small: int = 1):
+    """12,000 / 800 / 2.5: thousands separators, a decimal only below 10."""
+    from pyspark.sql import functions as F
+
+    return F.when(F.abs(col) < 10, F.format_number(col, digits_small)).otherwise(F.format_number(col, 0))
+
+
+def _duration(seconds):
+    """90 -> 1m30s, 4000 -> 1h06m, 12 -> 12s."""
+    from pyspark.sql import functions as F
+
+    s = F.round(seconds).cast("long")
+    return (
+        F.when(s < 60, F.format_string("%ds", s))
+        .when(s < 3600, F.format_string("%dm%02ds", F.floor(s / 60).cast("long"), (s % 60)))
+        .otherwise(F.format_string("%dh%02dm", F.floor(s / 3600).cast("long"), F.floor((s % 3600) / 60).cast("long")))
+    )
+
+
+def _partitions_text(arr):
+    from pyspark.sql import functions as F
+
+    return F.when(F.size(arr) == 1, F.concat(F.lit("partition "), F.array_join(arr, ", "))).otherwise(
+        F.concat(F.lit("partitions "), F.array_join(arr, ", "))
+    )
+
+
+def _owner_text(focus):
+    from pyspark.sql import functions as F
+
+    member = F.coalesce(focus["member_id"], F.lit("nobody (unassigned)"))
+    return F.when(focus["host"].isNotNull(), F.concat(member, F.lit(" on "), focus["host"])).otherwise(member)
+
+
+def findings(
+    partition_feats,
+    group_feats,
+    thresholds: Thresholds = Thresholds(),
+    window_start: datetime | None = None,
+    window_end: datetime | None = None,
+):
+    """(partition features, group features) -> findings rows (contract 2 fields).
+
+    `evidence` is a struct with the same fields in every finding; `partitions`
+    lists the partitions the finding is about (empty for whole-topic findings).
+    window_start/window_end default to each group's first/last snapshot.
+    """
+    from pyspark.sql import functions as F
+
+    th = thresholds
+    c = F.col
+    g = group_feats.join(partition_rollup(partition_feats, th), list(GROUP_KEY), "left")
+    g = g.withColumn("pattern", pattern_column(th))
+
+    lag = c("lag_end")
+    growing = (c("lag_growth") > 0) & (c("lag_growth") >= th.growth_fraction * lag)
+    inactive = c("group_state").isin(list(INACTIVE_GROUP_STATES)) | (F.coalesce(c("group_members"), F.lit(-1)) == 0)
+    surge_ratio = F.try_divide(c("late_produce_rate"), c("early_produce_rate"))
+    surging = F.when(c("early_produce_rate") > 0, surge_ratio >= th.surge_ratio).otherwise(
+        c("late_produce_rate") > 0
+    )
+    max_hot = F.greatest(F.lit(1), F.floor(c("partition_count") * th.imbalance_max_partition_fraction))
+    nonstalled = c("partition_count") - c("stalled_count")
+
+    crashed = inactive & (lag > 0)
+    loop = ~crashed & (c("rebalances") >= th.rebalance_loop_min)
+    stalled = ~crashed & (c("stalled_count") >= 1)
+    imbalance = (
+        ~crashed
+        & (c("partition_count") >= 2)
+        & (c("hot_count") <= max_hot)
+        & (F.size("hot_partitions") >= 1)
+        & (lag >= th.warning_lag)
+    )
+    surge = ~crashed & ~loop & surging & growing & (lag >= th.warning_lag)
+    slow = (
+        ~crashed
+        & ~loop
+        & ~imbalance
+        & ~surge
+        & (nonstalled > 0)
+        & (c("slow_count") >= th.slow_partition_fraction * nonstalled)
+        & growing
+        & (c("lag_r2") >= th.steady_r2)
+        & (lag >= th.warning_lag)
+    )
+    g = g.withColumns(
+        {
+            "is_crashed": F.coalesce(crashed, F.lit(False)),
+            "is_loop": F.coalesce(loop, F.lit(False)),
+            "is_stalled": F.coalesce(stalled, F.lit(False)),
+            "is_imbalance": F.coalesce(imbalance, F.lit(False)),
+            "is_surge": F.coalesce(surge, F.lit(False)),
+            "is_slow": F.coalesce(slow, F.lit(False)),
+            "is_growing": F.coalesce(growing, F.lit(False)),
+            "surge_ratio": surge_ratio,
+        }
+    )
+
+    window = F.when(
+        c("window_seconds") > 0,
+        F.format_string(" in %s", _duration(c("window_seconds"))),
+    ).otherwise(F.lit(""))
+    trend = F.when(c("is_growing"), F.lit(" and growing")).otherwise(F.lit(""))
+    w, ws, wh = c("worst"), c("worst_stalled"), c("worst_hot")
+    empty = F.array().cast("array<int>")
+
+    def finding(name, partitions, focus, summary):
+        return F.struct(
+            F.lit(name).alias("diagnosis"),
+            partitions.cast("array<int>").alias("partitions"),
+            focus.alias("focus"),
+            summary.alias("summary"),
+        )
+
+    candidates = F.array(
+        F.when(
+            c("is_crashed"),
+            finding(
+                "crashed_consumer",
+                empty,
+                w,
+                F.format_string(
+                    "group is %s with %s live members; lag %s%s, %s msg/s arriving, nobody consuming",
+                    c("group_state"),
+                    F.coalesce(c("group_members").cast("string"), F.lit("no")),
+                    _num(lag),
+                    trend,
+                    _num(c("produce_rate")),
+                ),
+            ),
+        ),
+        F.when(
+            c("is_loop"),
+            finding(
+                "rebalance_loop",
+                empty,
+                w,
+                F.format_string(
+                    "%d rebalances%s (group left STABLE %d times, owners changed %d times); lag %s%s",
+                    c("rebalances"),
+                    window,
+                    c("rebalance_entries"),
+                    c("owner_changes"),
+                    _num(lag),
+                    trend,
+                ),
+            ),
+        ),
+        F.when(
+            c("is_stalled"),
+            finding(
+                "stalled_consumer",
+                c("stalled_partitions"),
+                ws,
+                F.format_string(
+                    "%s stopped committing: no progress for %s while lag grew to %s; owner %s",
+                    _partitions_text(c("stalled_partitions")),
+                    _duration(ws["frozen_seconds"]),
+                    _num(ws["lag_end"]),
+                    _owner_text(ws),
+                ),
+            ),
+        ),
+        F.when(
+            c("is_imbalance"),
+            finding(
+                "partition_imbalance",
+                c("hot_partitions"),
+                wh,
+                F.format_string(
+                    "%s %s %d%% of the lag (%s); owner %s consumes %s msg/s while %s arrive",
+                    _partitions_text(c("hot_partitions")),
+                    F.when(F.size("hot_partitions") == 1, F.lit("holds")).otherwise(F.lit("hold")),
+                    F.round(F.try_divide(c("hot_lag"), c("partition_lag_sum")) * 100).cast("int"),
+                    _num(F.when(F.size("hot_partitions") == 1, wh["lag_end"]).otherwise(c("hot_lag"))),
+                    _owner_text(wh),
+                    _num(wh["consume_rate"]),
+                    _num(wh["produce_rate"]),
+                ),
+            ),
+        ),
+        F.when(
+            c("is_surge"),
+            finding(
+                "producer_surge",
+                empty,
+                w,
+                F.format_string(
+                    "produce rate rose %sx (%s -> %s msg/s); consumers keep up at %s msg/s but lag grew to %s",
+                    _num(F.coalesce(c("surge_ratio"), F.lit(0.0))),
+                    _num(c("early_produce_rate")),
+                    _num(c("late_produce_rate")),
+                    _num(c("consume_rate")),
+                    _num(lag),
+                ),
+            ),
+        ),
+        F.when(
+            c("is_slow"),
+            finding(
+                "slow_consumer",
+                c("slow_partitions"),
+                w,
+                F.format_string(
+                    "consumers fall behind on %d of %d partitions: %s msg/s consumed while %s arrive; lag %s and climbing",
+                    c("slow_count"),
+                    c("partition_count"),
+                    _num(c("consume_rate")),
+                    _num(c("produce_rate")),
+                    _num(lag),
+                ),
+            ),
+        ),
+    )
+    healthy = finding(
+        "healthy",
+        empty,
+        w,
+        F.format_string(
+            "consumers keep up: lag %s across %d partitions, %s msg/s consumed of %s produced",
+            _num(lag),
+            F.coalesce(c("partition_count"), F.lit(0)),
+            _num(F.coalesce(c("consume_rate"), F.lit(0.0))),
+            _num(F.coalesce(c("produce_rate"), F.lit(0.0))),
+        ),
+    )
+    present = F.filter(candidates, lambda x: x.isNotNull())
+    g = g.withColumn("finding", F.explode(F.when(F.size(present) > 0, present).otherwise(F.array(healthy))))
+
+    level = (
+        F.when(
+            (lag >= th.critical_lag) | (c("is_growing") & (lag >= th.warning_lag) & (lag >= 2 * c("lag_start"))),
+            F.lit(2),
+        )
+        .when(c("is_growing") & (lag >= th.warning_lag), F.lit(1))
+        .otherwise(F.lit(0))
+    )
+    level = F.when(c("finding.diagnosis") == "healthy", F.lit(0)).otherwise(F.greatest(level, F.lit(1)))
+    severity = F.element_at(F.array(F.lit("ok"), F.lit("warning"), F.lit("critical")), level + 1)
+
+    f = c("finding.focus")
+    evidence = F.struct(
+        lag.alias("lag"),
+        c("lag_start").alias("lag_start"),
+        F.round(c("lag_growth")).cast("long").alias("lag_growth"),
+        F.round(c("lag_r2"), 3).alias("lag_trend_r2"),
+        c("partition_count").alias("partition_count"),
+        f["partition"].alias("partition"),
+        f["lag_end"].alias("partition_lag"),
+        F.round(f["lag_share"], 4).alias("lag_share"),
+        f["member_id"].alias("owner_member_id"),
+        f["client_id"].alias("owner_client_id"),
+        f["host"].alias("owner_host"),
+        F.round(c("produce_rate"), 3).alias("produce_rate"),
+        F.round(c("consume_rate"), 3).alias("consume_rate"),
+        F.round(f["produce_rate"], 3).alias("partition_produce_rate"),
+        F.round(f["consume_rate"], 3).alias("partition_consume_rate"),
+        F.round(c("early_produce_rate"), 3).alias("early_produce_rate"),
+        F.round(c("late_produce_rate"), 3).alias("late_produce_rate"),
+        F.round(c("surge_ratio"), 3).alias("surge_ratio"),
+        F.round(f["time_lag_seconds"], 3).alias("time_lag_seconds"),
+        f["time_lag_lower_bound"].alias("time_lag_lower_bound"),
+        F.round(c("max_time_lag_seconds"), 3).alias("max_time_lag_seconds"),
+        F.round(f["frozen_seconds"], 3).alias("frozen_seconds"),
+        c("stalled_partitions").alias("stalled_partitions"),
+        c("slow_partitions").alias("slow_partitions"),
+        c("rebalances").alias("rebalances"),
+        c("rebalance_entries").alias("rebalance_entries"),
+        c("owner_changes").alias("owner_changes"),
+        c("state_changes").alias("state_changes"),
+        c("group_state").alias("group_state"),
+        c("group_members").alias("group_members"),
+        c("retention_loss_partitions").alias("retention_loss_partitions"),
+        c("snapshots").alias("snapshots"),
+    )
+    start = F.lit(_iso(window_start)) if window_start else F.date_format(F.timestamp_seconds(c("t_first")), _ISO)
+    end = F.lit(_iso(window_end)) if window_end else F.date_format(F.timestamp_seconds(c("t_last")), _ISO)
+    return g.select(
+        *GROUP_KEY,
+        c("finding.partitions").alias("partitions"),
+        c("finding.diagnosis").alias("diagnosis"),
+        c("pattern"),
+        severity.alias("severity"),
+        c("finding.summary").alias("summary"),
+        evidence.alias("evidence"),
+        start.alias("window_start"),
+        end.alias("window_end"),
+    )
+
+
+_ISO = "yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'"
+
+
+def _iso(value: datetime) -> str:
+    from datetime import timezone
+
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

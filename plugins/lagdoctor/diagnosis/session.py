@@ -1,0 +1,37 @@
+"""The one place a SparkSession is built (pyspark-example-project's start_spark)."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+# Settings that make a small job behave on a laptop and a cluster alike: UTC
+# everywhere (snapshot_ts is UTC), Arrow for the few driver hand-offs.
+_DEFAULT_CONF: dict[str, str] = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.parquet.mergeSchema": "true",
+    # cluster=1 must stay the string "1" (the column is a string in the files too).
+    "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
+}
+
+
+def start_spark(
+    app_name: str = "lagdoctor-diagnose",
+    master: str | None = None,
+    extra_conf: Mapping[str, str] | None = None,
+):
+    """Build (or get) the SparkSession.
+
+    `master=None` leaves the master to spark-submit (`--master`) or the
+    cluster's defaults; tests and local runs pass `local[N]`.
+    """
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    if master:
+        builder = builder.master(master)
+    for key, value in {**_DEFAULT_CONF, **dict(extra_conf or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

@@ -1,0 +1,95 @@
+"""partition_status.jsonl: Burrow-compatible status per partition (contract 2 and 3).
+
+The evaluator (`lagdoctor.status.evaluate_partition`) is pure Python and
+works on a handful of rows per partition, so it runs through mapInPandas on
+the per-partition features (each carries its last `status_window`
+snapshots): no shuffle, and it scales out with the partitions. Never on the
+hot path: it sees partitions x status_window rows, not the history.
+"""
+
+from __future__ import annotations
+
+from lagdoctor.diagnosis.features import GROUP_KEY, PARTITION_KEY
+from lagdoctor.diagnosis.thresholds import Thresholds
+
+STATUS_DDL = (
+    "cluster string, group_id string, topic string, partition int, status string, lag long, "
+    "time_lag_seconds double, consume_rate double, produce_rate double, time_lag_lower_bound boolean"
+)
+
+
+def _window_rows(value) -> list[dict]:
+    rows = []
+    for item in value if value is not None else ():
+        d = item if isinstance(item, dict) else item.asDict()
+        rows.append(
+            {
+                # ms, rounded down: the evaluator compares against now_ms
+                "snapshot_ts_ms": int(d["snapshot_ts_us"]) // 1000,
+                "committed_offset": _int_or_none(d.get("committed_offset")),
+                "log_end_offset": int(d["log_end_offset"]),
+                "log_start_offset": _int_or_none(d.get("log_start_offset")),
+                "lag": _int_or_none(d.get("lag")),
+            }
+        )
+    rows.sort(key=lambda r: r["snapshot_ts_ms"])
+    return rows
+
+
+def _int_or_none(value):
+    import math
+
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return int(value)
+
+
+def evaluate_batches(batches, now_ms: int, allowed_lag: int, window_len: int):
+    """mapInPandas body: one status per partition row."""
+    import pandas as pd
+
+    from lagdoctor.status import evaluate_partition
+
+    for pdf in batches:
+        statuses = []
+        for window, members in zip(pdf["status_window"], pdf["group_members"]):
+            has_members = None if members is None or pd.isna(members) else bool(members > 0)
+            rows = _window_rows(window)
+            statuses.append(
+                evaluate_partition(
+                    rows, now_ms, allowed_lag=allowed_lag, window_len=window_len, group_has_members=has_members
+                )
+                if rows
+                else "OK"
+            )
+        out = pdf[list(PARTITION_KEY)].copy()
+        out["status"] = statuses
+        out["lag"] = pdf["lag_end"].astype("int64")
+        out["time_lag_seconds"] = pdf["time_lag_seconds"].astype("float64").round(3)
+        out["consume_rate"] = pdf["consume_rate"].astype("float64").round(3)
+        out["produce_rate"] = pdf["produce_rate"].astype("float64").round(3)
+        out["time_lag_lower_bound"] = pdf["time_lag_lower_bound"].astype("bool")
+        yield out
+
+
+def partition_status(partition_feats, group_feats, now_ms: int, thresholds: Thresholds = Thresholds()):
+    """(partition features, group features) -> partition_status rows (contract 2).
+
+    `now_ms` is the window's end: the evaluator's notion of "now".
+    """
+    from pyspark.sql import functions as F
+
+    th = thresholds
+    members = group_feats.select(*GROUP_KEY, "group_members")
+    inp = partition_feats.select(
+        *PARTITION_KEY,
+        "status_window",
+        "lag_end",
+        "time_lag_seconds",
+        "consume_rate",
+        "produce_rate",
+        "time_lag_lower_bound",
+    ).join(F.broadcast(members), list(GROUP_KEY), "left")
+    return inp.mapInPandas(
+        lambda it: evaluate_batches(it, int(now_ms), th.status_allowed_lag, th.status_window), STATUS_DDL
+    )

@@ -1,0 +1,199 @@
+"""Running the diagnosis job through spark-submit (Airflow side: no pyspark here).
+
+    from lagdoctor.diagnosis.submit import build_spark_submit_command, run_diagnosis
+
+    cmd = build_spark_submit_command("s3a://lake/lagdoctor/snapshots", "s3a://lake/lagdoctor/findings/run1",
+                                     window_minutes=30, master="yarn")
+    code = run_diagnosis("/data/snapshots", "/data/findings/run1")   # local[*]
+
+The package travels to the cluster as `--py-files lagdoctor-<version>.zip`
+(built by `build_package_zip` from the installed package); the entry script is
+spark_jobs/diagnose_lag.py (override with $LAGDOCTOR_SPARK_JOB or `job_script=`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Mapping, Sequence
+
+JOB_ENV = "LAGDOCTOR_SPARK_JOB"
+
+# Spark's default log4j profile prints INFO/WARN lines on stderr; the job's
+# contract is one line there on failure.
+QUIET_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+"""
+
+
+def _package_dir() -> Path:
+    import lagdoctor
+
+    return Path(lagdoctor.__file__).resolve().parent
+
+
+def default_job_script() -> str:
+    """spark_jobs/diagnose_lag.py of this checkout, or $LAGDOCTOR_SPARK_JOB."""
+    if os.environ.get(JOB_ENV):
+        return os.environ[JOB_ENV]
+    candidate = _package_dir().parent.parent / "spark_jobs" / "diagnose_lag.py"
+    if not candidate.exists():
+        raise FileNotFoundError(f"diagnosis job script not found at {candidate}; set ${JOB_ENV}")
+    return str(candidate)
+
+
+def build_package_zip(dest_dir: str | os.PathLike | None = None) -> str:
+    """Zip the installed `lagdoctor` package for `--py-files`; returns the zip's path.
+
+    Rebuilt only when a source file is newer than the zip.
+    """
+    import lagdoctor
+
+    pkg = _package_dir()
+    dest = Path(dest_dir) if dest_dir else Path(tempfile.gettempdir()) / "lagdoctor-spark"
+    dest.mkdir(parents=True, exist_ok=True)
+    target = dest / f"lagdoctor-{lagdoctor.__version__}.zip"
+    sources = [p for p in pkg.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
+    newest = max((p.stat().st_mtime for p in sources), default=0)
+    if target.exists() and target.stat().st_mtime >= newest:
+        return str(target)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(sources):
+            zf.write(path, Path("lagdoctor") / path.relative_to(pkg))
+    os.replace(tmp, target)
+    return str(target)
+
+
+def quiet_log_config(dest_dir: str | os.PathLike | None = None) -> str:
+    dest = Path(dest_dir) if dest_dir else Path(tempfile.gettempdir()) / "lagdoctor-spark"
+    dest.mkdir(parents=True, exist_ok=True)
+    path = dest / "log4j2-quiet.properties"
+    if not path.exists() or path.read_text() != QUIET_LOG4J2:
+        path.write_text(QUIET_LOG4J2)
+    return str(path)
+
+
+def job_arguments(
+    snapshots: str,
+    output: str,
+    as_of: str | None = None,
+    window_minutes: float | None = None,
+    thresholds: Mapping[str, object] | None = None,
+) -> list[str]:
+    """The job's own arguments (contract 2), e.g. for SparkSubmitOperator(application_args=...)."""
+    args = ["--snapshots", str(snapshots), "--output", str(output)]
+    if as_of is not None:
+        args += ["--as-of", str(as_of)]
+    if window_minutes is not None:
+        args += ["--window-minutes", f"{window_minutes:g}"]
+    for name, value in (thresholds or {}).items():
+        args += ["--" + name.replace("_", "-"), str(value)]
+    return args
+
+
+def build_spark_submit_command(
+    snapshots: str,
+    output: str,
+    as_of: str | None = None,
+    window_minutes: float | None = None,
+    master: str | None = "local[*]",
+    *,
+    py_files: str | None = None,
+    job_script: str | None = None,
+    spark_submit: str = "spark-submit",
+    conf: Mapping[str, str] | None = None,
+    thresholds: Mapping[str, object] | None = None,
+    extra_args: Sequence[str] = (),
+    quiet_logs: bool = True,
+    work_dir: str | os.PathLike | None = None,
+) -> list[str]:
+    """The spark-submit argv for one diagnosis run.
+
+    `py_files` defaults to a zip of the installed package; `conf` adds
+    `--conf k=v`; `thresholds` are Thresholds overrides; `extra_args` go to
+    the job verbatim (after its own arguments).
+    """
+    cmd = [spark_submit, "--master", master or "local[*]", "--name", "lagdoctor-diagnose-lag"]
+    cmd += ["--py-files", py_files or build_package_zip(work_dir)]
+    merged = {"spark.ui.showConsoleProgress": "false", **dict(conf or {})}
+    for key, value in merged.items():
+        cmd += ["--conf", f"{key}={value}"]
+    if quiet_logs:
+        cmd += ["--driver-java-options", f"-Dlog4j2.configurationFile=file:{quiet_log_config(work_dir)}"]
+    cmd.append(job_script or default_job_script())
+    cmd += job_arguments(snapshots, output, as_of, window_minutes, thresholds)
+    cmd += list(extra_args)
+    return cmd
+
+
+def spark_submit_env(base: Mapping[str, str] | None = None, master: str | None = None) -> dict[str, str]:
+    """Environment for spark-submit: this interpreter's bin first on PATH (the
+    venv's spark-submit finds SPARK_HOME through `python3`) and as PYSPARK_PYTHON."""
+    env = dict(os.environ if base is None else base)
+    bindir = str(Path(sys.executable).parent)
+    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if (master or "local").startswith("local"):
+        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    return env
+
+
+def run_diagnosis(
+    snapshots: str,
+    output: str,
+    as_of: str | None = None,
+    window_minutes: float | None = None,
+    master: str | None = None,
+    extra_args: Sequence[str] = (),
+    *,
+    timeout: float | None = None,
+    capture: bool = False,
+    **command_options,
+) -> int:
+    """Run the job and return its exit code (0: outputs written).
+
+    stderr passes through (the job's one-line reason on failure) unless
+    `capture` is true, in which case it is returned via
+    `subprocess.CompletedProcess` from `run_diagnosis_process`.
+    """
+    return run_diagnosis_process(
+        snapshots, output, as_of, window_minutes, master, extra_args, timeout=timeout, capture=capture,
+        **command_options,
+    ).returncode
+
+
+def run_diagnosis_process(
+    snapshots: str,
+    output: str,
+    as_of: str | None = None,
+    window_minutes: float | None = None,
+    master: str | None = None,
+    extra_args: Sequence[str] = (),
+    *,
+    timeout: float | None = None,
+    capture: bool = True,
+    **command_options,
+) -> subprocess.CompletedProcess:
+    cmd = build_spark_submit_command(
+        snapshots, output, as_of, window_minutes, master or "local[*]", extra_args=extra_args, **command_options
+    )
+    return subprocess.run(
+        cmd,
+        env=spark_submit_env(master=master),
+        timeout=timeout,
+        capture_output=capture,
+        text=True,
+        check=False,
+    )

@@ -1,0 +1,73 @@
+"""Tunable thresholds of the classifier: one frozen object, passed as a parameter.
+
+Plain Python (no pyspark) so the Airflow side and the job's argument parser
+share it. Every field can be overridden on the job's command line as
+`--<field-name-with-dashes> VALUE`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    # Severity (the seeds' defaults): warning at 1,000 and growing, critical
+    # at 10,000 or when lag at least doubled over the window.
+    warning_lag: int = 1_000
+    critical_lag: int = 10_000
+    # Lag "grows" when the fitted increase over the window is at least this
+    # share of the end lag (protects against noise around a constant level).
+    growth_fraction: float = 0.2
+
+    # partition_imbalance: the smallest set of partitions holding
+    # `imbalance_share` of the lag must be at most this fraction of them.
+    imbalance_share: float = 0.8
+    imbalance_max_partition_fraction: float = 0.34
+
+    # producer_surge: late-window produce rate over early-window rate.
+    surge_ratio: float = 2.0
+
+    # slow_consumer: share of partitions consuming below their produce rate,
+    # and how far below counts (consume < (1 - slack) * produce).
+    slow_partition_fraction: float = 0.5
+    slow_rate_slack: float = 0.05
+    # A climb is "steady" when a straight line explains it (R^2).
+    steady_r2: float = 0.6
+
+    # stalled_consumer: committed offset not advanced for this long and this
+    # many snapshots, and for longer than `stall_gap_factor` times the longest
+    # commit gap seen earlier in the window (so batch committers stay healthy).
+    stall_min_seconds: float = 120.0
+    stall_min_snapshots: int = 3
+    stall_gap_factor: float = 2.0
+    # "Near-frozen": still committing, but less than this share of what arrives.
+    near_frozen_ratio: float = 0.05
+
+    # rebalance_loop: rebalances (leaving STABLE, or owners changing) in the window.
+    rebalance_loop_min: int = 3
+
+    # Pattern: below this lag, or below this many seconds of production, the
+    # shape is noise and reads as flat.
+    pattern_min_lag: int = 100
+    pattern_min_seconds: float = 10.0
+
+    # How many most recent snapshots per partition feed the Burrow evaluator,
+    # and the lag it tolerates (Burrow's allowed_lag).
+    status_window: int = 10
+    status_allowed_lag: int = 0
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_overrides(cls, overrides: dict[str, object]) -> "Thresholds":
+        """Build from {field: value}, converting each value to the field's type."""
+        base = cls()
+        values = {}
+        for f in fields(cls):
+            if f.name in overrides and overrides[f.name] is not None:
+                kind = type(getattr(base, f.name))
+                values[f.name] = kind(overrides[f.name])
+        return cls(**values)

@@ -1,0 +1,91 @@
+"""Time lag: how far behind real time a partition's consumer is, in seconds.
+
+As kafka-lag-exporter does: place the committed offset on the log-end-offset
+over time curve (linear interpolation between the two snapshots whose end
+offsets bracket it) and subtract that time from the snapshot's time.
+
+- exact instead, when the collector recorded `committed_record_ts` (the
+  timestamp of the record at the committed offset);
+- 0 when lag is 0 (including a commit briefly above the end offset);
+- no extrapolation beyond the window: when the committed offset is older than
+  the window's first end offset the value is CAPPED at the window's span and
+  `time_lag_lower_bound` is true ("at least this far behind");
+- null when there is no committed offset.
+
+These are Column builders so the features pass computes time lag in the same
+window sort as everything else; `time_lag_by_partition` is the stand-alone
+transform.
+"""
+
+from __future__ import annotations
+
+PARTITION_KEY = ("cluster", "group_id", "topic", "partition")
+
+
+def row_columns(w, wall):
+    """Per-row columns: the committed offset at the window's end (c_end) and
+    the interpolated time at which the end offset passed it, on rows whose
+    (previous, current) end offsets bracket c_end."""
+    from pyspark.sql import functions as F
+
+    c_end = F.last("committed_offset", ignorenulls=True).over(wall)
+    prev_leo = F.lag("log_end_offset").over(w)
+    prev_t = F.lag("t").over(w)
+    leo = F.col("log_end_offset")
+    bracket = (prev_leo <= c_end) & (c_end < leo)
+    t_at = prev_t + F.try_divide(c_end - prev_leo, leo - prev_leo) * (F.col("t") - prev_t)
+    return {"tl_t_at": F.when(bracket, t_at)}
+
+
+def aggregate_columns():
+    """Per-partition aggregates feeding `time_lag_expr`."""
+    from pyspark.sql import functions as F
+
+    return [
+        F.max("tl_t_at").alias("tl_t_at"),
+        F.max_by("committed_record_ts", "t").cast("double").alias("tl_record_t"),
+    ]
+
+
+def time_lag_expr(t_first, t_last, leo_first, committed_end, lag_end):
+    """(time_lag_seconds, time_lag_lower_bound) from per-partition aggregates."""
+    from pyspark.sql import functions as F
+
+    seconds = (
+        F.when(committed_end.isNull(), F.lit(None))
+        .when(lag_end <= 0, F.lit(0.0))
+        .when(F.col("tl_record_t").isNotNull(), F.greatest(t_last - F.col("tl_record_t"), F.lit(0.0)))
+        .when(F.col("tl_t_at").isNotNull(), F.greatest(t_last - F.col("tl_t_at"), F.lit(0.0)))
+        .when(committed_end < leo_first, t_last - t_first)
+        .otherwise(F.lit(None))
+        .cast("double")
+    )
+    lower_bound = (
+        committed_end.isNotNull()
+        & (lag_end > 0)
+        & F.col("tl_record_t").isNull()
+        & F.col("tl_t_at").isNull()
+        & (committed_end < leo_first)
+    )
+    return seconds, F.coalesce(lower_bound, F.lit(False))
+
+
+def time_lag_by_partition(snapshots):
+    """snapshots -> (cluster, group_id, topic, partition, time_lag_seconds, time_lag_lower_bound)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    w = Window.partitionBy(*PARTITION_KEY).orderBy("t")
+    wall = w.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    rows = snapshots.withColumn("t", F.col("snapshot_ts").cast("double"))
+    rows = rows.withColumns(row_columns(w, wall))
+    agg = rows.groupBy(*PARTITION_KEY).agg(
+        F.min("t").alias("t_first"),
+        F.max("t").alias("t_last"),
+        F.min_by("log_end_offset", "t").alias("leo_first"),
+        F.max_by("committed_offset", F.when(F.col("committed_offset").isNotNull(), F.col("t"))).alias("c_end"),
+        F.max_by("lag", "t").alias("lag_end"),
+        *aggregate_columns(),
+    )
+    seconds, lower = time_lag_expr(F.col("t_first"), F.col("t_last"), F.col("leo_first"), F.col("c_end"), F.col("lag_end"))
+    return agg.select(*PARTITION_KEY, seconds.alias("time_lag_seconds"), lower.alias("time_lag_lower_bound"))
