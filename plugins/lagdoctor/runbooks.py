@@ -110,6 +110,8 @@ class Plan:
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["next_steps"] = list(self.next_steps)
+        d["diagnostic_steps"] = [asdict(s) for s in self.diagnostic_steps]
         d["actions"] = [{**asdict(a), "params": dict(a.params), "guardrails": dict(a.guardrails)} for a in self.actions]
         d["branches"] = self.branches
         return d

@@ -27,6 +27,7 @@ DEFAULT_CHANNEL = "#kafka-lag"
 RATE_LIMIT_RETRIES = 3
 SERVER_ERROR_RETRIES = 2
 CONNECTION_RETRIES = 2
+CLIENT_LOGGER = "lagdoctor.notify.slack_client"
 
 
 class SlackDeliveryError(RuntimeError):
@@ -90,7 +91,10 @@ class ProviderSlackSender:
         if self._hook is None:
             from airflow.providers.slack.hooks.slack import SlackHook
 
-            self._hook = SlackHook(slack_conn_id=self.conn_id, retry_handlers=retry_handlers())
+            # A plain stdlib logger: slack-sdk redacts the Authorization header in
+            # its debug lines, and operators can turn that logger up on its own.
+            self._hook = SlackHook(slack_conn_id=self.conn_id, retry_handlers=retry_handlers(),
+                                   logger=logging.getLogger(CLIENT_LOGGER))
         return self._hook
 
     def _token(self) -> list[str]:

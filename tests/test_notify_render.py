@@ -1,0 +1,132 @@
+"""Block Kit rendering: what an on-call engineer sees in Slack for a finding."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from lagdoctor.notify.render import (
+    DESCRIBE_COLUMNS,
+    render_action_result,
+    render_incident,
+    render_recovery,
+    worst_partitions,
+)
+
+
+def finding(**kw):
+    rows = [
+        {"partition": 0, "committed_offset": 1000, "log_end_offset": 1010, "lag": 10, "member_id": "consumer-1-aaa",
+         "host": "/10.0.0.1", "client_id": "orders-1", "time_lag_seconds": 2, "consume_rate": 50.0, "produce_rate": 50.0},
+        {"partition": 3, "committed_offset": 41, "log_end_offset": 90_041, "lag": 90_000, "member_id": "consumer-2-bbb",
+         "host": "/10.0.0.7", "client_id": "orders-2", "time_lag_seconds": 3723, "consume_rate": 0.0, "produce_rate": 25.0},
+        {"partition": 5, "committed_offset": 500, "log_end_offset": 5500, "lag": 5000, "member_id": "consumer-2-bbb",
+         "host": "/10.0.0.7", "client_id": "orders-2", "time_lag_seconds": 200, "consume_rate": 1.5, "produce_rate": 25.0},
+    ]
+    base = {"cluster": "prod", "group_id": "orders", "topic": "orders.v1", "partitions": [3, 5],
+            "diagnosis": "partition_imbalance", "pattern": "steady_climb", "severity": "critical",
+            "summary": "Lag is concentrated on 2 of 6 partitions, both owned by /10.0.0.7",
+            "evidence": {"partitions": rows, "lag_total": 95_010, "time_lag_seconds": 3723},
+            "window_start": "2026-11-21T10:00:00Z", "window_end": "2026-11-21T10:30:00Z"}
+    return {**base, **kw}
+
+
+PLAN = {"runbook": "partition_imbalance", "next_steps": ["Check the owner of the hot partitions."],
+        "actions": [{"action": "restart_consumers", "requires_approval": True, "irreversible": False,
+                     "description": "rollout restart"}]}
+
+
+def all_text(message) -> str:
+    return json.dumps(message["blocks"]) + message["text"]
+
+
+def section_texts(message):
+    return [b["text"]["text"] for b in message["blocks"] if b["type"] == "section" and "text" in b]
+
+
+def code_block(message) -> str:
+    (text,) = [t for t in section_texts(message) if "```" in t]
+    return text.split("```")[1].strip("\n")
+
+
+def test_incident_message_has_header_summary_fields_evidence_steps_actions():
+    msg = render_incident(finding(), PLAN, run_id="scheduled__2026-11-21T10:30:00")
+    types = [b["type"] for b in msg["blocks"]]
+    assert types[0] == "header"
+    header = msg["blocks"][0]["text"]["text"]
+    assert header.startswith(":red_circle:") and "Partition imbalance" in header and "orders" in header
+    texts = "\n".join(section_texts(msg))
+    assert "Lag is concentrated on 2 of 6 partitions" in texts
+    fields = " ".join(f["text"] for b in msg["blocks"] for f in b.get("fields", []))
+    for expected in ("prod", "orders.v1", "steady_climb", "1h 02m", "95,010"):
+        assert expected in fields
+    assert "Check the owner of the hot partitions." in texts
+    assert "restart_consumers" in texts and "needs approval" in texts
+    assert "orders" in msg["text"] and "partition_imbalance" in msg["text"]  # notification fallback
+
+
+def test_evidence_table_is_shaped_like_kafka_consumer_groups_describe_worst_first():
+    table = code_block(render_incident(finding(), PLAN)).splitlines()
+    assert table[0].split()[: len(DESCRIBE_COLUMNS)] == list(DESCRIBE_COLUMNS)
+    partitions = [line.split()[2] for line in table[1:]]
+    assert partitions == ["3", "5", "0"]
+    worst = table[1].split()
+    # CURRENT-OFFSET, LOG-END-OFFSET, LAG, CONSUMER-ID, HOST, CLIENT-ID, then time lag and rates
+    assert worst[3:9] == ["41", "90041", "90000", "consumer-2-bbb", "/10.0.0.7", "orders-2"]
+    assert "1h 02m" in table[1]
+    # columns line up: every row starts its PARTITION column at the same position
+    starts = {line.index(line.split()[2], len(line.split()[0]) + 1) for line in table[1:]}
+    assert len(starts) == 1
+
+
+def test_missing_evidence_shows_dashes_and_still_renders():
+    msg = render_incident(finding(evidence={}, partitions=[4]), None)
+    table = code_block(msg).splitlines()
+    assert table[1].split()[:4] == ["orders", "orders.v1", "4", "-"]
+    fields = " ".join(f["text"] for b in msg["blocks"] for f in b.get("fields", []))
+    assert "*Time lag*\n-" in fields
+
+
+def test_only_the_worst_five_partitions_are_shown():
+    rows = [{"partition": p, "lag": p * 10} for p in range(12)]
+    assert [r["partition"] for r in worst_partitions(finding(evidence={"partitions": rows}))] == [11, 10, 9, 8, 7]
+
+
+def test_group_and_topic_names_are_escaped_in_mrkdwn():
+    msg = render_incident(finding(group_id="<!channel> pay&ments", topic="a>b<@U123>"), PLAN)
+    mrkdwn = json.dumps([b for b in msg["blocks"] if b["type"] != "header"]) + msg["text"]
+    assert "<!channel>" not in mrkdwn and "<@U123>" not in mrkdwn
+    assert "&lt;!channel&gt; pay&amp;ments" in mrkdwn
+    assert "a&gt;b&lt;@U123&gt;" in mrkdwn
+    # plain_text header is not mrkdwn: shown as written, no entity noise
+    assert "<!channel> pay&ments" in msg["blocks"][0]["text"]["text"]
+
+
+def test_backticks_and_newlines_in_names_cannot_break_the_code_block():
+    msg = render_incident(finding(group_id="evil```\n*bold*", topic="t`x"), PLAN)
+    (evidence,) = [t for t in section_texts(msg) if "```" in t]
+    assert evidence.count("```") == 2
+    body = code_block(msg)
+    assert all(len(line.split()) >= 9 for line in body.splitlines())  # each row still one line
+
+
+def test_long_ids_and_many_rows_stay_within_slack_limits():
+    rows = [{"partition": p, "lag": 1000 - p, "member_id": "consumer-" + "x" * 200, "host": "/" + "h" * 100}
+            for p in range(50)]
+    msg = render_incident(finding(group_id="g" * 300, evidence={"partitions": rows}), PLAN)
+    assert len(msg["blocks"][0]["text"]["text"]) <= 150
+    assert all(len(t) <= 3000 for t in section_texts(msg))
+    assert len(msg["blocks"]) <= 50
+
+
+def test_recovery_and_action_replies():
+    rec = render_recovery(finding(diagnosis="healthy", group_id="a&b"), diagnosis="partition_imbalance",
+                          duration_seconds=1500)
+    assert "Recovered" in rec["blocks"][0]["text"]["text"] and "25m 00s" in rec["blocks"][0]["text"]["text"]
+    assert "a&amp;b" in rec["blocks"][0]["text"]["text"]
+    reply = render_action_result({"action": "add_partitions", "status": "awaiting_approval",
+                                  "message": "needs approval: grow orders.v1 by 6 partitions",
+                                  "warning": "Irreversible: partitions can never be removed."})
+    text = reply["blocks"][0]["text"]["text"]
+    assert "waiting for approval" in text and "Irreversible" in text
+    assert re.search(r"add_partitions", reply["text"])

@@ -1,0 +1,200 @@
+"""Incident threads end to end: decision rules, durable state, Slack and the outbox."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+# Airflow reconfigures logging on first import; do it before caplog attaches.
+import airflow.sdk  # noqa: F401
+from airflow.providers.slack.hooks.slack import SlackHook  # noqa: F401
+
+from lagdoctor.notify import notify_failure, post_action_result, post_or_update_incident, slack_sender
+from lagdoctor.notify.slack import OutboxSender, ProviderSlackSender, SlackDeliveryError
+from lagdoctor.notify.threads import IncidentKey, ThreadState, ThreadStore, decide
+from lagdoctor.settings import Settings
+from tests.fixtures.slack import SLACK_TEST_TOKEN, slack_connection, slack_server  # noqa: F401
+
+T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
+
+
+def finding(diagnosis="slow_consumer", severity="warning", pattern="steady_climb", lag=1000, partitions=(0, 1), **kw):
+    base = {"cluster": "prod", "group_id": "orders", "topic": "orders.v1", "partitions": list(partitions),
+            "diagnosis": diagnosis, "pattern": pattern, "severity": severity, "summary": f"lag {lag}",
+            "evidence": {"lag_total": lag}, "window_start": "2026-11-21T09:30:00Z", "window_end": "2026-11-21T10:00:00Z"}
+    return {**base, **kw}
+
+
+@pytest.fixture
+def settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", str(tmp_path / "data"))
+    monkeypatch.delenv("AIRFLOW_CONN_SLACK_API_DEFAULT", raising=False)
+    return Settings.from_env()
+
+
+def all_logs(caplog, capfd) -> str:
+    # Airflow routes stdlib logging through structlog to stdout once imported: read both.
+    out, err = capfd.readouterr()
+    return caplog.text + out + err
+
+
+def state_for(f, **kw) -> ThreadState:
+    s = ThreadState(key=IncidentKey.of(f), channel="C1", thread_ts="1.1", severity=f["severity"],
+                    pattern=f["pattern"], partitions=list(f["partitions"]), lag_total=f["evidence"]["lag_total"],
+                    last_run_id="run-1")
+    for k, v in kw.items():
+        setattr(s, k, v)
+    return s
+
+
+# (current finding, thread state, expected decision, why)
+RULES = [
+    (finding(), None, "post", "1: no thread yet"),
+    (finding(), state_for(finding(), status="closed"), "post", "1: a closed incident that returns is a new thread"),
+    (finding(severity="critical"), state_for(finding(), last_run_id="run-2"), "nothing", "2: a retried task of the same run"),
+    (finding(severity="critical"), state_for(finding()), "reply", "3: severity changed"),
+    (finding(pattern="explosion"), state_for(finding()), "reply", "3: pattern changed"),
+    (finding(partitions=(0, 1, 4)), state_for(finding()), "reply", "3: another partition is involved"),
+    (finding(lag=2000), state_for(finding()), "reply", "3: lag doubled"),
+    (finding(lag=400), state_for(finding()), "reply", "3: lag halved (draining)"),
+    (finding(lag=1900), state_for(finding()), "nothing", "4: lag moved but not 2x: no repeat every sweep"),
+    (finding(summary="other words"), state_for(finding()), "nothing", "4: a reworded summary alone is not news"),
+]
+
+
+@pytest.mark.parametrize("current,state,expected,why", RULES, ids=[r[3] for r in RULES])
+def test_decision_rules(current, state, expected, why):
+    assert decide(current, state, run_id="run-2").kind == expected
+
+
+def test_state_is_durable_json_written_atomically(settings):
+    store = ThreadStore(settings.incidents_root)
+    key = IncidentKey("prod", "we/ird group", "t", "slow_consumer")
+    store.save(ThreadState(key=key, channel="C1", thread_ts="1.000001"))
+    files = list(Path(settings.incidents_root).iterdir())
+    assert len(files) == 1 and not files[0].name.startswith(".tmp")
+    assert json.loads(files[0].read_text())["key"]["group_id"] == "we/ird group"
+    again = ThreadStore(settings.incidents_root).get(key)  # a new process would read the same
+    assert again.thread_ts == "1.000001" and again.status == "open"
+
+
+def test_without_slack_connection_messages_go_to_the_outbox_and_the_log(settings, caplog, capfd):
+    caplog.set_level(logging.INFO)
+    result = post_or_update_incident(finding(), {"next_steps": ["look"]}, run_id="run-1", now=T0)
+    assert result["decision"] == "posted"
+    outbox = Path(settings.data_root) / "outbox" / "slack.jsonl"
+    (entry,) = [json.loads(line) for line in outbox.read_text().splitlines()]
+    assert entry["blocks"][0]["type"] == "header" and entry["thread_ts"] is None
+    assert "slow_consumer for group orders" in all_logs(caplog, capfd)
+    # The outbox threads like Slack: the recovery goes to the same thread.
+    post_or_update_incident(finding("healthy", "ok"), run_id="run-2", now=T0 + timedelta(minutes=5))
+    entries = [json.loads(line) for line in outbox.read_text().splitlines()]
+    assert entries[1]["thread_ts"] == entry["ts"]
+
+
+def test_thread_lifecycle_against_slack(settings, slack_connection):
+    server = slack_connection
+    sweeps = [
+        ("run-1", finding(), "posted"),
+        ("run-2", finding(lag=1100), "unchanged"),
+        ("run-3", finding(severity="critical", lag=5000), "replied"),
+        ("run-4", finding(severity="critical", lag=5200), "unchanged"),
+        ("run-5", finding("healthy", "ok", lag=0), "recovered"),
+        ("run-6", finding("healthy", "ok", lag=0), "healthy"),
+    ]
+    for i, (run_id, f, expected) in enumerate(sweeps):
+        result = post_or_update_incident(f, None, run_id=run_id, now=T0 + timedelta(minutes=5 * i))
+        assert result["decision"] == expected, run_id
+    first, update, recovery = server.messages
+    assert "thread_ts" not in first and first["channel"] == "#kafka-lag"
+    root_ts = server.posts[0].ts
+    assert update["thread_ts"] == root_ts and recovery["thread_ts"] == root_ts
+    assert "severity warning → critical" in update["text"]
+    assert "total lag 1,000 → 5,000" in update["text"]
+    assert "Recovered" in recovery["blocks"][0]["text"]["text"] and "20m" in recovery["blocks"][0]["text"]["text"]
+    # After recovery the same problem opens a new thread.
+    assert post_or_update_incident(finding(), None, run_id="run-7", now=T0 + timedelta(hours=1))["decision"] == "posted"
+    assert "thread_ts" not in server.messages[-1]
+
+
+def test_recovery_closes_every_open_diagnosis_of_the_group_and_topic(settings, slack_connection):
+    post_or_update_incident(finding("slow_consumer"), run_id="r1", now=T0)
+    post_or_update_incident(finding("rebalance_loop"), run_id="r1", now=T0)
+    post_or_update_incident(finding("slow_consumer", topic="other"), run_id="r1", now=T0)
+    result = post_or_update_incident(finding("healthy", "ok"), run_id="r2", now=T0)
+    assert sorted(t["diagnosis"] for t in result["threads"]) == ["rebalance_loop", "slow_consumer"]
+    open_left = [s for s in ThreadStore(settings.incidents_root).all() if s.status == "open"]
+    assert [s.key.topic for s in open_left] == ["other"]
+
+
+def test_action_result_replies_once_in_the_incident_thread(settings, slack_connection):
+    post_or_update_incident(finding(), run_id="r1", now=T0)
+    record = {"cluster": "prod", "group_id": "orders", "topic": "orders.v1", "diagnosis": "slow_consumer",
+              "idempotency_key": "k1", "action": "scale_consumers", "status": "dry_run",
+              "message": "would scale shop/orders from ~2 by +1 replicas, never above 6 partitions"}
+    assert post_action_result(record)["decision"] == "replied"
+    assert post_action_result(record)["decision"] == "unchanged"  # a retried task
+    reply = slack_connection.messages[-1]
+    assert reply["thread_ts"] == slack_connection.posts[0].ts
+    assert "dry run" in reply["blocks"][0]["text"]["text"]
+    assert len(slack_connection.messages) == 2
+
+
+def test_rate_limit_and_server_errors_are_retried_by_slack_sdk_handlers(settings, slack_connection):
+    server = slack_connection
+    server.fail_next(429, retry_after=1)
+    server.fail_next(503)
+    sender = slack_sender()
+    assert isinstance(sender, ProviderSlackSender)
+    posted = sender.post(text="hello", blocks=[])
+    assert posted.channel == "C0LAGDOC" and posted.ts
+    statuses = [r.status for r in server.requests]
+    assert statuses == [429, 503, 200]
+    assert server.requests[1].at - server.requests[0].at >= 1.0, "Retry-After was not honoured"
+    assert len(server.messages) == 1
+
+
+def test_a_known_token_appears_in_no_log_line_message_or_error(settings, slack_connection, caplog, capfd):
+    caplog.set_level(logging.DEBUG)
+    logging.getLogger("lagdoctor.notify.slack_client").setLevel(logging.DEBUG)
+    server = slack_connection
+    post_or_update_incident(finding(), {"next_steps": ["x"]}, run_id="r1", now=T0)
+    for _ in range(3):  # more 503s than the handler retries: the post fails
+        server.fail_next(503)
+    with pytest.raises(SlackDeliveryError) as err:
+        post_or_update_incident(finding(severity="critical"), run_id="r2", now=T0)
+    assert "\n" not in str(err.value)
+    assert server.requests[0].headers["Authorization"] == f"Bearer {SLACK_TEST_TOKEN}"  # it was really used
+    logs = all_logs(caplog, capfd)
+    assert "Sending a request" in logs, "the Slack client's debug log was not captured"
+    assert SLACK_TEST_TOKEN not in logs
+    assert SLACK_TEST_TOKEN not in str(err.value)
+    assert all(SLACK_TEST_TOKEN not in json.dumps(r.body) for r in server.requests)
+    for path in Path(settings.data_root).rglob("*"):
+        if path.is_file():
+            assert SLACK_TEST_TOKEN not in path.read_text()
+
+
+def test_failure_callback_posts_through_the_provider_notifier(settings, slack_connection):
+    class TI:
+        dag_id, task_id, run_id = "kafka_lag_health_sweep", "diagnose", "scheduled__x"
+
+    notify_failure({"ti": TI(), "run_id": "scheduled__x", "exception": RuntimeError("spark-submit exited 1\nstack")})
+    (msg,) = slack_connection.messages
+    assert "kafka_lag_health_sweep" in msg["text"] and "diagnose" in msg["text"]
+    assert msg["username"] == "Airflow"  # set by SlackNotifier, not by our sender
+    assert "spark-submit exited 1 stack" in msg["blocks"][0]["text"]["text"]
+
+
+def test_failure_callback_without_slack_writes_the_outbox_and_never_raises(settings):
+    class TI:
+        dag_id, task_id, run_id = "kafka_lag_incident", "snapshot", "manual__1"
+
+    notify_failure({"ti": TI()})
+    assert isinstance(slack_sender(), OutboxSender)
+    outbox = Path(settings.data_root) / "outbox" / "slack.jsonl"
+    assert "kafka_lag_incident" in outbox.read_text()

@@ -1,0 +1,161 @@
+"""Runbooks: every file loads, every action it names is registered, bad edits fail clearly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lagdoctor.contracts import DIAGNOSES
+from lagdoctor.remediation import action_names, registered_actions
+from lagdoctor.runbooks import (
+    NO_ACTION,
+    RunbookError,
+    choose_actions,
+    load_runbook,
+    load_runbooks,
+    plan_for_finding,
+)
+
+RUNBOOKS_DIR = Path(__file__).resolve().parent.parent / "runbooks"
+RUNBOOK_FILES = sorted(RUNBOOKS_DIR.glob("*.md"))
+
+
+def finding(diagnosis="slow_consumer", severity="critical", **kw):
+    base = {"cluster": "prod", "group_id": "orders", "topic": "orders.v1", "partitions": [0],
+            "diagnosis": diagnosis, "pattern": "steady_climb", "severity": severity,
+            "summary": "lag climbs", "evidence": {}, "window_start": "2026-11-21T10:00:00Z",
+            "window_end": "2026-11-21T10:30:00Z"}
+    return {**base, **kw}
+
+
+@pytest.mark.parametrize("path", RUNBOOK_FILES, ids=lambda p: p.name)
+def test_every_runbook_loads_and_names_only_registered_actions(path):
+    rb = load_runbook(path)
+    registered = registered_actions()
+    for a in rb.actions:
+        assert a.action in registered, f"{path.name} names unknown action {a.action}"
+    assert rb.diagnostic_steps and rb.next_steps
+    assert rb.body.strip(), "the Markdown body is the human runbook"
+
+
+def test_every_diagnosis_of_contract_2_has_a_runbook():
+    covered = {rb.diagnosis for rb in load_runbooks(RUNBOOKS_DIR)}
+    assert covered == set(DIAGNOSES)
+
+
+def test_problem_runbooks_give_kafka_consumer_groups_describe_as_a_step():
+    for rb in load_runbooks(RUNBOOKS_DIR):
+        commands = " ".join(s.command for s in rb.diagnostic_steps)
+        assert "kafka-consumer-groups.sh" in commands and "--describe" in commands, rb.name
+
+
+GOOD = """---
+diagnosis: slow_consumer
+title: Slow
+diagnostic_steps:
+  - title: Describe
+    command: kafka-consumer-groups.sh --describe --group {{ group }}
+actions:
+  - action: scale_consumers
+slack:
+  next_steps: ["scale {{ group }}"]
+---
+body
+"""
+
+# (what is changed in GOOD, the field the error must name, why the case exists)
+BAD_EDITS = [
+    ("action: scale_consumers", "action: scale_consumer", "actions[0].action",
+     "a typo in an action name must fail at load, not silently skip remediation"),
+    ("diagnosis: slow_consumer", "diagnosis: slowness", "diagnosis",
+     "a runbook for a diagnosis the engine never emits would never match"),
+    ("  - action: scale_consumers", "  - action: add_partitions\n    guardrails: {require_approval: false}",
+     "actions[0].guardrails.require_approval", "irreversible actions always need a human"),
+    ("scale {{ group }}", "scale {{ grop }}", "slack.next_steps[0]",
+     "an unknown placeholder would crash the Slack post at run time"),
+    ("  - action: scale_consumers", "  - action: scale_consumers\n    params: {replicas: 99}",
+     "actions[0].params.replicas", "only params the action understands; no way around the partition cap"),
+    ("  - action: scale_consumers", "  - action: scale_consumers\n    params: {step: two}",
+     "actions[0].params.step", "a param of the wrong type"),
+    ("title: Slow\n", "", "title", "title is required"),
+    ("---\ndiagnosis", "diagnosis", "front matter", "no front matter at all"),
+    ("title: Slow", "title: [Slow", "front matter", "YAML syntax error"),
+    ("  - action: scale_consumers", "  - action: scale_consumers\n    severities: [sev1]",
+     "actions[0].severities", "severity names come from contract 2"),
+]
+
+
+@pytest.mark.parametrize("old,new,field,why", BAD_EDITS, ids=[c[2] + ":" + c[3][:30] for c in BAD_EDITS])
+def test_bad_runbook_fails_with_one_line_naming_file_and_field(tmp_path, old, new, field, why):
+    assert old in GOOD
+    path = tmp_path / "runbooks" / "slow_consumer.md"
+    path.parent.mkdir()
+    path.write_text(GOOD.replace(old, new, 1))
+    with pytest.raises(RunbookError) as err:
+        load_runbooks(path.parent)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("runbooks/slow_consumer.md: "), message
+    assert field in message, message
+
+
+def test_good_runbook_in_the_same_harness_loads(tmp_path):
+    # Guards the table above: its failures come from the edits, not the harness.
+    (tmp_path / "slow_consumer.md").write_text(GOOD)
+    assert [rb.name for rb in load_runbooks(tmp_path)] == ["slow_consumer"]
+
+
+def test_two_runbooks_for_the_same_diagnosis_and_severity_are_refused(tmp_path):
+    (tmp_path / "a.md").write_text(GOOD)
+    (tmp_path / "b.md").write_text(GOOD)
+    with pytest.raises(RunbookError, match="already matched by"):
+        load_runbooks(tmp_path)
+
+
+def test_irreversible_action_only_for_critical_and_always_behind_approval():
+    runbooks = load_runbooks(RUNBOOKS_DIR)
+    warning = choose_actions(finding("producer_surge", "warning"), runbooks)
+    critical = choose_actions(finding("producer_surge", "critical"), runbooks)
+    assert [a.action for a in warning.actions] == ["scale_consumers"]
+    assert [a.action for a in critical.actions] == ["scale_consumers", "add_partitions"]
+    add = critical.actions[1]
+    assert add.irreversible and add.requires_approval
+    assert not critical.actions[0].requires_approval
+
+
+def test_runbook_guardrail_adds_approval_to_a_reversible_action():
+    plan = choose_actions(finding("partition_imbalance", "critical"), load_runbooks(RUNBOOKS_DIR))
+    (restart,) = plan.actions
+    assert restart.action == "restart_consumers" and restart.requires_approval and not restart.irreversible
+
+
+def test_branches_are_always_registered_actions_or_no_action():
+    runbooks = load_runbooks(RUNBOOKS_DIR)
+    targets = set(action_names()) | {NO_ACTION}
+    for diagnosis in DIAGNOSES:
+        for severity in ("ok", "warning", "critical"):
+            branches = choose_actions(finding(diagnosis, severity), runbooks).branches
+            assert branches and set(branches) <= targets, (diagnosis, severity, branches)
+
+
+def test_finding_without_a_runbook_plans_nothing():
+    plan = choose_actions(finding("slow_consumer", "ok"), load_runbooks(RUNBOOKS_DIR))
+    assert plan.runbook is None and plan.actions == () and plan.branches == [NO_ACTION]
+
+
+def test_next_steps_are_rendered_with_names_escaped_for_slack():
+    plan = plan_for_finding(finding("crashed_consumer", group_id="<!channel> & co"), RUNBOOKS_DIR)
+    text = "\n".join(plan["next_steps"])
+    assert "&lt;!channel&gt; &amp; co" in text
+    assert "<!channel>" not in text
+
+
+def test_plan_dict_is_plain_json_for_xcom():
+    import json
+
+    plan = plan_for_finding(finding("stalled_consumer", partitions=[3, 7]), RUNBOOKS_DIR)
+    assert json.loads(json.dumps(plan)) == plan
+    assert plan["branches"] == ["recommend_consumer_config", "skip_poison_pill"]
+    assert any("--describe --group orders" in s["command"] for s in plan["diagnostic_steps"])
+    assert any("3,7" in s["why"] for s in plan["diagnostic_steps"])
