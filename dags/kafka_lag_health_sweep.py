@@ -1,0 +1,46 @@
+"""Every few minutes: snapshot all consumer groups, diagnose, post, remediate."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG, Param
+
+from lagdoctor.notify.incidents import notify_failure
+from lagdoctor.pipeline import build_pipeline
+
+with DAG(
+    dag_id="kafka_lag_health_sweep",
+    description="Snapshot consumer group offsets, diagnose lag with Spark, post findings and remediate.",
+    schedule=os.environ.get("LAGDOCTOR_SWEEP_SCHEDULE", "*/5 * * * *"),
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    tags=["lagdoctor", "kafka", "sweep"],
+    default_args={"retries": 1, "retry_delay": timedelta(minutes=1), "on_failure_callback": notify_failure},
+    params={
+        "cluster": Param("kafka_default", type="string", minLength=1,
+                         description="Airflow connection id (type kafka) of the cluster to sweep."),
+        "group_pattern": Param("", type="string", description="Only groups matching this regex in full; empty: all."),
+        "topic": Param("", type="string", description="Only this topic; empty: all."),
+        "window_minutes": Param(30, type="integer", minimum=1, maximum=1440,
+                                description="History the diagnosis looks at."),
+        "samples": Param(3, type="integer", minimum=1, maximum=60,
+                         description="Snapshots taken by each run (history accumulates across runs)."),
+        "interval_seconds": Param(10, type="number", minimum=0, maximum=300),
+        "dry_run": Param(True, type="boolean", description="Remediation only says what it would do."),
+    },
+    doc_md="""
+### Kafka lag health sweep
+
+Each run takes a few offset snapshots of every consumer group (`samples`,
+`interval_seconds` apart) into the Parquet store under `LAGDOCTOR_DATA_ROOT`,
+so history accumulates run after run; a retention task keeps 7 days. The
+PySpark diagnosis then reads the last `window_minutes` of that history and the
+runbooks in `runbooks/` decide, per finding, what is posted to Slack and which
+remediation starts. Remediation is a dry run unless `dry_run` is false, and an
+irreversible action waits for approval.
+""",
+) as dag:
+    build_pipeline(samples=3, interval_s=10.0, prune=True)

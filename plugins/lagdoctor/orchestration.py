@@ -1,0 +1,295 @@
+"""What the DAG tasks do, one function per task, so DAG files only wire.
+
+Every function is keyed by the run (`run_key`) and safe to retry: a retried
+snapshot task finds its samples already written, the diagnosis overwrites its
+own run's output, Slack threads and remediation are deduplicated by their
+stores. XCom carries paths and small summaries, never snapshot data.
+
+Nothing heavy is imported at module level: DAG files import this module.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from lagdoctor.settings import Settings, join
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KAFKA_CONN_ID = "kafka_default"
+SPARK_CONN_ID = "spark_default"
+SWEEP_WINDOW_MINUTES = 30
+SNAPSHOT_RETENTION_DAYS = 7
+PLANS_FILE = "plans.json"
+
+
+def run_key(run_id: str) -> str:
+    """A run id made safe for paths and file names, stable across retries."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id).strip("_")
+
+
+# -- Kafka ---------------------------------------------------------------------
+
+def kafka_admin(conn_id: str) -> tuple[Any, str]:
+    """(AdminClient, bootstrap for messages) from an Airflow `kafka` connection.
+
+    With no such connection, KAFKA_BOOTSTRAP_SERVERS is used, so a bare
+    install works against the embedded broker.
+    """
+    from lagdoctor.kafka_clients import admin_client, resolve_bootstrap
+
+    if _connection_exists(conn_id):
+        from airflow.providers.apache.kafka.hooks.client import KafkaAdminClientHook
+
+        hook = KafkaAdminClientHook(kafka_config_id=conn_id)
+        bootstrap = hook.get_connection(conn_id).extra_dejson.get("bootstrap.servers", conn_id)
+        return hook.get_conn, str(bootstrap)
+    try:
+        bootstrap = resolve_bootstrap(None)
+    except ValueError:
+        raise ValueError(
+            f"no Airflow connection {conn_id!r} of type kafka, and KAFKA_BOOTSTRAP_SERVERS is not set"
+        ) from None
+    return admin_client(bootstrap), bootstrap
+
+
+def _connection_exists(conn_id: str) -> bool:
+    try:
+        from airflow.sdk import Connection
+
+        Connection.get(conn_id)
+        return True
+    except Exception:  # AirflowNotFoundException, or no Airflow context at all
+        return False
+
+
+def take_snapshots(
+    conn_id: str,
+    run_id: str,
+    *,
+    group_pattern: str | None = None,
+    topic: str | None = None,
+    samples: int = 1,
+    interval_s: float = 5.0,
+    settings: Settings | None = None,
+) -> dict[str, Any]:
+    """Collect `samples` snapshots `interval_s` apart into the store; idempotent per run."""
+    import pyarrow.compute as pc
+
+    from lagdoctor.collector import collect_snapshot
+    from lagdoctor.store import write_snapshot
+
+    settings = settings or Settings.from_env()
+    admin, bootstrap = kafka_admin(conn_id)
+    key = run_key(run_id)
+    written, rows = [], 0
+    for i in range(samples):
+        started = time.monotonic()
+        now = datetime.now(timezone.utc)
+        table = collect_snapshot(admin, conn_id, group_pattern, now, bootstrap=bootstrap)
+        if topic:
+            table = table.filter(pc.equal(table["topic"], topic))
+        path = write_snapshot(table, settings.snapshots_root, conn_id, now, key=f"{key}-{i}")
+        if path is None:
+            log.info("sample %d of run %s was already written; not sampling again", i, run_id)
+        else:
+            written.append(path)
+            rows += table.num_rows
+            log.info("sample %d/%d: %d rows -> %s", i + 1, samples, table.num_rows, path)
+        if i + 1 < samples:
+            time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
+    return {"cluster": conn_id, "store": settings.snapshots_root, "files": len(written), "rows": rows}
+
+
+def prune_history(keep_days: int = SNAPSHOT_RETENTION_DAYS, settings: Settings | None = None) -> int:
+    from lagdoctor.store import prune_snapshots
+
+    settings = settings or Settings.from_env()
+    removed = prune_snapshots(settings.snapshots_root, keep_days, datetime.now(timezone.utc))
+    for path in removed:
+        log.info("retention: removed %s", path)
+    return len(removed)
+
+
+# -- Spark -----------------------------------------------------------------------
+
+def prepare_diagnosis(
+    cluster: str, run_id: str, *, window_minutes: float, settings: Settings | None = None
+) -> dict[str, Any]:
+    """Arguments for the SparkSubmitOperator, built at run time (the package zip too)."""
+    import os
+    import sys
+    from pathlib import Path
+
+    from lagdoctor.diagnosis.submit import build_package_zip, default_job_script, job_arguments, quiet_log_config
+
+    settings = settings or Settings.from_env()
+    work_dir = Path(os.environ.get("AIRFLOW_HOME", "/tmp")) / "lagdoctor-spark"
+    output = join(settings.findings_root, run_key(run_id))
+    snapshots = join(settings.snapshots_root, f"cluster={cluster}")
+    bindir = str(Path(sys.executable).parent)
+    return {
+        "application": default_job_script(),
+        "py_files": build_package_zip(work_dir),
+        "args": job_arguments(snapshots, output, window_minutes=window_minutes),
+        "output": output,
+        "python": sys.executable,
+        "spark_submit": str(Path(bindir) / "spark-submit"),
+        "path": bindir + os.pathsep + os.environ.get("PATH", ""),
+        "log_config": quiet_log_config(work_dir),
+    }
+
+
+# -- findings and runbooks ---------------------------------------------------------
+
+def read_findings(output: str) -> list[dict[str, Any]]:
+    import fsspec
+
+    from lagdoctor.contracts import FINDINGS_FILE
+
+    with fsspec.open(join(output, FINDINGS_FILE), "rt") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def plan_findings(
+    output: str,
+    *,
+    group_pattern: str | None = None,
+    topic: str | None = None,
+    runbooks_dir: str | None = None,
+) -> dict[str, Any]:
+    """Pair each finding with its runbook plan; write them beside the findings.
+
+    Returns a small summary: counts and, per registered action, how many
+    findings want it (the branch task reads this).
+    """
+    import fsspec
+
+    from lagdoctor.runbooks import choose_actions, load_runbooks
+
+    pattern = re.compile(group_pattern) if group_pattern else None
+    findings = [
+        f for f in read_findings(output)
+        if (pattern is None or pattern.fullmatch(f["group_id"])) and (not topic or f["topic"] == topic)
+    ]
+    runbooks = load_runbooks(runbooks_dir)
+    planned = [{"finding": f, "plan": choose_actions(f, runbooks).as_dict()} for f in findings]
+    plans_path = join(output, PLANS_FILE)
+    with fsspec.open(plans_path, "wt") as fh:
+        json.dump(planned, fh)
+    wanted: dict[str, int] = {}
+    for item in planned:
+        for action in item["plan"]["actions"]:
+            wanted[action["action"]] = wanted.get(action["action"], 0) + 1
+    by_severity: dict[str, int] = {}
+    for f in findings:
+        by_severity[f["severity"]] = by_severity.get(f["severity"], 0) + 1
+    return {
+        "plans": plans_path,
+        "findings": len(findings),
+        "problems": sum(1 for f in findings if f["diagnosis"] != "healthy"),
+        "by_severity": by_severity,
+        "actions": wanted,
+    }
+
+
+def read_plans(plans_path: str) -> list[dict[str, Any]]:
+    import fsspec
+
+    with fsspec.open(plans_path, "rt") as fh:
+        return json.load(fh)
+
+
+def action_task_id(action: str) -> str:
+    return f"remediate_{action}"
+
+
+def branch_target(action: str) -> str:
+    """The first task of an action's group: its approval gate, or its run for advice-only actions."""
+    from lagdoctor.remediation import get_action
+
+    step = "gate" if get_action(action).changes_state else "run"
+    return f"{action_task_id(action)}.{step}"
+
+
+def choose_branches(summary: Mapping[str, Any], post_task_id: str) -> list[str]:
+    """Branch targets: always the Slack post, plus one remediation group per wanted action."""
+    from lagdoctor.remediation import action_names
+
+    known = set(action_names())
+    wanted = [a for a in summary.get("actions", {}) if a in known]
+    return [post_task_id] + [branch_target(a) for a in sorted(wanted)]
+
+
+# -- Slack ---------------------------------------------------------------------------
+
+def post_findings(plans_path: str, run_id: str, *, settings: Settings | None = None) -> dict[str, int]:
+    """Post, update or close each finding's incident thread (deduplicated by the thread store)."""
+    from lagdoctor.notify.incidents import post_or_update_incident
+
+    decisions: dict[str, int] = {}
+    for item in read_plans(plans_path):
+        result = post_or_update_incident(item["finding"], item["plan"], run_id=run_id, settings=settings)
+        decisions[result["decision"]] = decisions.get(result["decision"], 0) + 1
+    log.info("slack: %s", decisions)
+    return decisions
+
+
+# -- remediation ------------------------------------------------------------------------
+
+def approval_needed(action: str, plans_path: str, *, dry_run: bool) -> bool:
+    """Whether a human must approve `action` for this run: never on a dry run."""
+    from lagdoctor.remediation import needs_approval
+
+    if dry_run:
+        return False
+    return any(
+        needs_approval(action, dry_run=False, guardrails=planned.get("guardrails"))
+        for item in read_plans(plans_path)
+        for planned in item["plan"]["actions"]
+        if planned["action"] == action
+    )
+
+
+def approval_text(action: str, plans_path: str) -> str:
+    """The body shown on the approval form: what would be done, to which groups."""
+    lines = [f"lagdoctor proposes `{action}` for:"]
+    for item in read_plans(plans_path):
+        if any(a["action"] == action for a in item["plan"]["actions"]):
+            f = item["finding"]
+            lines.append(f"- {f['cluster']} / {f['group_id']} / {f['topic']}: {f['summary']}")
+    return "\n".join(lines)
+
+
+def remediate(
+    action: str,
+    plans_path: str,
+    run_id: str,
+    *,
+    dry_run: bool,
+    approved: bool | None = None,
+    settings: Settings | None = None,
+) -> dict[str, int]:
+    """Run one registered action for every finding that wants it; report each in its thread."""
+    from lagdoctor.notify.incidents import post_action_result
+    from lagdoctor.remediation import run_action
+
+    statuses: dict[str, int] = {}
+    for item in read_plans(plans_path):
+        for planned in item["plan"]["actions"]:
+            if planned["action"] != action:
+                continue
+            record = run_action(
+                action, item["finding"], run_id=run_id, dry_run=dry_run, approved=approved,
+                params=planned.get("params") or {}, guardrails=planned.get("guardrails") or {},
+            )
+            post_action_result(record, settings=settings)
+            statuses[record["status"]] = statuses.get(record["status"], 0) + 1
+    log.info("%s: %s", action, statuses)
+    return statuses
