@@ -79,7 +79,7 @@ class RemediationConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError(f"{source}: unknown field {unknown[0]!r} (known: {', '.join(sorted(known))})")
+            raise ConfigError(f"{source}: {unknown[0]}: unknown field (known: {', '.join(sorted(known))})")
         kw: dict[str, Any] = {}
         for name in ("cooldown_minutes", "poll_headroom"):
             if name in data:

@@ -9,6 +9,7 @@ kubeconfig, never from lagdoctor's own config.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, Iterator, Mapping
 
 from lagdoctor.remediation.actions import Action, ActionBlocked, ActionContext, Outcome, register
@@ -36,7 +37,9 @@ def apps_v1(settings: KubernetesSettings) -> Iterator[Any]:
                 if settings.in_cluster:
                     raise
         if not loaded:
-            kube_config.load_kube_config(context=settings.context, client_configuration=configuration)
+            # The client reads KUBECONFIG once at import; read it now instead.
+            kube_config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), context=settings.context,
+                                         client_configuration=configuration)
     api_client = client.ApiClient(configuration)
     try:
         yield client.AppsV1Api(api_client)

@@ -1,0 +1,381 @@
+"""Remediation without a broker: guardrails, dry runs, approval, audit, Kubernetes actions.
+
+Kubernetes actions run the real ``kubernetes`` client against the loopback
+API server of tests/fixtures/k8s.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+import airflow.sdk  # noqa: F401  (Airflow configures logging on import; before caplog)
+
+from lagdoctor.remediation import (
+    ConfigError,
+    RemediationConfig,
+    RemediationFailed,
+    approval_request,
+    approved_from_hitl,
+    needs_approval,
+    run_action,
+)
+from lagdoctor.remediation.config import Deployment, KubernetesSettings
+from lagdoctor.remediation.guardrails import check_guardrails
+from lagdoctor.remediation.recommend import recommend_consumer_config
+from lagdoctor.settings import Settings
+from tests.fixtures.k8s import k8s_server  # noqa: F401
+
+T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
+
+
+def finding(diagnosis="slow_consumer", group="orders", **evidence):
+    return {"cluster": "prod", "group_id": group, "topic": "orders.v1", "partitions": [0, 1],
+            "diagnosis": diagnosis, "pattern": "steady_climb", "severity": "critical", "summary": "lag climbs",
+            "evidence": {"partition_count": 6, "group_members": 2, **evidence},
+            "window_start": "2026-11-21T09:30:00Z", "window_end": "2026-11-21T10:00:00Z"}
+
+
+@pytest.fixture
+def settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", str(tmp_path / "data"))
+    monkeypatch.delenv("LAGDOCTOR_REMEDIATION_CONFIG", raising=False)
+    return Settings.from_env()
+
+
+@pytest.fixture
+def k8s(k8s_server):
+    k8s_server.add_deployment("shop", "orders-consumer", replicas=2)
+    return k8s_server
+
+
+def config_for(server, **kw):
+    base = {"deployments": {"orders": Deployment("shop", "orders-consumer")},
+            "kubernetes": KubernetesSettings(host=server.url)}
+    return RemediationConfig(**{**base, **kw})
+
+
+def audit(settings):
+    path = Path(settings.actions_log)
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+# ------------------------------------------------------------ guardrail rules
+
+def executed(action="scale_consumers", group="orders", minutes_ago=0, cluster="prod"):
+    return {"status": "executed", "cluster": cluster, "group_id": group, "action": action,
+            "ts": (T0 - timedelta(minutes=minutes_ago)).isoformat()}
+
+
+# (config, history, group, action, expected rule or "" for allowed, why)
+GUARDRAIL_CASES = [
+    (RemediationConfig(), [], "orders", "scale_consumers", "", "nothing ran: allowed"),
+    (RemediationConfig(deny_groups=("pay*",)), [], "payments", "scale_consumers", "deny_list",
+     "1: a denied group is never touched"),
+    (RemediationConfig(deny_groups=("pay*",), allow_groups=("pay*",)), [], "payments", "scale_consumers",
+     "deny_list", "1: deny wins over allow"),
+    (RemediationConfig(allow_groups=("orders*",)), [], "billing", "scale_consumers", "allow_list",
+     "2: with an allow list, other groups are left alone"),
+    (RemediationConfig(allow_groups=("orders*",)), [], "orders-eu", "scale_consumers", "",
+     "2: allow list globs match"),
+    (RemediationConfig(cooldown_minutes=30), [executed(minutes_ago=10)], "orders", "scale_consumers",
+     "cooldown", "3: the last scale has not taken effect yet"),
+    (RemediationConfig(cooldown_minutes=30), [executed(minutes_ago=31)], "orders", "scale_consumers",
+     "", "3: cooldown over"),
+    (RemediationConfig(cooldown_minutes=30), [executed("restart_consumers", minutes_ago=1)], "orders",
+     "scale_consumers", "", "3: cooldown is per (group, action)"),
+    (RemediationConfig(cooldown_minutes=30), [executed(group="billing", minutes_ago=1)], "orders",
+     "scale_consumers", "", "3: another group's cooldown is not ours"),
+    (RemediationConfig(cooldown_minutes=30), [executed(cluster="dr", minutes_ago=1)], "orders",
+     "scale_consumers", "", "3: same group id on another cluster is another group"),
+    (RemediationConfig(max_actions_per_hour=2, cooldown_minutes=0),
+     [executed(group="a", minutes_ago=5), executed(group="b", minutes_ago=50)], "orders", "scale_consumers",
+     "hourly_cap", "4: cap counts every group"),
+    (RemediationConfig(max_actions_per_hour=2, cooldown_minutes=0),
+     [executed(group="a", minutes_ago=5), executed(group="b", minutes_ago=61)], "orders", "scale_consumers",
+     "", "4: only the last hour counts"),
+]
+
+
+@pytest.mark.parametrize("config,history,group,action,rule,why", GUARDRAIL_CASES, ids=[c[5] for c in GUARDRAIL_CASES])
+def test_guardrail_rules(config, history, group, action, rule, why):
+    verdict = check_guardrails(cluster="prod", group_id=group, action=action, config=config, history=history, now=T0)
+    assert verdict.allowed == (rule == "") and verdict.rule == rule
+
+
+# ------------------------------------------------------------ config
+
+def test_config_from_env_inline_json_and_from_yaml_file(tmp_path):
+    cfg = RemediationConfig.from_env({"LAGDOCTOR_REMEDIATION_CONFIG": json.dumps(
+        {"cooldown_minutes": 5, "deployments": {"prod/orders": {"namespace": "shop", "name": "w"}}})})
+    assert cfg.cooldown_minutes == 5 and cfg.deployment_for("prod", "orders") == Deployment("shop", "w")
+    assert cfg.deployment_for("dr", "orders") is None  # a cluster-qualified mapping is only for that cluster
+    path = tmp_path / "remediation.yaml"
+    path.write_text("deny_groups: [payments]\nmax_actions_per_hour: 3\n")
+    cfg = RemediationConfig.from_env({"LAGDOCTOR_REMEDIATION_CONFIG": str(path)})
+    assert cfg.deny_groups == ("payments",) and cfg.max_actions_per_hour == 3
+    assert RemediationConfig.from_env({}) == RemediationConfig()
+
+
+@pytest.mark.parametrize("text,field", [
+    ("cooldown: 5", "cooldown"), ("cooldown_minutes: soon", "cooldown_minutes"),
+    ("deployments: {orders: {namespace: x}}", "deployments.orders"), ("deny_groups: payments", "deny_groups"),
+    ("kubernetes: {token: abc}", "kubernetes"),
+])
+def test_config_errors_are_one_line_naming_file_and_field(tmp_path, text, field):
+    path = tmp_path / "remediation.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        RemediationConfig.from_file(path)
+    assert str(err.value).startswith(f"{path}: {field}") and "\n" not in str(err.value)
+
+
+# ------------------------------------------------------------ dry run, approvals
+
+def test_dry_run_is_the_default_and_changes_nothing(settings, k8s):
+    rec = run_action("scale_consumers", finding(), run_id="r1", config=config_for(k8s), now=T0)
+    assert rec["status"] == "dry_run" and rec["dry_run"] is True
+    assert rec["message"] == "would scale shop/orders-consumer from ~2 by +1 replicas, never above 6 partitions"
+    assert k8s.requests == [] and k8s.deployments[("shop", "orders-consumer")]["replicas"] == 2
+
+
+def test_a_dry_run_never_waits_for_a_human_even_for_irreversible_actions(settings):
+    for name in ("skip_poison_pill", "add_partitions"):
+        assert needs_approval(name, dry_run=True) is False
+        assert needs_approval(name, dry_run=False) is True
+        rec = run_action(name, finding("stalled_consumer"), run_id="r1", now=T0)
+        assert rec["status"] == "dry_run" and rec["requires_approval"] is False
+        assert "irreversible" in rec["warning"].lower() or "never process" in rec["warning"]
+
+
+def test_reversible_actions_need_approval_only_when_config_or_runbook_says_so(settings):
+    assert needs_approval("scale_consumers", dry_run=False) is False
+    assert needs_approval("scale_consumers", dry_run=False, guardrails={"require_approval": True}) is True
+    assert needs_approval("restart_consumers", dry_run=False,
+                          config=RemediationConfig(require_approval=("restart_consumers",))) is True
+    assert needs_approval("recommend_consumer_config", dry_run=False, guardrails={"require_approval": True}) is False
+
+
+def answer(operator, option):
+    """Test helper: answer a HITL ApprovalOperator the way the API/UI response does."""
+    event = {"chosen_options": [option], "params_input": {}, "responded_at": T0,
+             "responded_by_user": {"id": "1", "name": "oncall"}}
+    return operator.execute_complete(context={}, event=event)
+
+
+def test_approval_flow_with_the_standard_providers_approval_operator(settings, k8s):
+    from airflow.providers.standard.operators.hitl import ApprovalOperator
+
+    cfg = config_for(k8s)
+    kw = dict(run_id="r1", dry_run=False, config=cfg, now=T0, guardrails={"require_approval": True})
+    waiting = run_action("restart_consumers", finding("crashed_consumer"), **kw)
+    assert waiting["status"] == "awaiting_approval" and k8s.requests == []
+    request = approval_request(waiting)
+    assert request["subject"] == "Approve restart_consumers for orders on orders.v1 (prod)?"
+    assert "rollout restart shop/orders-consumer" in request["body"]
+    operator = ApprovalOperator(task_id="approve_restart_consumers", **request)
+    done = run_action("restart_consumers", finding("crashed_consumer"), approved=approved_from_hitl(answer(operator, "Approve")), **kw)
+    assert done["status"] == "executed"
+    annotations = k8s.deployments[("shop", "orders-consumer")]["annotations"]
+    assert annotations == {"kubectl.kubernetes.io/restartedAt": "2026-11-21T10:00:00Z"}
+    assert [r["status"] for r in audit(settings)] == ["awaiting_approval", "started", "executed"]
+
+
+def test_rejected_action_is_logged_and_changes_nothing(settings, k8s):
+    from airflow.providers.standard.operators.hitl import ApprovalOperator
+
+    kw = dict(run_id="r1", dry_run=False, config=config_for(k8s), now=T0, guardrails={"require_approval": True})
+    waiting = run_action("scale_consumers", finding(), **kw)
+    operator = ApprovalOperator(task_id="approve", **approval_request(waiting))
+    rec = run_action("scale_consumers", finding(), approved=approved_from_hitl(answer(operator, "Reject")), **kw)
+    assert rec["status"] == "rejected" and k8s.writes() == []
+    assert approved_from_hitl(None) is None
+
+
+# ------------------------------------------------------------ scale_consumers
+
+def test_scale_never_goes_above_the_partition_count(settings, k8s):
+    rec = run_action("scale_consumers", finding(partition_count=4), run_id="r1", dry_run=False,
+                     params={"step": 5}, config=config_for(k8s), now=T0)
+    assert rec["status"] == "executed" and rec["message"] == "scaled shop/orders-consumer from 2 to 4 replicas"
+    assert k8s.deployments[("shop", "orders-consumer")]["replicas"] == 4
+    (patch,) = k8s.writes()
+    assert patch.path.endswith("/deployments/orders-consumer/scale")
+    assert patch.content_type == "application/strategic-merge-patch+json" and patch.body == {"spec": {"replicas": 4}}
+    # At the cap, a later run does nothing: extra consumers would sit idle.
+    again = run_action("scale_consumers", finding(partition_count=4), run_id="r2", dry_run=False,
+                       config=config_for(k8s, cooldown_minutes=0), now=T0 + timedelta(minutes=1))
+    assert again["status"] == "noop" and "would sit idle" in again["message"]
+    assert len(k8s.writes()) == 1
+
+
+def test_max_replicas_caps_below_the_partition_count(settings, k8s):
+    rec = run_action("scale_consumers", finding(), run_id="r1", dry_run=False, params={"step": 10},
+                     config=config_for(k8s, max_replicas=3), now=T0)
+    assert k8s.deployments[("shop", "orders-consumer")]["replicas"] == 3 and rec["plan"]["cap"] == 3
+
+
+def test_scale_without_a_known_partition_count_is_refused(settings, k8s):
+    f = finding()
+    del f["evidence"]["partition_count"]
+    rec = run_action("scale_consumers", f, run_id="r1", dry_run=False, config=config_for(k8s), now=T0)
+    assert rec["status"] == "blocked" and "partition count unknown" in rec["message"]
+    assert k8s.requests == []
+
+
+def test_group_without_a_mapped_deployment_is_blocked(settings, k8s):
+    rec = run_action("scale_consumers", finding(group="billing"), run_id="r1", dry_run=False,
+                     config=config_for(k8s), now=T0)
+    assert rec["status"] == "blocked" and "no Deployment mapped for group 'billing'" in rec["message"]
+
+
+def test_retry_of_the_same_run_is_idempotent(settings, k8s):
+    kw = dict(run_id="r1", dry_run=False, config=config_for(k8s), now=T0)
+    first = run_action("scale_consumers", finding(), **kw)
+    second = run_action("scale_consumers", finding(), **kw)
+    assert first == second and len(k8s.writes()) == 1
+    assert k8s.deployments[("shop", "orders-consumer")]["replicas"] == 3
+    assert [r["status"] for r in audit(settings)] == ["started", "executed"]
+
+
+def test_cooldown_and_hourly_cap_block_real_runs_but_dry_runs_do_not_count(settings, k8s):
+    cfg = config_for(k8s, cooldown_minutes=30, max_actions_per_hour=10)
+    for i in range(3):  # dry runs use up nothing
+        run_action("scale_consumers", finding(), run_id=f"dry{i}", config=cfg, now=T0)
+    assert run_action("scale_consumers", finding(), run_id="r1", dry_run=False, config=cfg, now=T0)["status"] == "executed"
+    blocked = run_action("scale_consumers", finding(), run_id="r2", dry_run=False, config=cfg,
+                         now=T0 + timedelta(minutes=5))
+    assert blocked["status"] == "blocked" and blocked["rule"] == "cooldown"
+    dry = run_action("scale_consumers", finding(), run_id="r2-dry", config=cfg, now=T0 + timedelta(minutes=5))
+    assert dry["status"] == "blocked", "a dry run reports what a real run would meet"
+    later = run_action("scale_consumers", finding(), run_id="r3", dry_run=False, config=cfg,
+                       now=T0 + timedelta(minutes=31))
+    assert later["status"] == "executed"
+    capped = run_action("restart_consumers", finding(), run_id="r4", dry_run=False,
+                        config=config_for(k8s, max_actions_per_hour=2), now=T0 + timedelta(minutes=32))
+    assert capped["status"] == "blocked" and capped["rule"] == "hourly_cap"
+    assert len(k8s.writes()) == 2
+
+
+def test_runbook_can_lengthen_but_not_shorten_the_cooldown(settings, k8s):
+    cfg = config_for(k8s, cooldown_minutes=10)
+    run_action("scale_consumers", finding(), run_id="r1", dry_run=False, config=cfg, now=T0)
+    at = T0 + timedelta(minutes=20)
+    longer = run_action("scale_consumers", finding(), run_id="r2", dry_run=False, config=cfg, now=at,
+                        guardrails={"cooldown_minutes": 60})
+    shorter = run_action("scale_consumers", finding(), run_id="r3", dry_run=False, config=cfg,
+                         now=T0 + timedelta(minutes=5), guardrails={"cooldown_minutes": 1})
+    assert longer["status"] == "blocked" and shorter["status"] == "blocked"
+
+
+def test_deny_listed_group_is_never_touched(settings, k8s):
+    rec = run_action("scale_consumers", finding(), run_id="r1", dry_run=False,
+                     config=config_for(k8s, deny_groups=("ord*",)), now=T0)
+    assert rec["status"] == "blocked" and rec["rule"] == "deny_list" and k8s.requests == []
+
+
+# ------------------------------------------------------------ restart_consumers
+
+def test_failed_restart_is_one_line_and_a_retry_reuses_the_same_restarted_at(settings, k8s_server):
+    cfg = config_for(k8s_server)
+    with pytest.raises(RemediationFailed) as err:
+        run_action("restart_consumers", finding("crashed_consumer"), run_id="r1", dry_run=False, config=cfg, now=T0)
+    assert str(err.value) == ('restart_consumers failed for group orders: Kubernetes API 404 Not Found: '
+                              'deployments.apps "orders-consumer" not found')
+    k8s_server.add_deployment("shop", "orders-consumer", replicas=2)
+    rec = run_action("restart_consumers", finding("crashed_consumer"), run_id="r1", dry_run=False, config=cfg,
+                     now=T0 + timedelta(minutes=3))  # Airflow's retry, a few minutes later
+    assert rec["status"] == "executed"
+    assert k8s_server.deployments[("shop", "orders-consumer")]["annotations"] == {
+        "kubectl.kubernetes.io/restartedAt": "2026-11-21T10:00:00Z"}
+    assert [r["status"] for r in audit(settings)] == ["started", "failed", "executed"]
+
+
+def test_kubeconfig_token_is_used_but_never_logged_or_recorded(settings, k8s, tmp_path, monkeypatch, caplog, capfd):
+    token = "k8s-test-token-Hq7Lw2"
+    k8s.token = token
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "t",
+        "clusters": [{"name": "c", "cluster": {"server": k8s.url}}],
+        "users": [{"name": "u", "user": {"token": token}}],
+        "contexts": [{"name": "t", "context": {"cluster": "c", "user": "u"}}]}))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    caplog.set_level(logging.DEBUG)
+    cfg = config_for(k8s, kubernetes=KubernetesSettings())
+    rec = run_action("scale_consumers", finding(), run_id="r1", dry_run=False, config=cfg, now=T0)
+    assert rec["status"] == "executed" and k8s.requests[-1].authorization == f"Bearer {token}"
+    k8s.token = "rotated"  # now the same token is refused: the error must not echo it
+    with pytest.raises(RemediationFailed) as err:
+        run_action("restart_consumers", finding(), run_id="r2", dry_run=False, config=cfg, now=T0)
+    assert "401" in str(err.value)
+    out, errout = capfd.readouterr()
+    for text in (str(err.value), caplog.text, out, errout, Path(settings.actions_log).read_text()):
+        assert token not in text
+
+
+# ------------------------------------------------------------ recommend_consumer_config
+
+# (per_record_ms, current settings, rebalance loop, expected {key: recommended}, why)
+RECOMMEND_CASES = [
+    (None, {}, False, {}, "no processing time observed, defaults are consistent: nothing to say"),
+    (100.0, {}, False, {}, "500 x 100 ms = 50 s, 2x fits in 300 s"),
+    (1000.0, {}, False, {"max.poll.records": 150, "max.poll.interval.ms": 1_020_000},
+     "1: 500 s per batch > 300 s: fewer records or a longer interval (rounded up to 30 s)"),
+    (10.0, {"heartbeat.interval.ms": 20_000}, False, {"heartbeat.interval.ms": 15_000},
+     "2: heartbeat at most a third of the 45 s session"),
+    (None, {"session.timeout.ms": 10_000, "heartbeat.interval.ms": 3_000}, True,
+     {"session.timeout.ms": 45_000}, "3: short sessions in a rebalance loop go back to the default"),
+    (None, {"session.timeout.ms": 6_000, "heartbeat.interval.ms": 3_000}, False,
+     {"heartbeat.interval.ms": 2_000}, "2: without a loop, keep the session and fix the heartbeat"),
+]
+
+
+@pytest.mark.parametrize("per_record_ms,current,loop,expected,why", RECOMMEND_CASES, ids=[c[4][:40] for c in RECOMMEND_CASES])
+def test_recommend_consumer_config(per_record_ms, current, loop, expected, why):
+    recs = recommend_consumer_config(per_record_ms=per_record_ms, current=current, rebalance_loop=loop)
+    assert {r.key: r.recommended for r in recs} == expected
+
+
+def test_recommendation_is_posted_never_applied_even_when_not_a_dry_run(settings, k8s):
+    f = finding("rebalance_loop", processing_ms_per_record=1000.0)
+    rec = run_action("recommend_consumer_config", f, run_id="r1", dry_run=False, config=config_for(k8s), now=T0)
+    assert rec["status"] == "recommended" and k8s.requests == []
+    assert "max.poll.records=150 (now 500)" in rec["message"]
+
+
+# ------------------------------------------------------------ Kafka action guard without a broker
+
+def test_skip_poison_pill_refuses_a_group_that_is_not_empty(settings, monkeypatch):
+    import contextlib
+
+    from lagdoctor.remediation import kafka_ops
+
+    monkeypatch.setattr(kafka_ops, "admin_client", lambda config: contextlib.nullcontext(object()))
+    monkeypatch.setattr(kafka_ops, "group_state", lambda admin, group: ("STABLE", 2))
+    monkeypatch.setattr(kafka_ops, "committed_offsets", lambda *a: pytest.fail("must not read offsets"))
+    rec = run_action("skip_poison_pill", finding("stalled_consumer"), run_id="r1", dry_run=False, approved=True,
+                     kafka_config={"bootstrap.servers": "unused:9092"}, now=T0)
+    assert rec["status"] == "blocked"
+    assert rec["message"] == "group is STABLE with 2 member(s), not EMPTY: stop its consumers first"
+
+
+def test_kafka_failure_is_one_line_without_the_sasl_password(settings, monkeypatch, caplog, capfd):
+    from lagdoctor.remediation import kafka_ops
+
+    monkeypatch.setattr(kafka_ops, "TIMEOUT_S", 2)
+    secret = "sasl-Pa55word-9xY"
+    config = {"bootstrap.servers": "127.0.0.1:1", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+              "sasl.username": "lagdoctor", "sasl.password": secret}
+    with pytest.raises(RemediationFailed) as err:
+        run_action("add_partitions", finding("producer_surge"), run_id="r1", dry_run=False, approved=True,
+                   params={"add": 2}, kafka_config=config, now=T0)
+    assert "\n" not in str(err.value)
+    out, errout = capfd.readouterr()
+    for text in (str(err.value), caplog.text, out, errout, Path(settings.actions_log).read_text()):
+        assert secret not in text

@@ -1,0 +1,174 @@
+"""Kafka-side actions against a real broker (embedded Tansu, or KAFKA_BOOTSTRAP_SERVERS)."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+
+import pytest
+
+from lagdoctor.remediation import RemediationFailed, run_action
+from lagdoctor.settings import Settings
+
+pytestmark = pytest.mark.broker
+T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", str(tmp_path / "data"))
+    monkeypatch.delenv("LAGDOCTOR_REMEDIATION_CONFIG", raising=False)
+    return Settings.from_env()
+
+
+@pytest.fixture
+def kafka_cluster(kafka_bootstrap, monkeypatch):
+    """The cluster as an Airflow ``kafka`` connection (contract 5): actions resolve it themselves."""
+    conn = {"conn_type": "kafka", "extra": {"bootstrap.servers": kafka_bootstrap}}
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_TEST", json.dumps(conn))
+    return "kafka_test"
+
+
+def admin(bootstrap):
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": bootstrap})
+
+
+def create_topics(bootstrap, *topics, partitions=2):
+    from confluent_kafka.admin import NewTopic
+
+    with admin(bootstrap) as a:
+        for fut in a.create_topics([NewTopic(t, partitions, 1) for t in topics]).values():
+            fut.result(timeout=30)
+
+
+def produce(bootstrap, topic, values, partition=0):
+    from confluent_kafka import Producer
+
+    # batch.num.messages=1: Tansu's high watermark is exact only without batching (STACK.md).
+    p = Producer({"bootstrap.servers": bootstrap, "batch.num.messages": 1, "linger.ms": 0})
+    try:
+        for v in values:
+            p.produce(topic, key=b"k", value=v, partition=partition)
+        assert p.flush(30) == 0
+    finally:
+        p.flush(5)
+
+
+def commit(bootstrap, group, topic, partition, offset):
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+    with admin(bootstrap) as a:
+        req = [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, partition, offset)])]
+        for fut in a.alter_consumer_group_offsets(req).values():
+            fut.result(timeout=30)
+
+
+def committed(bootstrap, group, topic, partition):
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+    with admin(bootstrap) as a:
+        req = [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, partition)])]
+        (res,) = [f.result(timeout=30) for f in a.list_consumer_group_offsets(req).values()]
+    return res.topic_partitions[0].offset
+
+
+def read_all(bootstrap, topic):
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader-" + topic, "enable.auto.commit": False,
+                  "enable.partition.eof": True})
+    out = []
+    try:
+        c.assign([TopicPartition(topic, 0, 0)])
+        while True:
+            m = c.poll(10)
+            if m is None or (m.error() and m.error().code() == m.error()._PARTITION_EOF):
+                return out
+            if not m.error():
+                out.append(m)
+    finally:
+        c.close()
+
+
+def stalled(cluster, group, topic, offset):
+    return {"cluster": cluster, "group_id": group, "topic": topic, "partitions": [0],
+            "diagnosis": "stalled_consumer", "pattern": "plateau", "severity": "critical",
+            "summary": "offset stuck", "evidence": {"partitions": [{"partition": 0, "committed_offset": offset}]},
+            "window_start": "2026-11-21T09:30:00Z", "window_end": "2026-11-21T10:00:00Z"}
+
+
+def test_skip_poison_pill_copies_the_record_and_commits_past_it(settings, kafka_bootstrap, kafka_cluster, unique):
+    topic, group = unique("orders"), unique("orders-group")
+    create_topics(kafka_bootstrap, topic)
+    create_topics(kafka_bootstrap, f"{topic}.dlq", partitions=1)
+    produce(kafka_bootstrap, topic, [f"v{i}".encode() for i in range(8)])
+    commit(kafka_bootstrap, group, topic, 0, 4)  # the group is stuck at offset 4, with no live member
+    f = stalled(kafka_cluster, group, topic, 4)
+
+    dry = run_action("skip_poison_pill", f, run_id="r1", now=T0)
+    assert dry["status"] == "dry_run" and "p0@4" in dry["message"]
+    assert committed(kafka_bootstrap, group, topic, 0) == 4
+
+    waiting = run_action("skip_poison_pill", f, run_id="r1", dry_run=False, now=T0)
+    assert waiting["status"] == "awaiting_approval"
+    assert committed(kafka_bootstrap, group, topic, 0) == 4
+
+    done = run_action("skip_poison_pill", f, run_id="r1", dry_run=False, approved=True, now=T0)
+    assert done["status"] == "executed", done["message"]
+    assert committed(kafka_bootstrap, group, topic, 0) == 5
+    (dead,) = read_all(kafka_bootstrap, f"{topic}.dlq")
+    assert dead.value() == b"v4" and dead.key() == b"k"
+    headers = dict(dead.headers())
+    assert headers["lagdoctor.original.offset"] == b"4" and headers["lagdoctor.original.topic"] == topic.encode()
+
+    # A retried task of the same run neither skips a second record nor copies again.
+    again = run_action("skip_poison_pill", f, run_id="r1", dry_run=False, approved=True, now=T0)
+    assert again == done
+    assert committed(kafka_bootstrap, group, topic, 0) == 5
+    assert len(read_all(kafka_bootstrap, f"{topic}.dlq")) == 1
+
+
+def test_skip_poison_pill_refuses_when_the_offset_moved_since_the_plan(settings, kafka_bootstrap, kafka_cluster, unique):
+    topic, group = unique("orders"), unique("orders-group")
+    create_topics(kafka_bootstrap, topic)
+    produce(kafka_bootstrap, topic, [b"a", b"b", b"c"])
+    commit(kafka_bootstrap, group, topic, 0, 1)
+    f = stalled(kafka_cluster, group, topic, 1)
+    from lagdoctor.remediation.actions import ActionContext
+    from lagdoctor.remediation.config import RemediationConfig
+    from lagdoctor.remediation.kafka_ops import SkipPoisonPill, kafka_config_for
+
+    action = SkipPoisonPill()
+    ctx = ActionContext(f, RemediationConfig(), {}, T0, lambda: kafka_config_for(kafka_cluster))
+    plan = action.resolve(ctx, action.prepare(ctx))
+    commit(kafka_bootstrap, group, topic, 0, 3)  # the consumers came back and moved on meanwhile
+    from lagdoctor.remediation.actions import ActionBlocked
+
+    with pytest.raises(ActionBlocked, match="moved from offset 1 to 3"):
+        action.apply(ctx, plan)
+    assert committed(kafka_bootstrap, group, topic, 0) == 3
+
+
+def test_add_partitions_reports_the_brokers_answer_cleanly(settings, kafka_bootstrap, kafka_cluster, unique):
+    topic = unique("surge")
+    create_topics(kafka_bootstrap, topic)
+    f = {"cluster": kafka_cluster, "group_id": unique("g"), "topic": topic, "partitions": [],
+         "diagnosis": "producer_surge", "pattern": "explosion", "severity": "critical", "summary": "surge",
+         "evidence": {"partition_count": 2}}
+    assert run_action("add_partitions", f, run_id="r1", dry_run=False, now=T0)["status"] == "awaiting_approval"
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        rec = run_action("add_partitions", f, run_id="r1", dry_run=False, approved=True, now=T0)
+        assert rec["status"] == "executed" and rec["detail"]["partitions"] == 4
+        return
+    # Tansu does not implement CreatePartitions (STACK.md): the real error must come back as one clean line.
+    with pytest.raises(RemediationFailed) as err:
+        run_action("add_partitions", f, run_id="r1", dry_run=False, approved=True, now=T0)
+    message = str(err.value)
+    assert "\n" not in message and "CreatePartitions" in message and "not supported" in message
+    assert message.startswith(f"add_partitions failed for group {f['group_id']}: KafkaException")
+    log = [json.loads(line) for line in open(settings.actions_log)]
+    assert [r["status"] for r in log] == ["awaiting_approval", "started", "failed"]
+    assert log[-1]["message"] in message
