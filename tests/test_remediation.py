@@ -29,6 +29,7 @@ from lagdoctor.remediation.guardrails import check_guardrails
 from lagdoctor.remediation.recommend import recommend_consumer_config
 from lagdoctor.settings import Settings
 from tests.fixtures.k8s import k8s_server  # noqa: F401
+from tests.fixtures.slack import slack_connection, slack_server  # noqa: F401
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 
@@ -379,3 +380,28 @@ def test_kafka_failure_is_one_line_without_the_sasl_password(settings, monkeypat
     out, errout = capfd.readouterr()
     for text in (str(err.value), caplog.text, out, errout, Path(settings.actions_log).read_text()):
         assert secret not in text
+
+
+# ------------------------------------------------------------ the task-level flow a DAG wires
+
+def test_sweep_flow_plan_post_act_reply(settings, k8s, slack_connection, monkeypatch):
+    from lagdoctor.notify import post_action_result, post_or_update_incident
+    from lagdoctor.runbooks import plan_for_finding
+
+    monkeypatch.setenv("LAGDOCTOR_REMEDIATION_CONFIG", json.dumps(
+        {"deployments": {"orders": {"namespace": "shop", "name": "orders-consumer"}},
+         "kubernetes": {"host": k8s.url}}))
+    f = finding("slow_consumer", processing_ms_per_record=1000.0)
+    plan = plan_for_finding(f)                                      # @task: runbook plan (XCom-safe)
+    assert plan["branches"] == ["scale_consumers", "recommend_consumer_config"]   # @task.branch targets
+    post_or_update_incident(f, plan, run_id="sweep-1", now=T0)      # @task: Slack thread
+    for item in plan["actions"]:                                     # one task per branch
+        assert not needs_approval(item["action"], dry_run=True, guardrails=item["guardrails"])
+        rec = run_action(item["action"], f, run_id="sweep-1", params=item["params"],
+                         guardrails=item["guardrails"], now=T0)
+        post_action_result(rec)
+    root, *replies = slack_connection.messages
+    assert "scale_consumers" in json.dumps(root["blocks"]) and "Next steps" in json.dumps(root["blocks"])
+    assert [r["thread_ts"] for r in replies] == [slack_connection.posts[0].ts] * 2
+    assert "dry run" in replies[0]["text"] and "max.poll.records=150" in replies[1]["blocks"][0]["text"]["text"]
+    assert k8s.requests == []  # dry run by default: nothing was touched

@@ -159,3 +159,15 @@ def test_plan_dict_is_plain_json_for_xcom():
     assert plan["branches"] == ["recommend_consumer_config", "skip_poison_pill"]
     assert any("--describe --group orders" in s["command"] for s in plan["diagnostic_steps"])
     assert any("3,7" in s["why"] for s in plan["diagnostic_steps"])
+
+
+def test_task_api_modules_import_no_client_library():
+    # DAG files import these at parse time; the scheduler parses them all the time.
+    import subprocess
+    import sys
+
+    code = ("import sys, lagdoctor.notify, lagdoctor.remediation, lagdoctor.runbooks; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'slack_sdk', 'confluent_kafka', 'kubernetes', 'airflow', 'pyspark'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
