@@ -14,9 +14,11 @@ every rule that holds yields a finding, none -> one `healthy` finding:
                          longest earlier commit gap, or advances at less than
                          near_frozen_ratio of what arrives
  4  partition_imbalance  not 1; >= 2 partitions; the smallest set holding         hot key or one slow owner;
-                         imbalance_share of the lag is at most                    stalled partitions belong to 3
-                         imbalance_max_partition_fraction of them and has a
-                         partition that is not stalled; lag >= warning_lag
+                         imbalance_share of the lag is at most                    stalled partitions belong to 3;
+                         imbalance_max_partition_fraction of them and has a       a draining one is recovering
+                         partition that is not stalled and still falls behind     (an absorbed burst)
+                         (late consume < (1 - slow_rate_slack) x late produce);
+                         lag >= warning_lag
  5  producer_surge       not 1, 2; late produce rate >= surge_ratio x early;      consumers outpaced by new load
                          lag growing and >= warning_lag
  6  slow_consumer        not 1, 2, 4, 5; produce steady; most non-stalled         capacity below a steady load
@@ -73,6 +75,8 @@ def partition_rollup(partition_feats, thresholds: Thresholds = Thresholds()):
             "in_hot": (F.col("group_lag") > 0) & (F.col("lag_before") < th.imbalance_share * F.col("group_lag")),
         }
     )
+    # a hot partition that is draining (late consume above late produce) is recovering, not a problem
+    behind = ~F.col("stalled") & (F.col("late_consume_rate") < (1.0 - th.slow_rate_slack) * F.col("late_produce_rate"))
     focus = F.struct(*[F.col(c) for c in _FOCUS_FIELDS], F.col("lag_share"))
     # max_by over (lag, -partition): the worst partition, ties to the lowest number
     order = F.struct(F.col("lag_end"), -F.col("partition"))
@@ -88,15 +92,13 @@ def partition_rollup(partition_feats, thresholds: Thresholds = Thresholds()):
         F.array_sort(F.collect_list(F.when(F.col("slow"), F.col("partition")))).alias("slow_partitions"),
         F.count(F.when(F.col("in_hot"), 1)).alias("hot_count"),
         F.sum(F.when(F.col("in_hot"), F.col("lag_end"))).alias("hot_lag"),
-        F.array_sort(F.collect_list(F.when(F.col("in_hot") & ~F.col("stalled"), F.col("partition")))).alias(
-            "hot_partitions"
-        ),
+        F.array_sort(F.collect_list(F.when(F.col("in_hot") & behind, F.col("partition")))).alias("hot_partitions"),
         F.array_sort(F.collect_list(F.when(F.col("retention_loss"), F.col("partition")))).alias(
             "retention_loss_partitions"
         ),
         F.max_by(focus, order).alias("worst"),
         F.max_by(focus, F.when(F.col("stalled"), order)).alias("worst_stalled"),
-        F.max_by(focus, F.when(F.col("in_hot") & ~F.col("stalled"), order)).alias("worst_hot"),
+        F.max_by(focus, F.when(F.col("in_hot") & behind, order)).alias("worst_hot"),
     )
 
 

@@ -242,6 +242,12 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
         }
     )
     s = s.withColumn("dy", F.col("y") - F.lag("y").over(w))
+    # rank of each rise among the group's diffs: what share of the total rise
+    # do the largest quarter of the steps carry (staircase: nearly all of it)
+    by_dy = Window.partitionBy(*GROUP_KEY).orderBy(F.col("dy").desc_nulls_last())
+    s = s.withColumns(
+        {"dy_rank": F.row_number().over(by_dy), "n_dy": F.count("dy").over(Window.partitionBy(*GROUP_KEY))}
+    )
     up = F.greatest(F.col("dy"), F.lit(0.0))
     down = F.greatest(-F.col("dy"), F.lit(0.0))
     early, late = F.col("x") <= 1.0 / 3.0, F.col("x") > 2.0 / 3.0
@@ -284,6 +290,7 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
         F.sum(up * up).alias("up_sq"),
         F.sum(down * down).alias("down_sq"),
         F.count("dy").alias("diffs"),
+        F.sum(F.when(F.col("dy_rank") <= F.ceil(F.col("n_dy") / 4.0), up)).alias("top_quarter_up"),
         F.count(F.when(F.col("dy") < -0.3, 1)).alias("sharp_drops"),
         F.count(F.when(F.col("dy") > 0.3, 1)).alias("sharp_rises"),
     )
@@ -328,6 +335,7 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
         F.coalesce(
             _ratio(_ratio(F.col("down") * F.col("down"), F.col("down_sq")), F.col("diffs").cast("double")), F.lit(0.0)
         ).alias("down_spread"),
+        F.coalesce(_ratio(F.col("top_quarter_up"), F.col("up")), F.lit(0.0)).alias("top_quarter_rise_share"),
         "sharp_drops",
         "sharp_rises",
         span_g.alias("window_seconds"),

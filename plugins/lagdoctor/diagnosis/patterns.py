@@ -1,18 +1,21 @@
 """Lag pattern: the shape of a group's total lag over the window.
 
 Read from the normalized series y = lag / scale in [0, 1] over x = time in
-[0, 1] (see features.group_features). The rules, first match wins:
+[0, 1] (see features.group_features); "early", "middle", "late" are the
+thirds of the window and y_early etc. their mean. The rules, first match wins:
 
- #  pattern         rule                                                   why
- 1  flat            max lag below the noise floor, or y moves < 0.25       small or steady lag has no shape
- 2  sawtooth        >= 2 sharp drops (> 0.3 in one step), rises spread     batch commits: slow build, instant reset
- 3  spiky           lag low (< 0.25) most of the time, falls >= 0.5        bursts that come and go
- 4  roller_coaster  falls >= 0.5 in total, otherwise                       big waves down and up again
- 5  staircase       net rise, rises carried by few jumps (up_spread < .25)  lag added in steps, flat between
- 6  plateau         net rise, last third flat (range < .15) near the top   climbed, then stopped growing
- 7  explosion       net rise, the late third rose > 2.5x the early third    accelerating growth
- 8  steady_climb    net rise >= 0.3 otherwise                               a ramp
- 9  flat            anything else (moves without direction)
+ #  pattern         rule                                                     why
+ 1  flat            max lag below the noise floor, or y moves < 0.25         small or steady lag has no shape
+ 2  sawtooth        >= 2 sharp drops (> 0.3 in one step), rises spread out    batch commits: slow build, instant reset
+ 3  spiky           lag low (y < 0.25) >= 60% of the time, falls >= 0.5       bursts that come and go
+ 4  roller_coaster  falls >= 0.5 in total otherwise                          big waves, down and up again
+ 5  explosion       net rise >= 0.3, late-third rise > 2.5x early-third rise  accelerating growth
+ 6  plateau         net rise, the late third is flat (range < 0.15, rise       climbed, then stopped growing
+                    < 1/2 of the early rise) near the top (>= 0.8)
+ 7  staircase       net rise, the largest quarter of the steps carry >= 65%   lag added in steps, flat between
+                    of the rise
+ 8  steady_climb    net rise >= 0.3 otherwise                                 a ramp
+ 9  flat            anything else                                            moves without direction
 """
 
 from __future__ import annotations
@@ -29,15 +32,19 @@ def pattern_column(thresholds: Thresholds = Thresholds()):
     amplitude = c("y_max") - c("y_min")
     early_rise = c("y_middle") - c("y_early")
     late_rise = c("y_late") - c("y_middle")
+    rising = rise >= 0.3
     return (
         F.when(c("below_noise_floor") | (amplitude < 0.25), F.lit("flat"))
         .when((c("sharp_drops") >= 2) & (c("up_spread") >= 0.15), F.lit("sawtooth"))
-        .when((c("low_fraction") >= 0.5) & (c("down") >= 0.5), F.lit("spiky"))
+        .when((c("low_fraction") >= 0.6) & (c("down") >= 0.5), F.lit("spiky"))
         .when(c("down") >= 0.5, F.lit("roller_coaster"))
-        .when((rise >= 0.3) & (c("up_spread") < 0.25), F.lit("staircase"))
-        .when((rise >= 0.3) & (c("y_late_range") < 0.15) & (c("y_late") >= 0.8), F.lit("plateau"))
-        .when((rise >= 0.3) & (late_rise > 2.5 * F.greatest(early_rise, F.lit(0.02))), F.lit("explosion"))
-        .when(rise >= 0.3, F.lit("steady_climb"))
+        .when(rising & (late_rise > 2.5 * F.greatest(early_rise, F.lit(0.02))), F.lit("explosion"))
+        .when(
+            rising & (c("y_late_range") < 0.15) & (late_rise < 0.5 * early_rise) & (c("y_late") >= 0.8),
+            F.lit("plateau"),
+        )
+        .when(rising & (c("top_quarter_rise_share") >= 0.65), F.lit("staircase"))
+        .when(rising, F.lit("steady_climb"))
         .otherwise(F.lit("flat"))
     )
 

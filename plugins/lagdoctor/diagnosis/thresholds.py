@@ -50,7 +50,7 @@ class Thresholds:
     # Pattern: below this lag, or below this many seconds of production, the
     # shape is noise and reads as flat.
     pattern_min_lag: int = 100
-    pattern_min_seconds: float = 10.0
+    pattern_min_seconds: float = 60.0
 
     # How many most recent snapshots per partition feed the Burrow evaluator,
     # and the lag it tolerates (Burrow's allowed_lag).

@@ -1,0 +1,503 @@
+"""Scenario simulator: labelled offset-snapshot histories (contract 1).
+
+Each scenario is a consumer group on one topic whose true cause is known: the
+simulator runs producers and consumers on a 5-second tick (Poisson arrivals
+with bursty rate noise, consumers with a capacity, a commit policy, group
+membership and rebalances) and samples it the way the collector does, at
+jittered intervals with occasional gaps. The labels are what the engine
+should say (contract 2 diagnoses and pattern).
+
+    from lagdoctor.sim import write_scenarios, write_seeds_incident, write_benchmark_history
+
+    labels = write_scenarios("/tmp/snapshots", seed=7, n_groups_per_scenario=3)
+    write_seeds_incident("/tmp/seeds")                 # the seeds' partition_imbalance incident
+    write_benchmark_history("/tmp/bench", rows=1_000_000, seed=1)
+
+Files land under `<path>/cluster=<c>/date=<YYYY-MM-DD>/`; labels go to
+`<path>/_labels.jsonl` (a leading underscore: Spark and pyarrow skip it).
+numpy and pyarrow are imported when a function runs, not at import.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterable
+
+LABELS_FILE = "_labels.jsonl"
+TICK_SECONDS = 5.0
+DEFAULT_START = datetime(2026, 11, 21, 9, 0, tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    diagnoses: tuple[str, ...]  # non-healthy diagnoses expected; () means healthy
+    pattern: str
+    trap: bool = False  # looks alarming, must stay healthy
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("healthy_steady", (), "flat"),
+        Scenario("healthy_batch_committer", (), "sawtooth", trap=True),
+        Scenario("healthy_absorbed_burst", (), "spiky", trap=True),
+        Scenario("healthy_idle_empty", (), "flat", trap=True),
+        Scenario("healthy_commit_above_end", (), "flat", trap=True),
+        Scenario("healthy_unknown_membership", (), "flat", trap=True),
+        Scenario("healthy_single_rebalance", (), "flat", trap=True),
+        Scenario("partition_imbalance", ("partition_imbalance",), "steady_climb"),
+        Scenario("producer_surge", ("producer_surge",), "explosion"),
+        Scenario("slow_consumer", ("slow_consumer",), "steady_climb"),
+        Scenario("stalled_consumer", ("stalled_consumer",), "steady_climb"),
+        Scenario("crashed_consumer", ("crashed_consumer",), "steady_climb"),
+        Scenario("crashed_consumer_mid_window", ("crashed_consumer",), "explosion"),
+        Scenario("crashed_consumer_producer_stopped", ("crashed_consumer",), "plateau"),
+        Scenario("rebalance_loop_staircase", ("rebalance_loop",), "staircase"),
+        Scenario("rebalance_loop_roller_coaster", ("rebalance_loop",), "roller_coaster"),
+    )
+}
+
+
+def expected_diagnoses(scenario: str) -> tuple[str, ...]:
+    """The diagnoses a scenario's group should get (("healthy",) when none)."""
+    return SCENARIOS[scenario].diagnoses or ("healthy",)
+
+
+# -- one group ------------------------------------------------------------------
+
+
+class _Group:
+    """Mutable state of one simulated group; `run` returns its snapshot columns."""
+
+    def __init__(self, rng, scenario: str, cluster: str, group_id: str, topic: str, start: datetime,
+                 n_partitions: int | None = None, window_seconds: float | None = None,
+                 interval: float | None = None, members: int | None = None, rate: float | None = None):
+        import numpy as np
+
+        self.np = np
+        self.rng = rng
+        self.sc = scenario
+        self.cluster, self.group_id, self.topic, self.start = cluster, group_id, topic, start
+        problem = bool(SCENARIOS[scenario].diagnoses)
+        self.n = n_partitions or int(rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 24, 32]))
+        if scenario == "partition_imbalance":
+            self.n = max(self.n, 2)
+        self.interval = interval or float(rng.uniform(15, 60))
+        self.window = window_seconds or float(rng.uniform(20, 45) * 60)
+        if scenario == "healthy_batch_committer":
+            self.commit_every = float(rng.uniform(90, 300))
+            self.interval = min(self.interval, self.commit_every / 4)
+            self.window = max(self.window, 4.5 * self.commit_every)
+        # total produce rate (msg/s): problems need enough traffic to matter
+        lo = 40.0 if problem else 2.0
+        self.rate = rate or float(math.exp(rng.uniform(math.log(lo), math.log(20000))))
+        weights = rng.uniform(0.6, 1.4, self.n)
+        self.base = self.rate * weights / weights.sum()
+        self.cap = self.base * rng.uniform(1.4, 3.0, self.n)  # healthy headroom
+        m = members or int(rng.integers(1, min(self.n, 8) + 1))
+        self.members = m
+        self.hexes = [f"{rng.integers(0, 16**6):06x}" for _ in range(m)]
+        self.owner = np.arange(self.n) % m  # round-robin assignment
+        self.lag0 = self.base * rng.uniform(0.0, 2.0, self.n)  # a second or two behind
+        self.labels_partitions: list[int] = []
+
+    # member naming as the Java client does: <client.id>-<uuid>
+    def member_id(self, i: int) -> str:
+        return f"consumer-{i + 1}-{self.hexes[i]}"
+
+    def run(self) -> tuple[Any, dict[str, Any]]:
+        np, rng, sc, n = self.np, self.rng, self.sc, self.n
+        ticks = int(self.window // TICK_SECONDS) + 1
+        times = np.arange(ticks) * TICK_SECONDS
+        mult = np.ones(ticks)  # produce-rate multiplier over time (all partitions)
+        pmult = np.ones(n)  # per-partition multiplier
+        cap = self.cap.copy()
+        active = np.ones(ticks, dtype=bool)  # consumers consuming
+        state = np.array(["STABLE"] * ticks, dtype=object)
+        stable_members = np.full(ticks, self.members, dtype=float)
+        frozen_from = np.full(n, np.inf)  # tick time at which a partition's commits stop
+        trickle = np.zeros(n)  # near-frozen: share of capacity still consumed
+        commit_every = None
+        churn_at: list[float] = []  # times the crash-looping member gets a new id
+        lag0 = self.lag0.copy()
+        members_known = True
+        race = 0.05  # share of snapshots whose end offset is read before the commit
+        retention = math.inf
+
+        if sc == "healthy_batch_committer":
+            commit_every = self.commit_every
+            cap = self.base * rng.uniform(2.0, 4.0, n)
+        elif sc == "healthy_absorbed_burst":
+            cap = self.base * rng.uniform(2.0, 3.5, n)
+            for b in range(int(rng.integers(1, 3))):  # one or two bursts, apart
+                b0 = rng.uniform(0.1 + 0.3 * b, 0.3 + 0.3 * b) * self.window
+                mult[(times >= b0) & (times < b0 + rng.uniform(30, 90))] = rng.uniform(8, 16)
+        elif sc == "healthy_idle_empty":
+            mult[:] = 0.0
+            lag0[:] = 0
+            active[:] = False
+            state[:] = "EMPTY"
+            stable_members[:] = 0
+        elif sc == "healthy_commit_above_end":
+            race = 0.5
+        elif sc == "healthy_unknown_membership":
+            members_known = False
+        elif sc == "healthy_single_rebalance":
+            r0 = rng.uniform(0.2, 0.8) * self.window
+            self._rebalance(times, r0, rng.uniform(5, 15), active, state)
+            stable_members[times >= r0] = self.members + 1
+            churn_at.append(r0)
+        elif sc == "partition_imbalance":
+            k = int(rng.integers(1, max(1, int(0.2 * n)) + 1))
+            hot = rng.choice(n, size=k, replace=False)
+            self.labels_partitions = sorted(int(p) for p in hot)
+            if rng.random() < 0.5:  # hot key: the partition gets far more traffic
+                pmult[hot] = rng.uniform(4, 15, k)
+                cap[hot] = self.base[hot] * pmult[hot] * rng.uniform(0.1, 0.7, k)
+            else:  # one slow owner
+                cap[hot] = self.base[hot] * rng.uniform(0.1, 0.6, k)
+            lag0[hot] += self.base[hot] * pmult[hot] * rng.uniform(0, 300, k)
+        elif sc == "producer_surge":
+            s0 = rng.uniform(0.4, 0.6) * self.window
+            factor = rng.uniform(3.5, 8.0)
+            cap = self.base * rng.uniform(1.5, min(3.0, factor / 1.4), n)
+            ramp = np.clip((times - s0) / 60.0, 0, 1)  # load ramps up over a minute
+            mult *= 1 + (factor - 1) * ramp
+        elif sc == "slow_consumer":
+            slow = rng.random(n) < rng.uniform(0.75, 1.0)
+            slow[rng.integers(0, n)] = True
+            cap[slow] = self.base[slow] * rng.uniform(0.4, 0.85, int(slow.sum()))
+            lag0[slow] += self.base[slow] * rng.uniform(0, 120, int(slow.sum()))
+        elif sc == "stalled_consumer":
+            if rng.random() < 0.2:
+                stuck = np.arange(n)  # the only consumer hangs
+            else:
+                stuck = rng.choice(n, size=int(rng.integers(1, max(1, n // 3) + 1)), replace=False)
+            self.labels_partitions = sorted(int(p) for p in stuck)
+            frozen_from[stuck] = -rng.uniform(0, 0.5) * self.window  # stuck before the window
+            lag0[stuck] += self.base[stuck] * rng.uniform(30, 600, len(stuck))
+            trickle[stuck] = np.where(rng.random(len(stuck)) < 0.3, rng.uniform(0.002, 0.01, len(stuck)), 0.0)
+        elif sc.startswith("crashed_consumer"):
+            c0 = -1.0
+            if sc == "crashed_consumer_mid_window":
+                c0 = rng.uniform(0.4, 0.55) * self.window
+            lag0 += self.base * (rng.uniform(0, 600) if c0 < 0 else 0)
+            after = times >= c0
+            active[after] = False
+            state[after] = "DEAD" if rng.random() < 0.2 else "EMPTY"
+            stable_members[after] = 0
+            if sc == "crashed_consumer_producer_stopped":
+                mult[times >= rng.uniform(0.45, 0.6) * self.window] = 0.0
+            if rng.random() < 0.3:  # retention overtakes the dead group's position
+                retention = float(self.rate * self.window / n * 0.5)
+        elif sc.startswith("rebalance_loop"):
+            roller = sc.endswith("roller_coaster")
+            # staircase: capacity just matches the load, so each pause adds a step
+            # that never drains; roller coaster: some headroom, so each pause's
+            # backlog drains over minutes, just about until the next one
+            cap = self.base * (rng.uniform(1.25, 1.5, n) if roller else rng.uniform(0.99, 1.04, n))
+            t = rng.uniform(0.02, 0.12) * self.window
+            while t < self.window * 0.97:
+                pause = rng.uniform(90, 150) if roller else rng.uniform(45, 90)
+                self._rebalance(times, t, pause, active, state)
+                churn_at.append(t)
+                t += pause + (rng.uniform(240, 420) if roller else rng.uniform(150, 300))
+        return self._simulate(times, mult, pmult, cap, active, state, stable_members, frozen_from, trickle,
+                              commit_every, churn_at, lag0, members_known, race, retention)
+
+    @staticmethod
+    def _rebalance(times, t0, pause, active, state):
+        during = (times >= t0) & (times < t0 + pause)
+        active[during] = False
+        state[during & (times < t0 + 0.7 * pause)] = "PREPARING_REBALANCE"
+        state[during & (times >= t0 + 0.7 * pause)] = "COMPLETING_REBALANCE"
+
+    def _simulate(self, times, mult, pmult, cap, active, state, stable_members, frozen_from, trickle,
+                  commit_every, churn_at, lag0, members_known, race, retention):
+        np, rng, n = self.np, self.rng, self.n
+        dt = TICK_SECONDS
+        leo = np.round(self.base * rng.uniform(1e4, 1e6, n)).astype(np.int64) + np.round(lag0).astype(np.int64)
+        pos = leo - np.round(lag0).astype(np.int64)  # consumed position
+        committed = pos.copy()
+        last_commit = 0.0
+        snap_times = self._snapshot_times()
+        snaps: list[tuple] = []  # per snapshot: (ts, state, members, assigned, hexes, leo, committed, log_start)
+        si = 0
+        hexes = list(self.hexes)
+        churn = sorted(churn_at)
+        for i, t in enumerate(times):
+            # a crash-looping member rejoins under a new id at each rebalance
+            while churn and churn[0] <= t:
+                churn.pop(0)
+                victim = int(rng.integers(0, self.members))
+                hexes[victim] = f"{rng.integers(0, 16**6):06x}"
+            noise = rng.lognormal(0.0, 0.25)  # bursty arrivals, shared by partitions
+            lam = np.maximum(self.base * pmult * mult[i] * noise * dt, 0.0)
+            produced = rng.poisson(lam)
+            leo = leo + produced
+            if active[i]:
+                can = cap * dt * rng.uniform(0.85, 1.15, n)
+                stuck = t >= frozen_from
+                can = np.where(stuck, cap * trickle * dt, can)
+                pos = np.minimum(leo, pos + np.round(can).astype(np.int64))
+                if commit_every is None:
+                    committed = np.where(stuck & (trickle == 0), committed, pos)
+                elif t - last_commit >= commit_every:
+                    committed = pos.copy()
+                    last_commit = t
+            while si < len(snap_times) and snap_times[si] < t + dt:
+                ts = snap_times[si]
+                si += 1
+                # the collector reads end offsets just before commits: a caught-up
+                # partition can show a commit above its end offset (lag 0)
+                early = rng.random(n) < race
+                leo_seen = np.where(early, leo - np.round(produced * rng.uniform(0, 1, n)).astype(np.int64), leo)
+                leo_seen = np.maximum(leo_seen, 0)
+                log_start = np.zeros(n, dtype=np.int64) if math.isinf(retention) else np.maximum(
+                    0, leo_seen - int(retention))
+                st = state[i]
+                nmem = int(stable_members[i])
+                assigned = members_known and nmem > 0 and st not in ("PREPARING_REBALANCE", "COMPLETING_REBALANCE")
+                snaps.append((ts, st, nmem, assigned, tuple(hexes), leo_seen, committed.copy(), log_start))
+        table = self._table(snaps, members_known)
+        label = {
+            "cluster": self.cluster,
+            "group_id": self.group_id,
+            "topic": self.topic,
+            "scenario": self.sc,
+            "diagnoses": list(expected_diagnoses(self.sc)),
+            "pattern": SCENARIOS[self.sc].pattern,
+            "partitions": self.labels_partitions,
+            "partition_count": n,
+            "members": self.members,
+            "snapshots": len(snaps),
+            "produce_rate": round(self.rate, 3),
+        }
+        return table, label
+
+    def _table(self, snaps, members_known: bool):
+        """Snapshot rows as a contract-1 pyarrow Table, built column-wise."""
+        import pyarrow as pa
+
+        from lagdoctor.contracts import snapshot_arrow_schema
+
+        np, n = self.np, self.n
+        schema = snapshot_arrow_schema()
+        s = len(snaps)
+        if s == 0:
+            return schema.empty_table()
+        start_us = int(self.start.timestamp() * 1_000_000)
+        ts = np.repeat(np.array([start_us + int(round(x[0] * 1e6)) for x in snaps], dtype=np.int64), n)
+        leo = np.concatenate([x[5] for x in snaps])
+        committed = np.concatenate([x[6] for x in snaps])
+        owner = [int(o) % max(self.members, 1) for o in self.owner]
+        members, clients, hosts, states, nmems = [], [], [], [], []
+        for _, st, nmem, assigned, hexes, *_ in snaps:
+            if assigned:
+                members.extend(f"consumer-{o + 1}-{hexes[o]}" for o in owner)
+                clients.extend(f"consumer-{o + 1}" for o in owner)
+                hosts.extend(f"10.0.{o // 250 + 1}.{o % 250 + 14}" for o in owner)
+            else:
+                members.extend([None] * n)
+                clients.extend([None] * n)
+                hosts.extend([None] * n)
+            states.extend([st] * n)
+            nmems.extend([nmem] * n)
+        group_members = pa.array(nmems, type=pa.int32()) if members_known else pa.nulls(s * n, pa.int32())
+        columns = {
+            "snapshot_ts": pa.array(ts, type=pa.timestamp("us", tz="UTC")),
+            "cluster": pa.array([self.cluster] * (s * n), type=pa.string()),
+            "group_id": pa.array([self.group_id] * (s * n), type=pa.string()),
+            "group_state": pa.array(states, type=pa.string()),
+            "topic": pa.array([self.topic] * (s * n), type=pa.string()),
+            "partition": pa.array(np.tile(np.arange(n, dtype=np.int32), s)),
+            "log_start_offset": pa.array(np.concatenate([x[7] for x in snaps]).astype(np.int64)),
+            "log_end_offset": pa.array(leo.astype(np.int64)),
+            "committed_offset": pa.array(committed.astype(np.int64)),
+            "lag": pa.array(np.maximum(0, leo - committed).astype(np.int64)),
+            "member_id": pa.array(members, type=pa.string()),
+            "client_id": pa.array(clients, type=pa.string()),
+            "host": pa.array(hosts, type=pa.string()),
+            "group_members": group_members,
+        }
+        return pa.table(columns, schema=schema)
+
+    def _snapshot_times(self) -> list[float]:
+        rng = self.rng
+        out, t = [], 0.0
+        while t <= self.window:
+            out.append(t)
+            step = self.interval * rng.uniform(0.75, 1.25)  # jitter
+            if rng.random() < 0.03:  # a gap: the collector missed a few runs
+                step += self.interval * rng.uniform(2, 6)
+            t += step
+        return out
+
+
+# -- many groups ----------------------------------------------------------------
+
+
+def simulate_group(rng, scenario: str, cluster: str = "sim", group_id: str = "g", topic: str = "t",
+                   start: datetime = DEFAULT_START, **shape) -> tuple[Any, dict[str, Any]]:
+    """(pyarrow Table in contract 1, label) of one simulated group."""
+    if scenario not in SCENARIOS:
+        raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
+    return _Group(rng, scenario, cluster, group_id, topic, start, **shape).run()
+
+
+def scenario_table(seed: int, n_groups_per_scenario: int = 3, scenarios: Iterable[str] | None = None,
+                   cluster: str = "sim", start: datetime = DEFAULT_START):
+    """(pyarrow Table in contract 1, labels) for every scenario x n groups."""
+    import numpy as np
+    import pyarrow as pa
+
+    from lagdoctor.contracts import snapshot_arrow_schema
+
+    rng = np.random.default_rng(seed)
+    names = list(scenarios or SCENARIOS)
+    schema = snapshot_arrow_schema()
+    tables, labels = [], []
+    for name in names:
+        for k in range(n_groups_per_scenario):
+            table, label = simulate_group(rng, name, cluster, f"{name}-{k}", f"events-{name}-{k}", start)
+            tables.append(table)
+            labels.append(label)
+    table = pa.concat_tables(tables) if tables else schema.empty_table()
+    return table, labels
+
+
+def write_table(table, path: str, cluster: str, name: str = "part-0.parquet") -> list[str]:
+    """Write a contract-1 table under path/cluster=<c>/date=<d>/, one file per day."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    written = []
+    if table.num_rows == 0:
+        return written
+    days = pc.strftime(table["snapshot_ts"], format="%Y-%m-%d")
+    for day in sorted(set(days.to_pylist())):
+        part = table.filter(pc.equal(days, day))
+        directory = os.path.join(path, f"cluster={cluster}", f"date={day}")
+        os.makedirs(directory, exist_ok=True)
+        target = os.path.join(directory, name)
+        pq.write_table(part, target + ".tmp", compression="zstd")
+        os.replace(target + ".tmp", target)
+        written.append(target)
+    return written
+
+
+def write_labels(labels: list[dict], path: str) -> str:
+    os.makedirs(path, exist_ok=True)
+    target = os.path.join(path, LABELS_FILE)
+    with open(target, "w", encoding="utf-8") as fh:
+        for label in labels:
+            fh.write(json.dumps(label, sort_keys=True) + "\n")
+    return target
+
+
+def read_labels(path: str) -> list[dict]:
+    with open(os.path.join(path, LABELS_FILE), encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def write_scenarios(path: str, seed: int = 0, n_groups_per_scenario: int = 3,
+                    scenarios: Iterable[str] | None = None, cluster: str = "sim",
+                    start: datetime = DEFAULT_START) -> list[dict]:
+    """Simulate every scenario (or those named) and write snapshots + labels under `path`."""
+    table, labels = scenario_table(seed, n_groups_per_scenario, scenarios, cluster, start)
+    write_table(table, path, cluster)
+    write_labels(labels, path)
+    return labels
+
+
+# -- the seeds' incident ----------------------------------------------------------
+
+SEEDS_END = datetime(2026, 11, 21, 14, 30, tzinfo=timezone.utc)
+SEEDS_PARTITIONS = (
+    # partition, committed, end offset, owner, host, produce msg/s, consume msg/s
+    (0, 8_412_901, 8_901_234, "consumer-1-abc123", "10.0.1.14", 2_100.0, 2_050.0),
+    (1, 8_100_442, 12_543_210, "consumer-2-def456", "10.0.1.15", 12_000.0, 800.0),
+    (2, 9_023_011, 9_187_443, "consumer-3-ghi789", "10.0.1.16", 1_600.0, 1_590.0),
+)
+
+
+def seeds_incident_table(minutes: float = 5.0, interval_seconds: float = 30.0, end: datetime = SEEDS_END,
+                         cluster: str = "prod", group_id: str = "orders-processor", topic: str = "orders"):
+    """The seeds' incident: three partitions ending at lag 488,333 / 4,442,768 / 164,432,
+    partition 1 owned by consumer-2-def456 on 10.0.1.15 falling behind, with
+    `minutes` of history before (snapshots every `interval_seconds`)."""
+    import pyarrow as pa
+
+    from lagdoctor.contracts import snapshot_arrow_schema
+
+    schema = snapshot_arrow_schema()
+    cols: dict[str, list] = {name: [] for name in schema.names}
+    steps = int(minutes * 60 // interval_seconds)
+    for k in range(steps + 1):
+        back = (steps - k) * interval_seconds
+        ts = end - timedelta(seconds=back)
+        for p, committed, leo, member, host, produce, consume in SEEDS_PARTITIONS:
+            end_offset = int(leo - produce * back)
+            commit = int(committed - consume * back)
+            row = (ts, cluster, group_id, "STABLE", topic, p, 0, end_offset, commit, max(0, end_offset - commit),
+                   member, member.rsplit("-", 1)[0], host, 3)
+            for name, value in zip(schema.names, row):
+                cols[name].append(value)
+    return pa.table(cols, schema=schema)
+
+
+def write_seeds_incident(path: str, **kwargs) -> list[str]:
+    table = seeds_incident_table(**kwargs)
+    return write_table(table, path, table["cluster"][0].as_py())
+
+
+# -- benchmark history ----------------------------------------------------------------
+
+
+def write_benchmark_history(path: str, rows: int, seed: int = 1, partitions_per_group: int = 16,
+                            snapshots_per_group: int = 1_500, interval_seconds: float = 20.0,
+                            cluster: str = "bench", start: datetime = DEFAULT_START,
+                            rows_per_file: int = 2_000_000) -> int:
+    """About `rows` snapshot rows: groups of `partitions_per_group` partitions with
+    `snapshots_per_group` snapshots each, cycling through the scenarios, written
+    in files of about `rows_per_file` rows. Returns the rows written."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lagdoctor.contracts import snapshot_arrow_schema
+
+    rng = np.random.default_rng(seed)
+    schema = snapshot_arrow_schema()
+    per_group = partitions_per_group * snapshots_per_group
+    groups = max(1, round(rows / per_group))
+    names = list(SCENARIOS)
+    directory = os.path.join(path, f"cluster={cluster}", f"date={start:%Y-%m-%d}")
+    os.makedirs(directory, exist_ok=True)
+    written, file_no, writer = 0, 0, None
+    window = snapshots_per_group * interval_seconds
+    try:
+        for g in range(groups):
+            if writer is None or writer_rows >= rows_per_file:
+                if writer is not None:
+                    writer.close()
+                writer = pq.ParquetWriter(os.path.join(directory, f"part-{file_no:04d}.parquet"), schema,
+                                          compression="zstd")
+                file_no += 1
+                writer_rows = 0
+            name = names[g % len(names)]
+            table, _ = simulate_group(rng, name, cluster, f"{name}-{g}", f"events-{g % 50}", start,
+                                      n_partitions=partitions_per_group, window_seconds=window,
+                                      interval=interval_seconds)
+            writer.write_table(table)
+            writer_rows += table.num_rows
+            written += table.num_rows
+    finally:
+        if writer is not None:
+            writer.close()
+    return written
