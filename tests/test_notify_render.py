@@ -130,3 +130,37 @@ def test_recovery_and_action_replies():
     text = reply["blocks"][0]["text"]["text"]
     assert "waiting for approval" in text and "Irreversible" in text
     assert re.search(r"add_partitions", reply["text"])
+
+
+ENGINE_EVIDENCE = {  # the flat struct lagdoctor.diagnosis.classify writes
+    "lag": 12_000, "partition_count": 6, "partition": 2, "partition_lag": 11_000, "owner_member_id": "c-9",
+    "owner_client_id": "orders-9", "owner_host": "/10.0.0.9", "partition_produce_rate": 40.0,
+    "partition_consume_rate": 2.0, "time_lag_seconds": 300.0, "max_time_lag_seconds": 301.0,
+}
+
+
+def test_engine_flat_evidence_fills_the_focus_row_and_totals():
+    msg = render_incident(finding(evidence=ENGINE_EVIDENCE, partitions=[2, 4]), None)
+    table = code_block(msg).splitlines()
+    # focus partition's time lag (300 s) in the row; the group's worst (301 s) in the field
+    assert table[1].split()[2:] == ["2", "-", "-", "11000", "c-9", "/10.0.0.9", "orders-9", "5m", "00s", "40.0", "2.0"]
+    assert table[2].split()[2] == "4"
+    fields = " ".join(f["text"] for b in msg["blocks"] for f in b.get("fields", []))
+    assert "12,000 messages" in fields and "5m 01s" in fields
+
+
+def test_partition_status_rows_fill_the_table_for_this_group_only():
+    from lagdoctor.notify.render import with_partition_status
+
+    status = [
+        {"cluster": "prod", "group_id": "orders", "topic": "orders.v1", "partition": 2, "lag": 11_000,
+         "time_lag_seconds": 300.0, "consume_rate": 2.0, "produce_rate": 40.0, "status": "STALL"},
+        {"cluster": "prod", "group_id": "orders", "topic": "orders.v1", "partition": 0, "lag": 5,
+         "time_lag_seconds": 1.0, "consume_rate": 40.0, "produce_rate": 40.0, "status": "OK"},
+        {"cluster": "prod", "group_id": "other", "topic": "orders.v1", "partition": 1, "lag": 10**9,
+         "time_lag_seconds": 1.0, "consume_rate": 0.0, "produce_rate": 0.0, "status": "ERR"},
+    ]
+    f = with_partition_status(finding(evidence=ENGINE_EVIDENCE), status)
+    rows = [line.split() for line in code_block(render_incident(f, None)).splitlines()[1:]]
+    assert [r[2] for r in rows] == ["2", "0"]
+    assert rows[0][6:8] == ["c-9", "/10.0.0.9"] and rows[1][6] == "-"

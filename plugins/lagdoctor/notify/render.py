@@ -17,8 +17,17 @@ one may be missing and then shows as ``-``)::
     evidence["consume_rate"], evidence["produce_rate"]   msg/s, topic-wide
     evidence["processing_ms_per_record"], evidence["consumer_config"]  (recommend_consumer_config)
 
-When ``partitions`` rows are absent, the table shows one row per partition
-number in ``finding["partitions"]`` with ``-`` for what is unknown.
+The diagnosis engine (lagdoctor.diagnosis.classify) writes a flat evidence
+struct today; these of its keys are read when the rows above are absent::
+
+    lag (total), max_time_lag_seconds, partition (the focus partition),
+    partition_lag, owner_member_id, owner_client_id, owner_host,
+    partition_produce_rate, partition_consume_rate, time_lag_seconds (focus)
+
+``with_partition_status(finding, rows)`` fills ``evidence["partitions"]`` from
+contract 2's partition_status.jsonl rows (lag, time lag, rates per partition).
+Without any of it, the table shows one row per partition number in
+``finding["partitions"]`` with ``-`` for what is unknown.
 """
 
 from __future__ import annotations
@@ -85,11 +94,48 @@ def _evidence(finding: Mapping[str, Any]) -> Mapping[str, Any]:
     return ev if isinstance(ev, Mapping) else {}
 
 
+def _focus_row(ev: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The engine's flat 'focus partition' keys as a table row."""
+    if not isinstance(ev.get("partition"), int):
+        return None
+    return {"partition": ev["partition"], "lag": ev.get("partition_lag"),
+            "member_id": ev.get("owner_member_id"), "client_id": ev.get("owner_client_id"),
+            "host": ev.get("owner_host"), "time_lag_seconds": ev.get("time_lag_seconds"),
+            "produce_rate": ev.get("partition_produce_rate"), "consume_rate": ev.get("partition_consume_rate")}
+
+
 def partition_rows(finding: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    rows = [r for r in _evidence(finding).get("partitions") or [] if isinstance(r, Mapping)]
-    if not rows:
-        rows = [{"partition": p} for p in finding.get("partitions") or []]
+    ev = _evidence(finding)
+    rows = [r for r in ev.get("partitions") or [] if isinstance(r, Mapping)]
+    if rows:
+        return rows
+    focus = _focus_row(ev)
+    rows = [focus] if focus else []
+    seen = {focus["partition"]} if focus else set()
+    rows += [{"partition": p} for p in finding.get("partitions") or [] if p not in seen]
     return rows
+
+
+def with_partition_status(finding: Mapping[str, Any], status_rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """A copy of ``finding`` whose ``evidence["partitions"]`` holds its partition_status rows.
+
+    Rows of other (cluster, group, topic) are ignored; the focus partition keeps
+    its owner (member, client, host) from the engine's evidence.
+    """
+    key = (finding.get("cluster"), finding.get("group_id"), finding.get("topic"))
+    ev = dict(_evidence(finding))
+    focus = _focus_row(ev) or {}
+    rows = []
+    for r in status_rows:
+        if (r.get("cluster"), r.get("group_id"), r.get("topic")) != key:
+            continue
+        row = {k: r.get(k) for k in ("partition", "lag", "time_lag_seconds", "consume_rate", "produce_rate", "status")}
+        if focus.get("partition") == row["partition"]:
+            row.update({k: focus[k] for k in ("member_id", "client_id", "host")})
+        rows.append(row)
+    if rows and not ev.get("partitions"):
+        ev["partitions"] = rows
+    return {**finding, "evidence": ev}
 
 
 def worst_partitions(finding: Mapping[str, Any], limit: int = WORST_ROWS) -> list[Mapping[str, Any]]:
@@ -124,16 +170,18 @@ def evidence_table(finding: Mapping[str, Any], limit: int = WORST_ROWS) -> str:
 
 def _lag_total(finding: Mapping[str, Any]) -> Any:
     ev = _evidence(finding)
-    if isinstance(ev.get("lag_total"), (int, float)):
-        return ev["lag_total"]
+    for k in ("lag_total", "lag"):
+        if isinstance(ev.get(k), (int, float)) and not isinstance(ev.get(k), bool):
+            return ev[k]
     lags = [r.get("lag") for r in partition_rows(finding) if isinstance(r.get("lag"), (int, float))]
     return sum(lags) if lags else None
 
 
 def _time_lag(finding: Mapping[str, Any]) -> Any:
     ev = _evidence(finding)
-    if isinstance(ev.get("time_lag_seconds"), (int, float)):
-        return ev["time_lag_seconds"]
+    for k in ("max_time_lag_seconds", "time_lag_seconds"):
+        if isinstance(ev.get(k), (int, float)) and not isinstance(ev.get(k), bool):
+            return ev[k]
     tls = [r.get("time_lag_seconds") for r in partition_rows(finding) if isinstance(r.get("time_lag_seconds"), (int, float))]
     return max(tls) if tls else None
 
