@@ -6,9 +6,12 @@ Task-level API:
     post_action_result(record)                            remediation record -> thread reply
     notify_failure                                        on_failure_callback (SlackNotifier)
     slack_sender()                                        provider SlackHook or local outbox
+    with_partition_status(finding, rows)                  evidence table from partition_status.jsonl
 """
 
 from lagdoctor.notify.incidents import notify_failure, post_action_result, post_or_update_incident
+from lagdoctor.notify.render import with_partition_status
 from lagdoctor.notify.slack import SlackDeliveryError, slack_sender
 
-__all__ = ["SlackDeliveryError", "notify_failure", "post_action_result", "post_or_update_incident", "slack_sender"]
+__all__ = ["SlackDeliveryError", "notify_failure", "post_action_result", "post_or_update_incident", "slack_sender",
+           "with_partition_status"]
