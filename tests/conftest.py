@@ -30,6 +30,9 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 pytest_plugins = [
+    "tests.fixtures.airflow",
     "tests.fixtures.broker",
+    "tests.fixtures.k8s",
+    "tests.fixtures.slack",
     "tests.fixtures.spark",
 ]

@@ -16,13 +16,6 @@ DAGS = Path(__file__).resolve().parents[1] / "dags"
 pytestmark = pytest.mark.airflow
 
 
-@pytest.fixture(scope="module")
-def dagbag():
-    from airflow.dag_processing.dagbag import DagBag
-
-    return DagBag(dag_folder=str(DAGS))
-
-
 def test_no_import_errors(dagbag):
     assert dagbag.import_errors == {}
 

@@ -40,11 +40,11 @@ def run_stage_one(data_root: Path, samples: int, interval_s: float) -> int:
         create_topic(broker.bootstrap, TOPIC, 3)
         producer = SteadyProducer(broker.bootstrap, TOPIC, [0, 1, 2], rate_per_partition=40).start()
         consumer = ThrottledConsumer(
-            broker.bootstrap, GROUP, TOPIC, client_id="orders-worker-1", slow={SLOW_PARTITION: 0.15}
+            broker.bootstrap, GROUP, TOPIC, client_id="orders-worker-1", max_rate={SLOW_PARTITION: 8}
         ).start()
         try:
             say(f"producing 40 msg/s to each partition of '{TOPIC}'; group '{GROUP}' "
-                f"serves partition {SLOW_PARTITION} only 15% of the time")
+                f"processes partition {SLOW_PARTITION} at 8 msg/s")
             if not consumer.assigned.wait(30):
                 say("the consumer was not assigned partitions within 30 s")
                 return 1

@@ -148,13 +148,26 @@ def prepare_diagnosis(
 
 # -- findings and runbooks ---------------------------------------------------------
 
-def read_findings(output: str) -> list[dict[str, Any]]:
+def _read_jsonl(path: str) -> list[dict[str, Any]]:
     import fsspec
 
-    from lagdoctor.contracts import FINDINGS_FILE
-
-    with fsspec.open(join(output, FINDINGS_FILE), "rt") as fh:
+    with fsspec.open(path, "rt") as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+def read_findings(output: str) -> list[dict[str, Any]]:
+    """The run's findings, each with its partitions' status rows as evidence."""
+    from lagdoctor.contracts import FINDINGS_FILE, PARTITION_STATUS_FILE
+    from lagdoctor.notify.render import with_partition_status
+
+    status_rows = _read_jsonl(join(output, PARTITION_STATUS_FILE))
+    by_key: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for row in status_rows:
+        by_key.setdefault((row["cluster"], row["group_id"], row["topic"]), []).append(row)
+    return [
+        with_partition_status(f, by_key.get((f["cluster"], f["group_id"], f["topic"]), []))
+        for f in _read_jsonl(join(output, FINDINGS_FILE))
+    ]
 
 
 def plan_findings(
@@ -278,18 +291,29 @@ def remediate(
 ) -> dict[str, int]:
     """Run one registered action for every finding that wants it; report each in its thread."""
     from lagdoctor.notify.incidents import post_action_result
-    from lagdoctor.remediation import run_action
+    from lagdoctor.remediation import RemediationFailed, run_action
 
     statuses: dict[str, int] = {}
+    failures: list[str] = []
     for item in read_plans(plans_path):
         for planned in item["plan"]["actions"]:
             if planned["action"] != action:
                 continue
-            record = run_action(
-                action, item["finding"], run_id=run_id, dry_run=dry_run, approved=approved,
-                params=planned.get("params") or {}, guardrails=planned.get("guardrails") or {},
-            )
+            try:
+                record = run_action(
+                    action, item["finding"], run_id=run_id, dry_run=dry_run, approved=approved,
+                    params=planned.get("params") or {}, guardrails=planned.get("guardrails") or {},
+                    settings=settings,
+                )
+            except RemediationFailed as exc:
+                # One group's failure must not stop the action for the others;
+                # the runner has audited it and the task fails at the end.
+                failures.append(f"{item['finding']['group_id']}: {exc}")
+                statuses["failed"] = statuses.get("failed", 0) + 1
+                continue
             post_action_result(record, settings=settings)
             statuses[record["status"]] = statuses.get(record["status"], 0) + 1
     log.info("%s: %s", action, statuses)
+    if failures:
+        raise RemediationFailed(f"{action} failed for {len(failures)} group(s); first: {failures[0]}")
     return statuses

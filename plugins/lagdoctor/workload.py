@@ -118,15 +118,20 @@ class SteadyProducer:
 
 
 class ThrottledConsumer:
-    """A group member that keeps up on every partition but those in `slow`,
-    which it serves only a fraction of the time (a slow partition owner)."""
+    """A group member that keeps up on every partition but those in `max_rate`,
+    which it processes at most that many records per second: a slow owner.
+
+    Records past the budget are not processed: the consumer seeks back to the
+    first of them and pauses the partition until the budget refills, so the
+    committed offset advances at exactly the slow rate.
+    """
 
     def __init__(self, bootstrap: str, group_id: str, topic: str, *, client_id: str,
-                 slow: Mapping[int, float] | None = None) -> None:
+                 max_rate: Mapping[int, float] | None = None) -> None:
         import threading
 
         self.bootstrap, self.group_id, self.topic, self.client_id = bootstrap, group_id, topic, client_id
-        self.slow = dict(slow or {})  # partition -> share of time it is served (0..1)
+        self.max_rate = dict(max_rate or {})
         self.assigned = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"consume-{group_id}", daemon=True)
@@ -142,22 +147,39 @@ class ThrottledConsumer:
 
         consumer = Consumer(live_consumer_config(self.bootstrap, self.group_id, self.client_id))
         consumer.subscribe([self.topic], on_assign=lambda c, parts: self.assigned.set())
-        period, cycle_start = 1.0, time.monotonic()
+        started = time.monotonic()
+        done = {p: 0 for p in self.max_rate}
         paused: set[int] = set()
+
+        def budget(p: int) -> float:
+            return self.max_rate[p] * (time.monotonic() - started) - done[p]
+
         try:
             while not self._stop.is_set():
-                if self.assigned.is_set():
-                    # Duty cycle: a slow partition is paused for part of every second.
-                    phase = (time.monotonic() - cycle_start) % period
-                    should = {p for p, share in self.slow.items() if phase >= share}
-                    if should - paused:
-                        consumer.pause([TopicPartition(self.topic, p) for p in should - paused])
-                    if paused - should:
-                        consumer.resume([TopicPartition(self.topic, p) for p in paused - should])
-                    paused = should
-                messages = consumer.consume(500, timeout=0.1)
-                if messages:
-                    consumer.commit(asynchronous=False)
+                refilled = [p for p in paused if budget(p) >= 1]
+                if refilled:
+                    consumer.resume([TopicPartition(self.topic, p) for p in refilled])
+                    paused.difference_update(refilled)
+                processed: dict[int, int] = {}
+                for msg in consumer.consume(500, timeout=0.1):
+                    if msg.error():
+                        continue
+                    p = msg.partition()
+                    if p in paused:
+                        continue
+                    if p in self.max_rate:
+                        if budget(p) < 1:
+                            consumer.seek(TopicPartition(self.topic, p, msg.offset()))
+                            consumer.pause([TopicPartition(self.topic, p)])
+                            paused.add(p)
+                            continue
+                        done[p] += 1
+                    processed[p] = msg.offset() + 1
+                if processed:
+                    consumer.commit(
+                        offsets=[TopicPartition(self.topic, p, o) for p, o in processed.items()],
+                        asynchronous=False,
+                    )
         finally:
             consumer.close()
 
