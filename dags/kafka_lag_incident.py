@@ -43,4 +43,4 @@ posts what it finds. With `dry_run` on (the default) remediation only says what
 it would do; turned off, irreversible actions wait for approval here.
 """,
 ) as dag:
-    build_pipeline(samples=6, interval_s=5.0, prune=False)
+    build_pipeline(samples=6, interval_s=5.0, prune=False, one_thread_per_run=True)

@@ -58,12 +58,14 @@ def test_incident_run_posts_the_cause_to_slack(airflow_db, dagbag, airflow_env, 
     assert worst["partitions"] == [1]
     assert worst["evidence"]["lag_share"] > 0.8
 
-    posted = slack_connection.messages
-    assert posted, "nothing reached Slack"
-    first = json.dumps(posted[0])
-    assert group in first
-    assert worst["diagnosis"].replace("_", " ") in first.lower()
-    assert re.search(r"\b1\b", json.dumps(posted[0].get("blocks", ""))), "partition 1 is not named"
+    # One thread for the incident run: a header naming the group, the finding in full inside it.
+    header, *replies = slack_connection.posts
+    assert group in str(header.body) and "thread_ts" not in header.body
+    detail = next(r for r in replies if worst["diagnosis"] in r.body["text"])
+    assert detail.body["thread_ts"] == header.ts
+    assert group in detail.body["text"]
+    assert re.search(r"partition 1\b", detail.body["text"]), "partition 1 is not named"
+    assert "PARTITION" in json.dumps(detail.body["blocks"])  # the describe-shaped evidence table
     # A dry run: remediation said what it would do and touched nothing.
     actions_log = airflow_env / "actions" / "actions.jsonl"
     if actions_log.exists():

@@ -170,14 +170,20 @@ def read_findings(output: str) -> list[dict[str, Any]]:
     ]
 
 
+RUN_FILE = "run.json"
+
+
 def plan_findings(
     output: str,
     *,
     group_pattern: str | None = None,
     topic: str | None = None,
     runbooks_dir: str | None = None,
+    dag_id: str | None = None,
+    run_id: str | None = None,
 ) -> dict[str, Any]:
-    """Pair each finding with its runbook plan; write them beside the findings.
+    """Pair each finding with its runbook plan; write them, and which DAG run
+    produced them (run.json: the lag page links back to it), beside the findings.
 
     Returns a small summary: counts and, per registered action, how many
     findings want it (the branch task reads this).
@@ -196,6 +202,9 @@ def plan_findings(
     plans_path = join(output, PLANS_FILE)
     with fsspec.open(plans_path, "wt") as fh:
         json.dump(planned, fh)
+    with fsspec.open(join(output, RUN_FILE), "wt") as fh:
+        json.dump({"dag_id": dag_id, "run_id": run_id, "planned_at": datetime.now(timezone.utc).isoformat(),
+                   "group_pattern": group_pattern, "topic": topic}, fh)
     wanted: dict[str, int] = {}
     for item in planned:
         for action in item["plan"]["actions"]:
@@ -242,16 +251,32 @@ def choose_branches(summary: Mapping[str, Any], post_task_id: str) -> list[str]:
 
 # -- Slack ---------------------------------------------------------------------------
 
-def post_findings(plans_path: str, run_id: str, *, settings: Settings | None = None) -> dict[str, int]:
-    """Post, update or close each finding's incident thread (deduplicated by the thread store)."""
-    from lagdoctor.notify.incidents import post_or_update_incident
+def post_findings(
+    plans_path: str, run_id: str, *, incident_scope: str | None = None, settings: Settings | None = None
+) -> dict[str, int]:
+    """Tell Slack. A sweep posts, updates or closes each incident key's own thread;
+    a manual incident run (`incident_scope` set) keeps the whole run in one thread.
+    Both are deduplicated by their stores, so a retried task posts nothing twice."""
+    from lagdoctor.notify.incidents import post_incident_run, post_or_update_incident
 
+    items = read_plans(plans_path)
+    if incident_scope is not None:
+        result = post_incident_run(items, run_id=run_id, scope=incident_scope, settings=settings)
+        return {"problems": result["problems"], "findings": result["findings"]}
     decisions: dict[str, int] = {}
-    for item in read_plans(plans_path):
+    for item in items:
         result = post_or_update_incident(item["finding"], item["plan"], run_id=run_id, settings=settings)
         decisions[result["decision"]] = decisions.get(result["decision"], 0) + 1
     log.info("slack: %s", decisions)
     return decisions
+
+
+def incident_scope(params: Mapping[str, Any]) -> str:
+    """How an incident run names what it looked at, e.g. `kafka_default / orders-.* / orders`."""
+    parts = [str(params.get("cluster", "")), str(params.get("group_pattern") or ".*")]
+    if params.get("topic"):
+        parts.append(str(params["topic"]))
+    return " / ".join(parts)
 
 
 # -- remediation ------------------------------------------------------------------------

@@ -65,7 +65,7 @@ def _run_id() -> str:
     return str(get_current_context()["run_id"])
 
 
-def build_pipeline(*, samples: int, interval_s: float, prune: bool) -> None:
+def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_per_run: bool = False) -> None:
     """Add the shared tasks to the DAG being defined (call inside `with DAG(...)`)."""
 
     @task
@@ -87,9 +87,10 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool) -> None:
 
     @task(task_id=PLAN_TASK_ID)
     def plan(prep: dict[str, Any]) -> dict[str, Any]:
-        p = _params()
+        p, ctx = _params(), get_current_context()
         return orchestration.plan_findings(
-            prep["output"], group_pattern=p.get("group_pattern") or None, topic=p.get("topic") or None
+            prep["output"], group_pattern=p.get("group_pattern") or None, topic=p.get("topic") or None,
+            dag_id=ctx["dag"].dag_id, run_id=str(ctx["run_id"]),
         )
 
     @task.branch
@@ -98,7 +99,8 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool) -> None:
 
     @task(task_id=POST_TASK_ID)
     def post_findings(summary: dict[str, Any]) -> dict[str, int]:
-        return orchestration.post_findings(summary["plans"], _run_id())
+        scope = orchestration.incident_scope(_params()) if one_thread_per_run else None
+        return orchestration.post_findings(summary["plans"], _run_id(), incident_scope=scope)
 
     snap = snapshot()
     prep = prepare_diagnosis(snap)

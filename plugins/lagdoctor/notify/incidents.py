@@ -78,6 +78,74 @@ def post_or_update_incident(
     return {"decision": result, "threads": [_thread_ref(state)], "changes": list(decision.changes)}
 
 
+def post_incident_run(
+    items: list[Mapping[str, Any]],
+    *,
+    run_id: str,
+    scope: str,
+    sender: Sender | None = None,
+    settings: Any = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """A manual incident run: one Slack thread for the whole run.
+
+    ``items`` are ``{"finding", "plan"}`` pairs. The first call posts a header
+    naming the scope and every finding; each problem then goes into that thread
+    in full, and becomes its incident key's thread, so action results and later
+    sweeps reply there too. Retrying the task posts nothing twice.
+    """
+    import json
+
+    from lagdoctor.settings import Settings
+
+    settings = settings or Settings.from_env()
+    store = ThreadStore(settings.incidents_root)
+    runs = ThreadStore(f"{settings.incidents_root.rstrip('/')}/runs").root
+    run_file = runs / f"{_safe_name(run_id)}.json"
+    stamp = _now(now).isoformat()
+    state = json.loads(run_file.read_text()) if run_file.exists() else None
+    problems = [i for i in items if i["finding"].get("diagnosis") != HEALTHY]
+    if state is None:
+        sender = sender or slack_sender(settings=settings)
+        msg = render.render_run_header([i["finding"] for i in items], scope=scope, run_id=run_id)
+        posted = sender.post(text=msg["text"], blocks=msg["blocks"])
+        state = {"channel": posted.channel, "thread_ts": posted.ts, "posted": []}
+        _write_json(run_file, state)
+    for item in problems:
+        finding = item["finding"]
+        key = IncidentKey.of(finding)
+        marker = key.filename()
+        if marker in state["posted"]:
+            continue
+        sender = sender or slack_sender(settings=settings)
+        msg = render.render_incident(finding, item.get("plan"), run_id=run_id)
+        sender.post(text=msg["text"], blocks=msg["blocks"], thread_ts=state["thread_ts"], channel=state["channel"])
+        thread = ThreadState(key=key, channel=state["channel"], thread_ts=state["thread_ts"], opened_at=stamp)
+        store.save(remember(thread, finding, run_id=run_id, now=stamp))
+        state["posted"].append(marker)
+        _write_json(run_file, state)
+    return {"decision": "posted", "thread_ts": state["thread_ts"], "problems": len(problems),
+            "findings": len(items)}
+
+
+def _safe_name(value: str) -> str:
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", value).strip("_") or "_"
+
+
+def _write_json(path, data: Mapping[str, Any]) -> None:
+    import json
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, path)
+
+
 def post_action_result(
     record: Mapping[str, Any], *, sender: Sender | None = None, settings: Any = None,
 ) -> dict[str, Any]:

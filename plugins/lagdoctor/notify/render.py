@@ -302,3 +302,29 @@ def render_approval_request(record: Mapping[str, Any]) -> dict[str, str]:
          "irreversible": record.get("irreversible"), "warning": record.get("warning"),
          "description": message.removeprefix("needs approval: ")}
     return {"subject": render_plain(APPROVAL_SUBJECT, **v), "body": render_plain(APPROVAL_BODY, **v)}
+
+
+def render_run_header(findings: Sequence[Mapping[str, Any]], *, scope: str, run_id: str) -> dict[str, Any]:
+    """The first message of a manual incident run: what was looked at and what was found."""
+    problems = [f for f in findings if f.get("diagnosis") != "healthy"]
+    worst = "critical" if any(f.get("severity") == "critical" for f in problems) else (
+        "warning" if problems else "ok")
+    lines = [
+        f"{SEVERITY_EMOJI.get(f.get('severity', ''), ':grey_question:')} *{_title(str(f.get('diagnosis', '')))}* "
+        f"· `{code_safe(f.get('group_id', ''))}` on `{code_safe(f.get('topic', ''))}`: {escape_mrkdwn(f.get('summary', ''))}"
+        for f in problems[:20]
+    ] or ["No problem found: every matching group keeps up."]
+    if len(problems) > 20:
+        lines.append(f"… and {len(problems) - 20} more in this thread.")
+    healthy = len(findings) - len(problems)
+    text = (f"Incident run for {scope}: {len(problems)} problem(s), {healthy} healthy "
+            f"(group, topic) pair(s)")
+    blocks = [
+        {"type": "header", "text": {"type": "plain_text", "emoji": True,
+                                    "text": f"{SEVERITY_EMOJI[worst]} lagdoctor incident run"[:150]}},
+        _text_section(f"*Scope* `{code_safe(scope)}` · {len(problems)} problem(s), {healthy} healthy"),
+        _text_section("\n".join(lines)[:2900]),
+        {"type": "context", "elements": [{"type": "mrkdwn",
+                                          "text": f"run `{code_safe(run_id)}` · details in this thread"}]},
+    ]
+    return {"text": text, "blocks": blocks}
