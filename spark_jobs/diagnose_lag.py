@@ -35,7 +35,9 @@ def parse_args(argv):
 
 
 def fail(code: int, message: str) -> int:
-    print(f"diagnose_lag: error: {message}", file=sys.stderr)
+    from lagdoctor.diagnosis.output import print_error_line
+
+    print_error_line(f"diagnose_lag: error: {message}")
     return code
 
 
@@ -56,7 +58,8 @@ def main(argv=None) -> int:
     from lagdoctor.diagnosis.snapshots import read_snapshots, resolve_window, select_window
     from lagdoctor.diagnosis.status_job import partition_status
 
-    spark = start_spark("lagdoctor-diagnose-lag")
+    # FATAL: a failure is reported as the one line below, not as Spark's task logs
+    spark = start_spark("lagdoctor-diagnose-lag", log_level="FATAL")
     try:
         # extract
         snapshots = read_snapshots(spark, args.snapshots)

@@ -114,7 +114,10 @@ class _Group:
         np, rng, sc, n = self.np, self.rng, self.sc, self.n
         ticks = int(self.window // TICK_SECONDS) + 1
         times = np.arange(ticks) * TICK_SECONDS
-        mult = np.ones(ticks)  # produce-rate multiplier over time (all partitions)
+        # produce-rate multiplier over time (all partitions): a slow drift of up
+        # to +-25% over the window, as daily traffic does
+        drift = rng.uniform(-0.25, 0.25) * (0.2 if sc.startswith("rebalance_loop") else 1.0)  # keep step shapes
+        mult = 1.0 + drift * np.sin(np.pi * times / max(times[-1], 1.0) + rng.uniform(0, np.pi))
         pmult = np.ones(n)  # per-partition multiplier
         cap = self.cap.copy()
         active = np.ones(ticks, dtype=bool)  # consumers consuming
@@ -158,20 +161,20 @@ class _Group:
             self.labels_partitions = sorted(int(p) for p in hot)
             if rng.random() < 0.5:  # hot key: the partition gets far more traffic
                 pmult[hot] = rng.uniform(4, 15, k)
-                cap[hot] = self.base[hot] * pmult[hot] * rng.uniform(0.1, 0.7, k)
+                cap[hot] = self.base[hot] * pmult[hot] * rng.uniform(0.1, 0.8, k)
             else:  # one slow owner
-                cap[hot] = self.base[hot] * rng.uniform(0.1, 0.6, k)
+                cap[hot] = self.base[hot] * rng.uniform(0.1, 0.75, k)
             lag0[hot] += self.base[hot] * pmult[hot] * rng.uniform(0, 300, k)
         elif sc == "producer_surge":
             s0 = rng.uniform(0.4, 0.6) * self.window
-            factor = rng.uniform(3.5, 8.0)
+            factor = rng.uniform(2.5, 8.0)
             cap = self.base * rng.uniform(1.5, min(3.0, factor / 1.4), n)
             ramp = np.clip((times - s0) / 60.0, 0, 1)  # load ramps up over a minute
             mult *= 1 + (factor - 1) * ramp
         elif sc == "slow_consumer":
             slow = rng.random(n) < rng.uniform(0.75, 1.0)
             slow[rng.integers(0, n)] = True
-            cap[slow] = self.base[slow] * rng.uniform(0.4, 0.85, int(slow.sum()))
+            cap[slow] = self.base[slow] * rng.uniform(0.4, 0.92, int(slow.sum()))
             lag0[slow] += self.base[slow] * rng.uniform(0, 120, int(slow.sum()))
         elif sc == "stalled_consumer":
             if rng.random() < 0.2:
@@ -241,7 +244,8 @@ class _Group:
             produced = rng.poisson(lam)
             leo = leo + produced
             if active[i]:
-                can = cap * dt * rng.uniform(0.85, 1.15, n)
+                # a poll loop (mean 1): some ticks fetch little (processing, GC), others catch up
+                can = cap * dt * rng.choice([0.4, 1.0, 1.1, 1.5], n) * rng.uniform(0.85, 1.15, n)
                 stuck = t >= frozen_from
                 can = np.where(stuck, cap * trickle * dt, can)
                 pos = np.minimum(leo, pos + np.round(can).astype(np.int64))
@@ -463,8 +467,9 @@ def write_benchmark_history(path: str, rows: int, seed: int = 1, partitions_per_
                             snapshots_per_group: int = 1_500, interval_seconds: float = 20.0,
                             cluster: str = "bench", start: datetime = DEFAULT_START,
                             rows_per_file: int = 2_000_000) -> int:
-    """About `rows` snapshot rows: groups of `partitions_per_group` partitions with
-    `snapshots_per_group` snapshots each, cycling through the scenarios, written
+    """`rows` snapshot rows (less than one snapshot short at most): groups of
+    `partitions_per_group` partitions with about `snapshots_per_group`
+    snapshots each (jitter and gaps vary it), cycling through the scenarios,
     in files of about `rows_per_file` rows. Returns the rows written."""
     import numpy as np
     import pyarrow as pa
@@ -474,15 +479,13 @@ def write_benchmark_history(path: str, rows: int, seed: int = 1, partitions_per_
 
     rng = np.random.default_rng(seed)
     schema = snapshot_arrow_schema()
-    per_group = partitions_per_group * snapshots_per_group
-    groups = max(1, round(rows / per_group))
     names = list(SCENARIOS)
     directory = os.path.join(path, f"cluster={cluster}", f"date={start:%Y-%m-%d}")
     os.makedirs(directory, exist_ok=True)
-    written, file_no, writer = 0, 0, None
+    written, file_no, writer, writer_rows, g = 0, 0, None, 0, 0
     window = snapshots_per_group * interval_seconds
     try:
-        for g in range(groups):
+        while written < rows - partitions_per_group + 1:
             if writer is None or writer_rows >= rows_per_file:
                 if writer is not None:
                     writer.close()
@@ -494,6 +497,10 @@ def write_benchmark_history(path: str, rows: int, seed: int = 1, partitions_per_
             table, _ = simulate_group(rng, name, cluster, f"{name}-{g}", f"events-{g % 50}", start,
                                       n_partitions=partitions_per_group, window_seconds=window,
                                       interval=interval_seconds)
+            g += 1
+            room = (rows - written) // partitions_per_group * partitions_per_group  # whole snapshots only
+            if table.num_rows > room:
+                table = table.slice(0, room)
             writer.write_table(table)
             writer_rows += table.num_rows
             written += table.num_rows

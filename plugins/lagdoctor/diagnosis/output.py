@@ -91,3 +91,27 @@ def write_partition_status(status_df, output: str) -> str:
     records = [] if status_df is None else dataframe_records(status_df)
     records.sort(key=lambda r: (r["cluster"], r["group_id"], r["topic"], r["partition"]))
     return write_jsonl(records, output, PARTITION_STATUS_FILE)
+
+
+def print_error_line(message: str) -> None:
+    """Print the job's one-line failure reason on the process's stderr.
+
+    Under spark-submit the Python driver's stderr is merged into the JVM's
+    stdout (PythonRunner redirects it), so there the line goes through the
+    already-running Py4J gateway to the JVM's own System.err; run directly
+    with python, plain stderr.
+    """
+    import sys
+
+    line = " ".join(message.split())
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        try:
+            from pyspark.java_gateway import launch_gateway
+
+            gateway = launch_gateway()  # connects to spark-submit's gateway; starts nothing
+            gateway.jvm.System.err.println(line)
+            gateway.jvm.System.err.flush()
+            return
+        except Exception:  # fall back to the merged stream rather than lose the reason
+            pass
+    print(line, file=sys.stderr, flush=True)

@@ -19,19 +19,24 @@ def start_spark(
     app_name: str = "lagdoctor-diagnose",
     master: str | None = None,
     extra_conf: Mapping[str, str] | None = None,
+    log_level: str = "ERROR",
 ):
     """Build (or get) the SparkSession.
 
     `master=None` leaves the master to spark-submit (`--master`) or the
-    cluster's defaults; tests and local runs pass `local[N]`.
+    cluster's defaults; tests and local runs pass `local[N]`. `log_level`
+    applies from the context's start unless spark-submit was given
+    `--conf spark.log.level=...` (which wins, for debugging).
     """
+    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
-    for key, value in {**_DEFAULT_CONF, **dict(extra_conf or {})}.items():
+    conf = {**_DEFAULT_CONF, **dict(extra_conf or {})}
+    if not SparkConf().contains("spark.log.level"):
+        conf.setdefault("spark.log.level", log_level)
+    for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return builder.getOrCreate()

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import uuid
 import zipfile
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -67,7 +68,7 @@ def build_package_zip(dest_dir: str | os.PathLike | None = None) -> str:
     newest = max((p.stat().st_mtime for p in sources), default=0)
     if target.exists() and target.stat().st_mtime >= newest:
         return str(target)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")  # concurrent builders
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
         for path in sorted(sources):
             zf.write(path, Path("lagdoctor") / path.relative_to(pkg))

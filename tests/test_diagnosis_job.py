@@ -1,0 +1,102 @@
+"""The diagnosis job end to end through spark-submit (contract 2): a few runs only,
+each costs a JVM start (about 20-40 s on two cores)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+QUICK = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"}
+
+
+def run_job(snapshots, output, *extra, timeout=300):
+    from lagdoctor.diagnosis.submit import run_diagnosis_process
+
+    return run_diagnosis_process(str(snapshots), str(output), master="local[2]", extra_args=list(extra),
+                                 conf=QUICK, timeout=timeout)
+
+
+def read_jsonl(path):
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def test_job_writes_findings_and_status_for_every_group(tmp_path):
+    from lagdoctor.contracts import DIAGNOSES, FINDING_FIELDS, PARTITION_STATUS_FIELDS, PARTITION_STATUSES, PATTERNS
+    from lagdoctor.sim import write_scenarios, write_seeds_incident
+
+    store = tmp_path / "snapshots"
+    labels = write_scenarios(str(store), seed=11, n_groups_per_scenario=1)
+    write_seeds_incident(str(store))
+    out = tmp_path / "out"
+    proc = run_job(store, out)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(os.listdir(out)) == ["findings.jsonl", "partition_status.jsonl"]  # no temp files left
+
+    findings = read_jsonl(out / "findings.jsonl")
+    for f in findings:
+        assert set(FINDING_FIELDS) <= set(f)
+        assert f["diagnosis"] in DIAGNOSES and f["pattern"] in PATTERNS
+        assert f["severity"] in ("ok", "warning", "critical") and f["summary"] and "\n" not in f["summary"]
+        assert f["window_end"].endswith("Z") and f["window_start"] < f["window_end"]
+    by_group = {}
+    for f in findings:
+        by_group.setdefault(f["group_id"], set()).add(f["diagnosis"])
+    # every group gets a finding; a healthy one gets exactly one
+    assert set(by_group) == {lab["group_id"] for lab in labels} | {"orders-processor"}
+    assert all(d == {"healthy"} or "healthy" not in d for d in by_group.values())
+    for lab in labels:
+        assert by_group[lab["group_id"]] == set(lab["diagnoses"]), lab["scenario"]
+    seeds = [f for f in findings if f["group_id"] == "orders-processor"]
+    assert [(f["diagnosis"], f["partitions"]) for f in seeds] == [("partition_imbalance", [1])]
+    assert "consumer-2-def456 on 10.0.1.15" in seeds[0]["summary"]
+
+    status = read_jsonl(out / "partition_status.jsonl")
+    assert all(set(PARTITION_STATUS_FIELDS) <= set(s) and s["status"] in PARTITION_STATUSES for s in status)
+    assert len(status) == sum(lab["partition_count"] for lab in labels) + 3
+    crashed = [s for s in status if s["group_id"].startswith("crashed_consumer-")]
+    assert crashed and all(s["status"] in ("STOP", "ERR") for s in crashed)  # nobody commits
+
+
+def test_bad_input_exits_non_zero_with_one_line(tmp_path):
+    import pyarrow.parquet as pq
+
+    from lagdoctor.sim import seeds_incident_table
+
+    no_column = tmp_path / "no_column"
+    no_column.mkdir()
+    pq.write_table(seeds_incident_table().drop_columns(["group_state"]), no_column / "a.parquet")
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "a.parquet").write_bytes(b"PAR1" + b"\0" * 64)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = {
+        "missing": (tmp_path / "does-not-exist", "does not exist"),
+        "no_column": (no_column, "group_state"),
+        "corrupt": (corrupt, str(corrupt)),
+        "empty": (empty, None),
+    }
+    with ThreadPoolExecutor(len(cases)) as pool:  # four JVMs at once: the slow part is their start
+        futures = {name: pool.submit(run_job, path, tmp_path / f"out-{name}") for name, (path, _) in cases.items()}
+        results: dict[str, subprocess.CompletedProcess] = {name: f.result() for name, f in futures.items()}
+
+    for name, (_, needle) in cases.items():
+        proc = results[name]
+        if needle is None:  # empty input is not an error: empty outputs
+            assert proc.returncode == 0, proc.stderr
+            out = tmp_path / f"out-{name}"
+            assert (out / "findings.jsonl").read_text() == "" == (out / "partition_status.jsonl").read_text()
+            continue
+        assert proc.returncode != 0, name
+        # Java 17 prints one start-up notice ("Using incubator modules"); besides it, one line
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "incubator modules" not in ln]
+        assert len(lines) == 1 and lines[0].startswith("diagnose_lag: error:") and needle in lines[0], (
+            name, proc.stderr)
+        assert not (tmp_path / f"out-{name}" / "findings.jsonl").exists()

@@ -1,0 +1,56 @@
+"""The spark-submit API the CLI and the DAGs call (no Spark started here)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+
+def test_command_follows_contract_2(tmp_path):
+    from lagdoctor.diagnosis.submit import build_spark_submit_command
+
+    cmd = build_spark_submit_command("s3a://lake/snapshots", "s3a://lake/findings/run-1",
+                                     as_of="2026-11-21T10:00:00Z", window_minutes=30, master="yarn",
+                                     thresholds={"warning_lag": 5000}, work_dir=tmp_path)
+    assert cmd[0] == "spark-submit" and cmd[cmd.index("--master") + 1] == "yarn"
+    script = cmd.index(next(a for a in cmd if a.endswith("spark_jobs/diagnose_lag.py")))
+    assert cmd[script + 1:] == ["--snapshots", "s3a://lake/snapshots", "--output", "s3a://lake/findings/run-1",
+                                "--as-of", "2026-11-21T10:00:00Z", "--window-minutes", "30",
+                                "--warning-lag", "5000"]
+    zip_path = cmd[cmd.index("--py-files") + 1]
+    names = zipfile.ZipFile(zip_path).namelist()
+    # the whole package travels: the job imports the transforms and lagdoctor.status on executors
+    assert {"lagdoctor/__init__.py", "lagdoctor/diagnosis/features.py", "lagdoctor/status.py",
+            "lagdoctor/contracts.py"} <= set(names)
+    assert not any("__pycache__" in n for n in names)
+
+
+def test_environment_puts_this_interpreter_first(tmp_path):
+    from lagdoctor.diagnosis.submit import spark_submit_env
+
+    env = spark_submit_env({"PATH": "/usr/bin"}, master="local[2]")
+    assert env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
+    assert env["PYSPARK_PYTHON"] == sys.executable and env["SPARK_LOCAL_IP"] == "127.0.0.1"
+
+
+def test_every_threshold_is_a_job_flag():
+    from lagdoctor.diagnosis.thresholds import Thresholds
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "spark_jobs"))
+    try:
+        import diagnose_lag
+    finally:
+        sys.path.pop(0)
+    args, th = diagnose_lag.parse_args(["--snapshots", "a", "--output", "b", "--critical-lag", "50000",
+                                        "--surge-ratio", "3.5"])
+    assert th == Thresholds(critical_lag=50_000, surge_ratio=3.5)
+    assert (args.as_of, args.window_minutes) == (None, None)
+
+
+def test_airflow_side_imports_no_pyspark():
+    code = ("import sys, lagdoctor.diagnosis.submit, lagdoctor.diagnosis.thresholds, lagdoctor.sim; "
+            "sys.exit('pyspark' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -1,0 +1,296 @@
+"""The diagnosis transforms on inline rows, on the shared Spark session.
+
+Each test builds a few snapshot rows by hand, runs one pure transform and
+compares with what an on-call engineer would expect to read.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+T0 = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
+
+
+def snap(t, partition, leo, committed, *, lag=None, state="STABLE", members=1, member="consumer-1-aaa",
+         host="10.0.0.1", group="g", topic="t", cluster="c", log_start=0, record_ts=None):
+    """One contract-1 row (with the optional columns) at T0 + t seconds."""
+    if lag is None and committed is not None:
+        lag = max(0, leo - committed)
+    client = member.rsplit("-", 1)[0] if member else None
+    return (T0 + timedelta(seconds=t), cluster, group, state, topic, partition, log_start, leo, committed, lag,
+            member, client, host if member else None, members,
+            None if record_ts is None else T0 + timedelta(seconds=record_ts), None)
+
+
+@pytest.fixture(scope="module")
+def frame(spark):
+    from lagdoctor.contracts import snapshot_spark_schema
+
+    def build(rows):
+        return spark.createDataFrame(rows, snapshot_spark_schema(include_optional=True))
+
+    return build
+
+
+def run_findings(df, thresholds=None):
+    from lagdoctor.diagnosis.classify import findings
+    from lagdoctor.diagnosis.features import group_features, group_series, partition_features
+    from lagdoctor.diagnosis.thresholds import Thresholds
+
+    th = thresholds or Thresholds()
+    pf = partition_features(df, th)
+    gf = group_features(group_series(df), th)
+    return [r.asDict(recursive=True) for r in findings(pf, gf, th).collect()]
+
+
+# -- per-partition features -------------------------------------------------------
+
+
+def test_partition_rates_lag_and_owner(spark, frame):
+    from pyspark.testing import assertDataFrameEqual
+
+    from lagdoctor.diagnosis.features import partition_features
+
+    # 10 msg/s arrive, 5 msg/s are committed: lag climbs by 300 a minute
+    rows = [snap(60 * k, 0, 600 * k, 300 * k) for k in range(5)]
+    rows[-1] = snap(240, 0, 2400, 1200, member="consumer-2-bbb", host="10.0.0.2")  # owner at the end
+    got = partition_features(frame(rows)).select(
+        "partition", "produce_rate", "consume_rate", "lag_start", "lag_end", "member_id", "host", "slow", "stalled"
+    )
+    expected = spark.createDataFrame(
+        [(0, 10.0, 5.0, 0, 1200, "consumer-2-bbb", "10.0.0.2", True, False)], got.schema
+    )
+    assertDataFrameEqual(got, expected)
+
+
+def test_stalled_partitions_but_not_batch_committers(spark, frame):
+    from pyspark.testing import assertDataFrameEqual
+
+    from lagdoctor.diagnosis.features import partition_features
+
+    rows = []
+    for k in range(11):  # a snapshot a minute for ten minutes, 1,000 msg/s on every partition
+        t, leo = 60 * k, 60_000 * k
+        # 0: committed every minute until minute 4, then frozen for 6 minutes while data waits
+        rows.append(snap(t, 0, leo, 60_000 * min(k, 4)))
+        # 1: a batch committer: commits everything every 4 minutes; last commit 2 minutes ago
+        rows.append(snap(t, 1, leo, 60_000 * (k // 4) * 4))
+        # 2: still committing, one record at a time, while 60,000 arrive a minute (hung handler)
+        rows.append(snap(t, 2, leo, k))
+        # 3: keeps up
+        rows.append(snap(t, 3, leo, leo))
+    got = partition_features(frame(rows)).select("partition", "stalled", "frozen_seconds")
+    expected = spark.createDataFrame(
+        [(0, True, 360.0), (1, False, 120.0), (2, True, 0.0), (3, False, 0.0)], got.schema
+    )
+    assertDataFrameEqual(got, expected)
+
+
+def test_retention_loss_is_reported(spark, frame):
+    from lagdoctor.diagnosis.features import partition_features
+
+    rows = [snap(60 * k, 0, 1000 + 100 * k, 50, log_start=100 * k, state="EMPTY", members=0, member=None)
+            for k in range(4)]
+    (row,) = partition_features(frame(rows)).select("retention_loss").collect()
+    assert row["retention_loss"] is True  # committed 50 < log start 300: unread data deleted
+
+
+# -- time lag -------------------------------------------------------------------------
+
+
+def test_time_lag_interpolates_caps_and_uses_record_time(spark, frame):
+    from pyspark.testing import assertDataFrameEqual
+
+    from lagdoctor.diagnosis.timelag import time_lag_by_partition
+
+    rows = []
+    for k in range(4):
+        t, leo = 60 * k, 1000 + 600 * k  # end offsets 1000, 1600, 2200, 2800 at 0, 60, 120, 180 s
+        last = k == 3
+        # 0: committed 1900 at the end: the log reached 1900 at 60 + 300/600 * 60 = 90 s -> 90 s behind
+        rows.append(snap(t, 0, leo, 1900 if last else 1000))
+        # 1: committed 500, older than the window's first end offset: capped at the span, a lower bound
+        rows.append(snap(t, 1, leo, 500))
+        # 2: the collector fetched the committed record's timestamp: exact, 42 s
+        rows.append(snap(t, 2, leo, 1900 if last else 1000, record_ts=180 - 42 if last else None))
+        # 3: commit read a moment after the end offset, a little above it: lag 0, time lag 0
+        rows.append(snap(t, 3, leo, leo + 7, lag=0))
+    got = time_lag_by_partition(frame(rows)).select("partition", "time_lag_seconds", "time_lag_lower_bound")
+    expected = spark.createDataFrame(
+        [(0, 90.0, False), (1, 180.0, True), (2, 42.0, False), (3, 0.0, False)], got.schema
+    )
+    assertDataFrameEqual(got, expected)
+
+
+# -- group features -----------------------------------------------------------------
+
+
+def test_rebalances_count_state_changes_and_member_churn(spark, frame):
+    from pyspark.testing import assertDataFrameEqual
+
+    from lagdoctor.diagnosis.features import group_features, group_series
+
+    states = ["STABLE", "PREPARING_REBALANCE", "COMPLETING_REBALANCE", "STABLE", "STABLE",
+              "PREPARING_REBALANCE", "STABLE", "STABLE", "STABLE"]
+    # owner ids: a crash-looping member comes back under a new id, once without the
+    # snapshot catching the rebalancing state (index 7)
+    owners = ["c-1-a", "c-1-a", "c-1-a", "c-1-b", "c-1-b", "c-1-b", "c-1-c", "c-1-d", "c-1-d"]
+    rows = []
+    for k, (st, owner) in enumerate(zip(states, owners)):
+        member = None if st != "STABLE" else owner  # unassigned while rebalancing
+        rows.append(snap(30 * k, 0, 100 * k, 100 * k, state=st, member=member, group="loop"))
+        # a quiet group: one scale-out, seen as one rebalance
+        rows.append(snap(30 * k, 0, 100 * k, 100 * k, group="calm",
+                         member="c-1-a" if k < 4 else "c-2-z", state="STABLE"))
+    got = group_features(group_series(frame(rows))).select(
+        "group_id", "rebalance_entries", "owner_changes", "rebalances"
+    )
+    expected = spark.createDataFrame([("calm", 0, 1, 1), ("loop", 2, 3, 3)], got.schema)
+    assertDataFrameEqual(got, expected)
+
+
+# -- classification: the traps stay healthy, real problems do not ----------------------
+
+
+def _steady(group, **kw):
+    return [snap(60 * k, p, 6_000 * k + 5_000, 6_000 * k + 5_000 - 20, group=group, **kw)
+            for k in range(12) for p in range(2)]
+
+
+@pytest.mark.parametrize(
+    "rows, expected",
+    [
+        # idle EMPTY group, nothing produced, nothing to read: not a crash
+        ([snap(60 * k, p, 5_000, 5_000, state="EMPTY", members=0, member=None, group="idle")
+          for k in range(12) for p in range(2)], {"healthy"}),
+        # membership unknown (Tansu: STABLE with no member list): null is not zero members
+        (_steady("unknown", members=None, member=None), {"healthy"}),
+        # the collector read the commit a moment after the end offset: commit above the end, lag 0
+        ([snap(60 * k, p, 6_000 * k + 5_000, 6_000 * k + 5_000 + (3 if k % 2 else 0), lag=0, group="race")
+          for k in range(12) for p in range(2)], {"healthy"}),
+        # the same consumers, gone: EMPTY with 0 members while lag grows
+        ([snap(60 * k, p, 6_000 * k + 5_000, 5_000, state="EMPTY", members=0, member=None, group="gone")
+          for k in range(12) for p in range(2)], {"crashed_consumer"}),
+    ],
+    ids=["idle-empty", "unknown-membership", "commit-above-end", "crashed"],
+)
+def test_traps_stay_healthy_and_a_crash_does_not(frame, rows, expected):
+    found = run_findings(frame(rows))
+    assert {f["diagnosis"] for f in found} == expected
+    for f in found:
+        assert (f["severity"] == "ok") == (f["diagnosis"] == "healthy")
+
+
+def test_several_diagnoses_at_once(frame):
+    # one hot partition falling behind while the group keeps rebalancing
+    rows = []
+    states = ["STABLE", "PREPARING_REBALANCE", "STABLE", "STABLE"] * 4
+    for k, st in enumerate(states):
+        for p in range(4):
+            leo = (50_000 if p == 0 else 2_000) * k
+            committed = (10_000 * k) if p == 0 else leo
+            rows.append(snap(60 * k, p, leo, committed, state=st,
+                             member=None if st != "STABLE" else f"consumer-1-{k // 4}", group="busy"))
+    diagnoses = {f["diagnosis"]: f for f in run_findings(frame(rows))}
+    assert set(diagnoses) == {"partition_imbalance", "rebalance_loop"}
+    assert diagnoses["partition_imbalance"]["partitions"] == [0]
+    assert diagnoses["rebalance_loop"]["evidence"]["rebalances"] >= 3
+
+
+# -- the seeds' incident --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def seeds_snapshots(spark, tmp_path_factory):
+    from lagdoctor.diagnosis.snapshots import read_snapshots
+    from lagdoctor.sim import write_seeds_incident
+
+    root = tmp_path_factory.mktemp("seeds")
+    write_seeds_incident(str(root))
+    return read_snapshots(spark, str(root))
+
+
+def test_seeds_incident_is_a_partition_imbalance_naming_the_owner(seeds_snapshots):
+    found = run_findings(seeds_snapshots)
+    assert [f["diagnosis"] for f in found] == ["partition_imbalance"]
+    f = found[0]
+    assert (f["cluster"], f["group_id"], f["topic"], f["partitions"]) == ("prod", "orders-processor", "orders", [1])
+    assert f["severity"] == "critical"
+    assert f["summary"] == (
+        "partition 1 holds 87% of the lag (4,442,768); owner consumer-2-def456 on 10.0.1.15 "
+        "consumes 800 msg/s while 12,000 arrive"
+    )
+    ev = f["evidence"]
+    assert ev["owner_member_id"] == "consumer-2-def456" and ev["owner_host"] == "10.0.1.15"
+    assert ev["lag"] == 488_333 + 4_442_768 + 164_432
+    assert ev["partition_lag"] == 4_442_768 and ev["lag_share"] == pytest.approx(0.8719, abs=1e-4)
+    assert ev["partition_produce_rate"] == pytest.approx(12_000) and ev["partition_consume_rate"] == pytest.approx(800)
+    # 4.4M behind at 12,000 msg/s is more than the 5 minutes of history: a capped lower bound
+    assert ev["time_lag_seconds"] == 300.0 and ev["time_lag_lower_bound"] is True
+
+
+def test_thresholds_are_parameters(seeds_snapshots):
+    from lagdoctor.diagnosis.thresholds import Thresholds
+
+    found = run_findings(seeds_snapshots, Thresholds(warning_lag=10_000_000, critical_lag=20_000_000))
+    assert [f["diagnosis"] for f in found] == ["healthy"]  # 5.1M is below this team's warning level
+
+
+def test_seeds_partition_status(seeds_snapshots):
+    from lagdoctor.diagnosis.features import group_features, group_series, partition_features
+    from lagdoctor.diagnosis.status_job import partition_status
+
+    pf = partition_features(seeds_snapshots)
+    gf = group_features(group_series(seeds_snapshots))
+    now_ms = int(datetime(2026, 11, 21, 14, 30, tzinfo=timezone.utc).timestamp() * 1000)
+    rows = {r["partition"]: r.asDict() for r in partition_status(pf, gf, now_ms).collect()}
+    assert {p: r["lag"] for p, r in rows.items()} == {0: 488_333, 1: 4_442_768, 2: 164_432}
+    # lag never decreases while commits move: Burrow's WARN on every partition
+    assert {r["status"] for r in rows.values()} == {"WARN"}
+    assert rows[1]["produce_rate"] == pytest.approx(12_000) and rows[1]["consume_rate"] == pytest.approx(800)
+
+
+# -- patterns --------------------------------------------------------------------------------
+
+
+def _shape(name, n=60):
+    """Lag at snapshot k of n for each named shape (1,000 msg/s arrive throughout)."""
+    top = 2_000_000
+    out = []
+    for k in range(n):
+        x = k / (n - 1)
+        if name == "flat":
+            lag = 20_000 + (k % 3) * 500
+        elif name == "steady_climb":
+            lag = top * x + (k % 2) * 4_000
+        elif name == "sawtooth":
+            lag = top * ((k % 12) / 11)
+        elif name == "staircase":
+            lag = top * (k // 12 + (1 if k % 12 >= 11 else 0)) / 5
+        elif name == "plateau":
+            lag = top * min(1.0, x / 0.5)
+        elif name == "explosion":
+            lag = top * max(0.0, (x - 0.55) / 0.45) ** 1.5
+        elif name == "spiky":
+            lag = top if k % 15 in (7, 8) else 1_000
+        elif name == "roller_coaster":
+            lag = top * (0.6 + 0.4 * math.sin(2 * math.pi * x * 3))
+        out.append(int(lag))
+    return out
+
+
+@pytest.mark.parametrize("pattern", ["flat", "steady_climb", "sawtooth", "staircase", "plateau", "explosion",
+                                     "spiky", "roller_coaster"])
+def test_pattern_from_lag_shape(frame, pattern):
+    from lagdoctor.diagnosis.features import group_features, group_series
+    from lagdoctor.diagnosis.patterns import lag_pattern
+
+    rows = [snap(30 * k, 0, 30_000 * k + 5_000_000, 30_000 * k + 5_000_000 - lag) for k, lag in
+            enumerate(_shape(pattern))]
+    (row,) = lag_pattern(group_features(group_series(frame(rows)))).select("pattern").collect()
+    assert row["pattern"] == pattern
