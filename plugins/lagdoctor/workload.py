@@ -119,19 +119,23 @@ class SteadyProducer:
 
 class ThrottledConsumer:
     """A group member that keeps up on every partition but those in `max_rate`,
-    which it processes at most that many records per second: a slow owner.
+    which it processes at most that many records per second (a slow owner),
+    and those in `stuck_at`, where it cannot get past one offset (a poison
+    message its handler fails on, while the member stays alive).
 
-    Records past the budget are not processed: the consumer seeks back to the
-    first of them and pauses the partition until the budget refills, so the
-    committed offset advances at exactly the slow rate.
+    Records it does not process are not committed: the consumer seeks back to
+    the first of them and pauses the partition until the budget refills (or
+    for good, when stuck), so the committed offset moves exactly as described.
     """
 
     def __init__(self, bootstrap: str, group_id: str, topic: str, *, client_id: str,
-                 max_rate: Mapping[int, float] | None = None) -> None:
+                 max_rate: Mapping[int, float] | None = None,
+                 stuck_at: Mapping[int, int] | None = None) -> None:
         import threading
 
         self.bootstrap, self.group_id, self.topic, self.client_id = bootstrap, group_id, topic, client_id
         self.max_rate = dict(max_rate or {})
+        self.stuck_at = dict(stuck_at or {})
         self.assigned = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"consume-{group_id}", daemon=True)
@@ -150,13 +154,14 @@ class ThrottledConsumer:
         started = time.monotonic()
         done = {p: 0 for p in self.max_rate}
         paused: set[int] = set()
+        stuck: set[int] = set()
 
         def budget(p: int) -> float:
             return self.max_rate[p] * (time.monotonic() - started) - done[p]
 
         try:
             while not self._stop.is_set():
-                refilled = [p for p in paused if budget(p) >= 1]
+                refilled = [p for p in paused - stuck if budget(p) >= 1]
                 if refilled:
                     consumer.resume([TopicPartition(self.topic, p) for p in refilled])
                     paused.difference_update(refilled)
@@ -166,6 +171,12 @@ class ThrottledConsumer:
                         continue
                     p = msg.partition()
                     if p in paused:
+                        continue
+                    if p in self.stuck_at and msg.offset() >= self.stuck_at[p]:
+                        consumer.seek(TopicPartition(self.topic, p, self.stuck_at[p]))
+                        consumer.pause([TopicPartition(self.topic, p)])
+                        paused.add(p)
+                        stuck.add(p)
                         continue
                     if p in self.max_rate:
                         if budget(p) < 1:
