@@ -1,0 +1,442 @@
+"""Read what the diagnosis runs wrote, and the offset history behind it.
+
+Read-only. A run is one folder under ``findings_root`` (contract 2's
+findings.jsonl and partition_status.jsonl, plus plans.json and run.json written
+by ``orchestration.plan_findings``). The page shows, per (cluster, group,
+topic), the findings of the latest run that looked at it: latest by
+run.json's ``planned_at``, else by the findings file's modification time.
+
+Series for the charts come from the snapshot store (contract 1), limited to
+the finding's window. Time lag per partition is estimated from the offsets the
+way Burrow and Kafka-lag-exporter do: how long ago the log end offset passed
+the offset the group has committed now (interpolated between snapshots;
+extrapolated at the window's produce rate when that was before the window).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Iterable, Mapping
+
+from lagdoctor.settings import join
+
+log = logging.getLogger(__name__)
+
+RUN_FILE = "run.json"
+PLANS_FILE = "plans.json"
+MAX_RUNS = 500  # newest run folders considered; older ones are history, not "current"
+SEVERITY_RANK = {"critical": 2, "warning": 1, "ok": 0}
+
+Key = tuple[str, str, str]  # (cluster, group_id, topic)
+
+
+@dataclass(frozen=True)
+class Run:
+    run_key: str
+    path: str
+    dag_id: str | None
+    run_id: str | None
+    planned_at: datetime
+    group_pattern: str | None = None
+    topic: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run_key": self.run_key, "dag_id": self.dag_id, "run_id": self.run_id,
+                "planned_at": self.planned_at.isoformat(), "group_pattern": self.group_pattern,
+                "topic": self.topic}
+
+
+@dataclass
+class RunData:
+    """One run folder's files, parsed."""
+
+    run: Run
+    findings: list[dict[str, Any]]
+    status_rows: list[dict[str, Any]]
+    plans: dict[tuple[Key, str], dict[str, Any]] = field(default_factory=dict)  # (key, diagnosis) -> plan
+
+    def keys(self) -> list[Key]:
+        seen: dict[Key, None] = {}
+        for f in self.findings:
+            seen.setdefault(finding_key(f), None)
+        return list(seen)
+
+
+@dataclass
+class GroupState:
+    """The latest run's view of one (cluster, group, topic)."""
+
+    key: Key
+    run: Run
+    findings: list[dict[str, Any]]  # worst first
+    status_rows: list[dict[str, Any]]  # by partition
+    plans: dict[str, dict[str, Any]]  # diagnosis -> runbook plan
+
+    @property
+    def cluster(self) -> str:
+        return self.key[0]
+
+    @property
+    def group_id(self) -> str:
+        return self.key[1]
+
+    @property
+    def topic(self) -> str:
+        return self.key[2]
+
+    @property
+    def severity(self) -> str:
+        return max((f.get("severity", "ok") for f in self.findings), key=lambda s: SEVERITY_RANK.get(s, 0),
+                   default="ok")
+
+    @property
+    def window(self) -> tuple[datetime | None, datetime | None]:
+        starts = [parse_ts(f.get("window_start")) for f in self.findings]
+        ends = [parse_ts(f.get("window_end")) for f in self.findings]
+        starts = [s for s in starts if s]
+        ends = [e for e in ends if e]
+        return (min(starts) if starts else None, max(ends) if ends else None)
+
+
+def finding_key(f: Mapping[str, Any]) -> Key:
+    return (str(f.get("cluster", "")), str(f.get("group_id", "")), str(f.get("topic", "")))
+
+
+def parse_ts(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    if not value:
+        return None
+    try:
+        ts = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+
+
+# ------------------------------------------------------------------ run folders
+
+def _fs(root: str):
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(root)
+    return fs, path.rstrip("/") or "/"
+
+
+def _read_json_lines(fs, path: str) -> list[dict[str, Any]]:
+    if not fs.exists(path):
+        return []
+    with fs.open(path, "rt") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def _mtime(info: Mapping[str, Any]) -> datetime:
+    value = info.get("mtime") or info.get("LastModified") or info.get("created") or 0
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    return datetime.fromtimestamp(float(value), tz=timezone.utc)
+
+
+def list_runs(findings_root: str, limit: int = MAX_RUNS) -> list[Run]:
+    """Run folders holding a findings.jsonl, newest first."""
+    from lagdoctor.contracts import FINDINGS_FILE
+
+    fs, base = _fs(findings_root)
+    if not fs.exists(base):
+        return []
+    runs = []
+    for entry in fs.ls(base, detail=True):
+        if entry.get("type") != "directory":
+            continue
+        path = entry["name"].rstrip("/")
+        name = path.rsplit("/", 1)[-1]
+        if name.startswith((".", "_")):
+            continue
+        try:
+            info = fs.info(f"{path}/{FINDINGS_FILE}")
+        except FileNotFoundError:
+            continue  # a run still being written, or not a run folder
+        meta: dict[str, Any] = {}
+        if fs.exists(f"{path}/{RUN_FILE}"):
+            try:
+                with fs.open(f"{path}/{RUN_FILE}", "rt") as fh:
+                    meta = json.load(fh) or {}
+            except (OSError, ValueError) as exc:
+                log.warning("ignoring unreadable %s/%s: %s", path, RUN_FILE, exc)
+        runs.append(Run(run_key=name, path=join(findings_root, name), dag_id=meta.get("dag_id"), run_id=meta.get("run_id"),
+                        planned_at=parse_ts(meta.get("planned_at")) or _mtime(info),
+                        group_pattern=meta.get("group_pattern"), topic=meta.get("topic")))
+    runs.sort(key=lambda r: (r.planned_at, r.run_key), reverse=True)
+    return runs[:limit]
+
+
+# Parsed run folders, keyed by their files' identity: a finished run's files
+# never change, so the page does not re-parse hundreds of folders per request.
+_CACHE: dict[tuple[str, Any], RunData] = {}
+_CACHE_LOCK = threading.Lock()
+_CACHE_MAX = 2 * MAX_RUNS
+
+
+def read_run(run: Run) -> RunData:
+    from lagdoctor.contracts import FINDINGS_FILE, PARTITION_STATUS_FILE
+
+    fs, _ = _fs(run.path)
+    stamp = tuple(
+        (info.get("size"), str(info.get("mtime") or info.get("LastModified") or ""))
+        for info in (fs.info(f"{run.path}/{n}") if fs.exists(f"{run.path}/{n}") else {}
+                     for n in (FINDINGS_FILE, PARTITION_STATUS_FILE, PLANS_FILE, RUN_FILE))
+    )
+    cache_key = (run.path, stamp)
+    with _CACHE_LOCK:
+        cached = _CACHE.get(cache_key)
+    if cached is not None:
+        return RunData(run, cached.findings, cached.status_rows, cached.plans)
+    findings = _read_json_lines(fs, f"{run.path}/{FINDINGS_FILE}")
+    status_rows = _read_json_lines(fs, f"{run.path}/{PARTITION_STATUS_FILE}")
+    plans: dict[tuple[Key, str], dict[str, Any]] = {}
+    if fs.exists(f"{run.path}/{PLANS_FILE}"):
+        try:
+            with fs.open(f"{run.path}/{PLANS_FILE}", "rt") as fh:
+                for item in json.load(fh):
+                    f = item.get("finding") or {}
+                    plans[(finding_key(f), str(f.get("diagnosis")))] = {**(item.get("plan") or {}),
+                                                                         "report_url": f.get("report_url")}
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring unreadable %s/%s: %s", run.path, PLANS_FILE, exc)
+    # The report link (stamped on plans.json's findings by lagdoctor.web.report) travels with the finding.
+    findings = [{**f, "report_url": plans.get((finding_key(f), str(f.get("diagnosis"))), {}).get("report_url")}
+                for f in findings]
+    data = RunData(run, findings, status_rows, plans)
+    with _CACHE_LOCK:
+        if len(_CACHE) >= _CACHE_MAX:
+            _CACHE.clear()
+        _CACHE[cache_key] = data
+    return data
+
+
+def states_of_run(data: RunData) -> list[GroupState]:
+    """Each (cluster, group, topic) of one run, its findings worst first."""
+    from lagdoctor.notify.render import with_partition_status
+
+    status_by_key: dict[Key, list[dict[str, Any]]] = {}
+    for row in data.status_rows:
+        status_by_key.setdefault(finding_key(row), []).append(row)
+    states = []
+    for key in data.keys():
+        rows = sorted(status_by_key.get(key, []), key=lambda r: r.get("partition", 0))
+        findings = [with_partition_status(f, rows) for f in data.findings if finding_key(f) == key]
+        findings.sort(key=lambda f: (-SEVERITY_RANK.get(f.get("severity", "ok"), 0), str(f.get("diagnosis"))))
+        plans = {d: p for (k, d), p in data.plans.items() if k == key}
+        states.append(GroupState(key, data.run, findings, rows, plans))
+    return states
+
+
+def latest_states(
+    findings_root: str,
+    *,
+    cluster: str | None = None,
+    group: str | None = None,
+    can_read_dag=lambda dag_id: True,
+    limit: int = MAX_RUNS,
+) -> tuple[list[GroupState], list[Run]]:
+    """The latest readable run's findings per (cluster, group, topic), worst first,
+    and the runs they came from.
+
+    ``can_read_dag(dag_id)`` decides which runs the caller may see; a run the
+    caller cannot read is skipped as if it did not exist (an older readable run
+    of the same group then shows, which is what the Airflow UI would show too).
+    """
+    states: dict[Key, GroupState] = {}
+    for run in list_runs(findings_root, limit):
+        if not can_read_dag(run.dag_id):
+            continue
+        for state in states_of_run(read_run(run)):
+            if state.key in states or (cluster and state.cluster != cluster) or (group and state.group_id != group):
+                continue
+            states[state.key] = state
+    ordered = sorted(states.values(), key=lambda s: (s.cluster, -SEVERITY_RANK.get(s.severity, 0), s.group_id, s.topic))
+    runs = {s.run.run_key: s.run for s in ordered}
+    return ordered, sorted(runs.values(), key=lambda r: r.planned_at, reverse=True)
+
+
+def run_of(path: str) -> Run:
+    """The Run of one folder, whether or not it is under a findings root."""
+    from lagdoctor.contracts import FINDINGS_FILE
+
+    fs, base = _fs(path)
+    meta: dict[str, Any] = {}
+    if fs.exists(f"{base}/{RUN_FILE}"):
+        with fs.open(f"{base}/{RUN_FILE}", "rt") as fh:
+            meta = json.load(fh) or {}
+    planned = parse_ts(meta.get("planned_at")) or _mtime(fs.info(f"{base}/{FINDINGS_FILE}"))
+    return Run(run_key=base.rstrip("/").rsplit("/", 1)[-1], path=path.rstrip("/"), dag_id=meta.get("dag_id"),
+               run_id=meta.get("run_id"), planned_at=planned, group_pattern=meta.get("group_pattern"),
+               topic=meta.get("topic"))
+
+
+def find_run(findings_root: str, run_key: str) -> Run | None:
+    return next((r for r in list_runs(findings_root, limit=10**9) if r.run_key == run_key), None)
+
+
+# ------------------------------------------------------------------ offset history
+
+@dataclass
+class PartitionHistory:
+    partition: int
+    ts: list[datetime] = field(default_factory=list)
+    log_end: list[int] = field(default_factory=list)
+    committed: list[int | None] = field(default_factory=list)
+    lag: list[int | None] = field(default_factory=list)
+    committed_record_ts: list[datetime | None] = field(default_factory=list)
+    last: dict[str, Any] = field(default_factory=dict)  # the newest row (owner, offsets)
+
+    def time_lag(self) -> list[float | None]:
+        """Seconds behind real time at each snapshot (see the module docstring)."""
+        out: list[float | None] = []
+        # Log end offsets only grow; a running max keeps bisect valid across a
+        # read race where one sample came back a little low.
+        ends: list[int] = []
+        for v in self.log_end:
+            ends.append(max(v, ends[-1]) if ends else v)
+        span = (self.ts[-1] - self.ts[0]).total_seconds() if self.ts else 0.0
+        rate = (ends[-1] - ends[0]) / span if span > 0 else 0.0
+        for j, (t, c) in enumerate(zip(self.ts, self.committed)):
+            crt = self.committed_record_ts[j] if j < len(self.committed_record_ts) else None
+            if c is None:
+                out.append(None)
+            elif c >= self.log_end[j]:
+                out.append(0.0)
+            elif crt is not None:
+                out.append(max(0.0, (t - crt).total_seconds()))
+            else:
+                i = bisect.bisect_right(ends, c, 0, j + 1) - 1  # last snapshot whose end <= committed
+                if i < 0:
+                    # Written before the window began: extrapolate back at the window's
+                    # produce rate, as kafka-lag-exporter does; unknown if nothing is produced.
+                    out.append((t - self.ts[0]).total_seconds() + (ends[0] - c) / rate if rate > 0 else None)
+                    continue
+                passed = self.ts[i]
+                if i + 1 <= j and ends[i + 1] > ends[i]:
+                    frac = (c - ends[i]) / (ends[i + 1] - ends[i])
+                    passed = self.ts[i] + (self.ts[i + 1] - self.ts[i]) * frac
+                out.append(max(0.0, (t - passed).total_seconds()))
+        return out
+
+
+@dataclass
+class GroupHistory:
+    key: Key
+    partitions: dict[int, PartitionHistory] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return not self.partitions
+
+    def latest_rows(self) -> list[dict[str, Any]]:
+        return [self.partitions[p].last for p in sorted(self.partitions)]
+
+    def rates(self) -> tuple[list[datetime], list[float | None], list[float | None]]:
+        """(times, produce msg/s, consume msg/s) between consecutive snapshots, topic-wide.
+
+        A rate is missing (None) where offsets went backwards (a reset or a
+        rewind) or a partition has no committed offset.
+        """
+        by_ts: dict[datetime, list[tuple[int, int | None]]] = {}
+        for h in self.partitions.values():
+            for t, e, c in zip(h.ts, h.log_end, h.committed):
+                by_ts.setdefault(t, []).append((e, c))
+        n = len(self.partitions)
+        times = sorted(t for t, rows in by_ts.items() if len(rows) == n)  # complete snapshots only
+        out_t, produce, consume = [], [], []
+        for a, b in zip(times, times[1:]):
+            dt = (b - a).total_seconds()
+            if dt <= 0:
+                continue
+            ea, eb = sum(e for e, _ in by_ts[a]), sum(e for e, _ in by_ts[b])
+            ca, cb = by_ts[a], by_ts[b]
+            out_t.append(b)
+            produce.append((eb - ea) / dt if eb >= ea else None)
+            if any(c is None for _, c in ca + cb):
+                consume.append(None)
+            else:
+                d = sum(c for _, c in cb) - sum(c for _, c in ca)
+                consume.append(d / dt if d >= 0 else None)
+        return out_t, produce, consume
+
+
+_HISTORY_COLUMNS = ("snapshot_ts", "cluster", "group_id", "topic", "partition", "log_end_offset",
+                    "committed_offset", "lag", "member_id", "client_id", "host", "group_members", "group_state",
+                    "committed_record_ts")
+
+
+def _cluster_files(snapshots_root: str, cluster: str, start: datetime | None, end: datetime | None) -> list[str]:
+    from lagdoctor.store import list_snapshot_files, snapshot_dir
+
+    cluster_dir = snapshot_dir(snapshots_root, cluster, datetime.now(timezone.utc)).rsplit("/", 1)[0]
+    files = list_snapshot_files(cluster_dir)
+    if not files:
+        return []
+
+    def in_range(path: str) -> bool:
+        day = next((p[5:] for p in path.split("/") if p.startswith("date=")), None)
+        if day is None:
+            return True
+        return (start is None or day >= f"{start:%Y-%m-%d}") and (end is None or day <= f"{end:%Y-%m-%d}")
+
+    return [f for f in files if in_range(f)]
+
+
+def read_history(
+    snapshots_root: str,
+    keys: Iterable[Key],
+    start: datetime | None,
+    end: datetime | None,
+) -> dict[Key, GroupHistory]:
+    """Offset history of each (cluster, group, topic) between start and end (inclusive)."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    wanted = set(keys)
+    out: dict[Key, GroupHistory] = {k: GroupHistory(k) for k in wanted}
+    fs, _ = _fs(snapshots_root)
+    for cluster in sorted({k[0] for k in wanted}):
+        files = _cluster_files(snapshots_root, cluster, start, end)
+        if not files:
+            continue
+        try:
+            dataset = ds.dataset(files, filesystem=fs, format="parquet")
+            cols = [c for c in _HISTORY_COLUMNS if c in dataset.schema.names]
+            ts_type = pa.timestamp("us", tz="UTC")
+            expr = (ds.field("cluster") == cluster) & ds.field("group_id").isin(sorted({k[1] for k in wanted if k[0] == cluster}))
+            if start is not None:
+                expr &= ds.field("snapshot_ts") >= pa.scalar(start, ts_type)
+            if end is not None:
+                expr &= ds.field("snapshot_ts") <= pa.scalar(end, ts_type)
+            rows = dataset.to_table(columns=cols, filter=expr).sort_by([("snapshot_ts", "ascending")]).to_pylist()
+        except (OSError, pa.ArrowException) as exc:
+            log.warning("cannot read snapshot history of cluster %s: %s", cluster, exc)
+            continue
+        for row in rows:
+            key = (row["cluster"], row["group_id"], row["topic"])
+            if key not in out:
+                continue
+            p = int(row["partition"])
+            h = out[key].partitions.get(p)
+            if h is None:
+                h = out[key].partitions[p] = PartitionHistory(p)
+            ts = parse_ts(row["snapshot_ts"])
+            h.ts.append(ts)
+            h.log_end.append(int(row["log_end_offset"]))
+            h.committed.append(row["committed_offset"])
+            lag = row["lag"]
+            if lag is None and row["committed_offset"] is not None:
+                lag = max(0, row["log_end_offset"] - row["committed_offset"])
+            h.lag.append(lag)
+            h.committed_record_ts.append(parse_ts(row.get("committed_record_ts")))
+            h.last = row
+    return out

@@ -1,0 +1,290 @@
+"""What the page and the report show, built from a run's files and the offset history.
+
+Plain data for the Jinja templates; every number is formatted here with the
+Slack renderer's helpers so Slack, the page and the report read the same.
+Nothing here escapes HTML: the templates autoescape every value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Mapping, Sequence
+from urllib.parse import quote
+
+from markupsafe import Markup
+
+from lagdoctor.notify.render import (
+    DESCRIBE_COLUMNS,
+    EXTRA_COLUMNS,
+    fmt_duration,
+    fmt_int,
+    fmt_rate,
+)
+from lagdoctor.web import charts
+from lagdoctor.web.data import GroupHistory, GroupState, Run
+
+CHART_PARTITIONS = 8  # lines drawn one per partition; the rest are summed into "others"
+UNKNOWN_MEMBERS = "unknown (broker reports no member list)"
+STATUS_RANK = {"OK": 0, "WARN": 1, "REWIND": 2, "STALL": 3, "STOP": 4, "ERR": 5}
+
+
+def title_of(diagnosis: str) -> str:
+    return diagnosis.replace("_", " ").capitalize() if diagnosis else "Finding"
+
+
+def dag_run_href(run: Run, airflow_base: str = "") -> str | None:
+    """The Airflow 3 UI page of the run behind a findings folder (/dags/{dag_id}/runs/{run_id})."""
+    if not run.dag_id or not run.run_id:
+        return None
+    return f"{airflow_base.rstrip('/')}/dags/{quote(run.dag_id, safe='')}/runs/{quote(run.run_id, safe='')}"
+
+
+def anchor_of(key: tuple[str, str, str]) -> str:
+    """A stable HTML id for a (cluster, group, topic): names may hold any character."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", "-".join(key)).strip("-")[:48] or "group"
+    digest = hashlib.sha1("\x00".join(key).encode()).hexdigest()[:8]
+    return f"g-{slug}-{digest}"
+
+
+@dataclass
+class Owner:
+    label: str  # member id, or why there is none
+    client_id: str | None
+    host: str | None
+    partitions: list[int]
+    known: bool = True
+
+
+@dataclass
+class PartitionRow:
+    partition: int
+    status: str | None
+    lag: str
+    time_lag: str
+    produce_rate: str
+    consume_rate: str
+    current_offset: str
+    log_end_offset: str
+    member_id: str | None
+    client_id: str | None
+    host: str | None
+    involved: bool = False
+    lag_value: float = -1.0
+
+    @property
+    def status_class(self) -> str:
+        return {"OK": "ok", "WARN": "warning"}.get(self.status or "", "critical" if self.status else "none")
+
+
+@dataclass
+class FindingView:
+    diagnosis: str
+    title: str
+    severity: str
+    pattern: str
+    summary: str
+    partitions: list[int]
+    report_url: str | None
+    plan: Mapping[str, Any]
+    raw: Mapping[str, Any]
+
+
+@dataclass
+class GroupView:
+    cluster: str
+    group_id: str
+    topic: str
+    anchor: str
+    severity: str
+    findings: list[FindingView]
+    run: Run
+    run_href: str | None
+    window_start: str
+    window_end: str
+    lag_total: str
+    time_lag: str
+    group_state: str
+    members: str
+    owners: list[Owner]
+    rows: list[PartitionRow]
+    lag_chart: Markup
+    time_lag_chart: Markup
+    rate_chart: Markup | None = None
+    describe_rows: list[list[str]] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return all(f.diagnosis == "healthy" for f in self.findings)
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _members_text(state: GroupState, history: GroupHistory) -> tuple[str, str]:
+    latest = history.latest_rows()
+    ev = state.findings[0].get("evidence") or {} if state.findings else {}
+    if latest:
+        members, group_state = latest[-1].get("group_members"), latest[-1].get("group_state")
+    else:
+        members, group_state = ev.get("group_members"), ev.get("group_state")
+    text = UNKNOWN_MEMBERS if members is None else f"{members} live member{'s' if members != 1 else ''}"
+    return text, str(group_state or "-")
+
+
+def owners_of(state: GroupState, history: GroupHistory) -> list[Owner]:
+    """Who owns which partition at the window's end."""
+    latest = history.latest_rows()
+    if not latest:
+        ev = state.findings[0].get("evidence") or {} if state.findings else {}
+        if ev.get("owner_member_id") or ev.get("owner_host"):
+            return [Owner(ev.get("owner_member_id") or "-", ev.get("owner_client_id"), ev.get("owner_host"),
+                          [ev["partition"]] if isinstance(ev.get("partition"), int) else [])]
+        if ev.get("group_members") is None:
+            return [Owner(UNKNOWN_MEMBERS, None, None, [], known=False)]
+        return []
+    owners: dict[tuple[Any, Any, Any], Owner] = {}
+    for row in latest:
+        member = row.get("member_id")
+        if member:
+            key = (member, row.get("client_id"), row.get("host"))
+            owner = owners.setdefault(key, Owner(member, row.get("client_id"), row.get("host"), []))
+        else:
+            if row.get("group_members") is None:
+                why = UNKNOWN_MEMBERS
+            elif row.get("group_members") == 0:
+                why = f"no live member (group {row.get('group_state') or 'EMPTY'})"
+            else:
+                why = "unassigned"
+            owner = owners.setdefault((None, why, None), Owner(why, None, None, [], known=False))
+        owner.partitions.append(int(row["partition"]))
+    return sorted(owners.values(), key=lambda o: (not o.known, o.partitions[:1]))
+
+
+def partition_rows(state: GroupState, history: GroupHistory) -> list[PartitionRow]:
+    status = {int(r["partition"]): r for r in state.status_rows if isinstance(r.get("partition"), int)}
+    snap = {int(r["partition"]): r for r in history.latest_rows()}
+    involved = {p for f in state.findings if f.get("diagnosis") != "healthy" for p in f.get("partitions") or []}
+    rows = []
+    for p in sorted(set(status) | set(snap)):
+        s, h = status.get(p, {}), snap.get(p, {})
+        lag = s.get("lag", h.get("lag"))
+        rows.append(PartitionRow(
+            partition=p, status=s.get("status"), lag=fmt_int(lag), time_lag=fmt_duration(s.get("time_lag_seconds")),
+            produce_rate=fmt_rate(s.get("produce_rate")), consume_rate=fmt_rate(s.get("consume_rate")),
+            current_offset=fmt_int(h.get("committed_offset")), log_end_offset=fmt_int(h.get("log_end_offset")),
+            member_id=h.get("member_id"), client_id=h.get("client_id"), host=h.get("host"),
+            involved=p in involved, lag_value=_num(lag) if _num(lag) is not None else -1.0,
+        ))
+    return rows
+
+
+def _chart_partitions(history: GroupHistory) -> tuple[list[int], list[int]]:
+    """The partitions drawn one by one (highest lag at the end) and the rest."""
+    def last_lag(p: int) -> float:
+        return next((float(v) for v in reversed(history.partitions[p].lag) if v is not None), -1.0)
+
+    ranked = sorted(history.partitions, key=lambda p: (-last_lag(p), p))
+    if len(ranked) <= CHART_PARTITIONS:
+        return sorted(ranked), []
+    return sorted(ranked[: CHART_PARTITIONS - 1]), sorted(ranked[CHART_PARTITIONS - 1:])
+
+
+def _combined(history: GroupHistory, parts: list[int], values_of, how) -> list[tuple[datetime, float | None]]:
+    by_t: dict[datetime, list[float]] = {}
+    for p in parts:
+        h = history.partitions[p]
+        for t, v in zip(h.ts, values_of(h)):
+            if v is not None:
+                by_t.setdefault(t, []).append(float(v))
+    return [(t, how(vs)) for t, vs in sorted(by_t.items())]
+
+
+def lag_charts(history: GroupHistory, title: str, x_range=None) -> tuple[Markup, Markup]:
+    shown, rest = _chart_partitions(history)
+    lag_series = [charts.Series(f"p{p}", list(zip(history.partitions[p].ts, history.partitions[p].lag))) for p in shown]
+    tl_series = [charts.Series(f"p{p}", list(zip(history.partitions[p].ts, history.partitions[p].time_lag())))
+                 for p in shown]
+    if rest:
+        lag_series.append(charts.Series(f"{len(rest)} others (sum)", _combined(history, rest, lambda h: h.lag, sum),
+                                        color="#8895a7", dashed=True))
+        tl_series.append(charts.Series(f"{len(rest)} others (max)",
+                                       _combined(history, rest, lambda h: h.time_lag(), max),
+                                       color="#8895a7", dashed=True))
+    lag = charts.time_chart(lag_series, title=f"Lag per partition (messages): {title}", x_range=x_range)
+    tl = charts.time_chart(tl_series, title=f"Time lag per partition: {title}", y_format=charts.fmt_seconds,
+                           y_ticks=lambda lo, hi: charts.duration_ticks(hi), x_range=x_range)
+    return lag, tl
+
+
+def rate_chart(history: GroupHistory, title: str, x_range=None) -> Markup:
+    times, produce, consume = history.rates()
+    return charts.time_chart(
+        [charts.Series("produced", list(zip(times, produce)), color="#4e79a7"),
+         charts.Series("consumed", list(zip(times, consume)), color="#f28e2b")],
+        title=f"Produce vs consume rate (msg/s): {title}", y_format=charts.fmt_rate, x_range=x_range,
+        empty_text="fewer than two complete snapshots in the window",
+    )
+
+
+def describe_rows(state: GroupState, history: GroupHistory) -> list[list[str]]:
+    """The evidence table, worst partition first: kafka-consumer-groups.sh --describe plus time lag and rates."""
+    rows = sorted(partition_rows(state, history), key=lambda r: (-r.lag_value, r.partition))
+    return [[state.group_id, state.topic, str(r.partition), r.current_offset, r.log_end_offset, r.lag,
+             r.member_id or "-", r.host or "-", r.client_id or "-", r.time_lag, r.produce_rate, r.consume_rate]
+            for r in rows]
+
+
+DESCRIBE_HEADER = list(DESCRIBE_COLUMNS + EXTRA_COLUMNS)
+
+
+def _lag_total(state: GroupState) -> Any:
+    for f in state.findings:
+        ev = f.get("evidence") or {}
+        for k in ("lag_total", "lag"):
+            if _num(ev.get(k)) is not None:
+                return ev[k]
+    lags = [r.get("lag") for r in state.status_rows if _num(r.get("lag")) is not None]
+    return sum(lags) if lags else None
+
+
+def _time_lag(state: GroupState) -> Any:
+    values = [(f.get("evidence") or {}).get(k) for f in state.findings for k in ("max_time_lag_seconds", "time_lag_seconds")]
+    values += [r.get("time_lag_seconds") for r in state.status_rows]
+    values = [v for v in values if _num(v) is not None]
+    return max(values) if values else None
+
+
+def group_view(state: GroupState, history: GroupHistory, *, airflow_base: str = "", with_rates: bool = False) -> GroupView:
+    start, end = state.window
+    x_range = (start, end) if start and end else None
+    name = f"{state.group_id} on {state.topic}"
+    lag_svg, tl_svg = lag_charts(history, name, x_range)
+    members, group_state = _members_text(state, history)
+    findings = [
+        FindingView(diagnosis=str(f.get("diagnosis") or ""), title=title_of(str(f.get("diagnosis") or "")),
+                    severity=str(f.get("severity") or "ok"), pattern=str(f.get("pattern") or "-"),
+                    summary=str(f.get("summary") or ""), partitions=list(f.get("partitions") or []),
+                    report_url=f.get("report_url"), plan=state.plans.get(str(f.get("diagnosis")), {}), raw=f)
+        for f in state.findings
+    ]
+    return GroupView(
+        cluster=state.cluster, group_id=state.group_id, topic=state.topic, anchor=anchor_of(state.key),
+        severity=state.severity, findings=findings, run=state.run, run_href=dag_run_href(state.run, airflow_base),
+        window_start=f"{start:%Y-%m-%d %H:%M:%S}" if start else "-", window_end=f"{end:%H:%M:%S} UTC" if end else "-",
+        lag_total=fmt_int(_lag_total(state)), time_lag=fmt_duration(_time_lag(state)),
+        group_state=group_state, members=members, owners=owners_of(state, history),
+        rows=partition_rows(state, history), lag_chart=lag_svg, time_lag_chart=tl_svg,
+        rate_chart=rate_chart(history, name, x_range) if with_rates else None,
+        describe_rows=describe_rows(state, history) if with_rates else [],
+    )
+
+
+def severity_counts(views: Sequence[GroupView]) -> dict[str, int]:
+    counts = {"critical": 0, "warning": 0, "ok": 0}
+    for v in views:
+        counts[v.severity] = counts.get(v.severity, 0) + 1
+    return counts
