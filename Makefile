@@ -13,7 +13,7 @@ export PATH := $(BIN):$(PATH)
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 
-.PHONY: demo test install clean bench
+.PHONY: demo test install clean bench airflow
 
 install: $(STAMP)
 
@@ -38,6 +38,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	@$(BIN)/python -m pytest
+
+# Airflow standalone on the embedded broker with the DAGs, the lag page and the demo's data.
+airflow: $(STAMP)
+	@$(BIN)/python -m lagdoctor.standalone
 
 bench: $(STAMP)
 	@$(BIN)/python bench/snapshot_bench.py
