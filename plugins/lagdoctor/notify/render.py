@@ -255,9 +255,24 @@ def render_incident(finding: Mapping[str, Any], plan: Mapping[str, Any] | None =
     if lines:
         blocks.append(_text_section(render("actions_title") + "\n" + "\n".join(lines)))
     window = " → ".join(str(finding[k]) for k in ("window_start", "window_end") if finding.get(k))
-    blocks.append({"type": "context", "elements": [
-        {"type": "mrkdwn", "text": render("context", window=window or "-", run_id=run_id or "-")}]})
+    context = render("context", window=window or "-", run_id=run_id or "-")
+    link = report_link(finding.get("report_url"))
+    if link:
+        context += " · " + link
+    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": context}]})
     return {"text": render("fallback", **v), "blocks": blocks}
+
+
+def report_link(url: object, label: str = "HTML report") -> str:
+    """A mrkdwn link to the incident report (lagdoctor.web.report), or "" without a URL.
+
+    Only http(s) URLs are linked; ``|`` and ``>`` would end Slack's link syntax
+    early, so they are percent-encoded, and ``&``/``<`` escaped as Slack asks.
+    """
+    if not isinstance(url, str) or not url.startswith(("https://", "http://")):
+        return ""
+    safe = url.replace("|", "%7C").replace(">", "%3E").replace("<", "%3C").replace("&", "&amp;")
+    return f"<{safe}|{label}>"
 
 
 def render_update(finding: Mapping[str, Any], changes: Sequence[str], *, run_id: str = "") -> dict[str, Any]:

@@ -1,0 +1,139 @@
+"""Incident reports: one self-contained HTML file per non-healthy finding of a run.
+
+    paths = write_incident_report(run_dir)          # after plan_findings, before the Slack post
+    report_url(paths[0], "https://airflow.example.com/lagdoctor/reports/")
+
+Files land at ``<reports_root>/<run_key>/<group>__<topic>__<diagnosis>-<hash>.html``
+(hidden temporary name, then rename: a reader never sees half a report, and a
+retried task rewrites the same files). Each holds inline CSS and SVG only, so
+it opens from a disk, an attachment or the API server's
+``/lagdoctor/reports/<run_key>/<file>`` route alike.
+
+With a base URL (argument, or LAGDOCTOR_REPORT_BASE_URL) each finding in the
+run's plans.json gets ``report_url``, which the Slack message links to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import uuid
+from datetime import datetime, timezone
+from typing import Any, Mapping
+from urllib.parse import quote
+
+from lagdoctor.settings import Settings, join
+
+REPORT_BASE_URL_ENV = "LAGDOCTOR_REPORT_BASE_URL"
+
+
+def report_name(finding: Mapping[str, Any]) -> str:
+    """A readable, filesystem-safe file name; the hash keeps two names apart that
+    the sanitising made equal (``a/b`` and ``a_b``)."""
+    key = "\x00".join(str(finding.get(k, "")) for k in ("cluster", "group_id", "topic", "diagnosis"))
+    digest = hashlib.sha1(key.encode()).hexdigest()[:10]
+
+    def safe(value: Any, n: int) -> str:
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(value or "")).strip("._")[:n] or "x"
+
+    return f"{safe(finding.get('group_id'), 60)}__{safe(finding.get('topic'), 40)}__" \
+           f"{safe(finding.get('diagnosis'), 30)}-{digest}.html"
+
+
+def report_url(path: str, base_url: str | None) -> str | None:
+    """The URL of a report under ``base_url`` (the app's /lagdoctor/reports/ route), or None without one."""
+    if not base_url:
+        return None
+    run_key, name = path.rstrip("/").rsplit("/", 2)[-2:]
+    return f"{base_url.rstrip('/')}/{quote(run_key, safe='')}/{quote(name, safe='')}"
+
+
+def _write_atomic(path: str, text: str) -> None:
+    import fsspec
+
+    fs, target = fsspec.core.url_to_fs(path)
+    directory, name = target.rsplit("/", 1)
+    tmp = f"{directory}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
+    fs.makedirs(directory, exist_ok=True)
+    try:
+        with fs.open(tmp, "wt", encoding="utf-8") as fh:
+            fh.write(text)
+        fs.mv(tmp, target)
+    except BaseException:
+        if fs.exists(tmp):
+            fs.rm(tmp)
+        raise
+
+
+def render_report(finding: Mapping[str, Any], view, *, plan: Mapping[str, Any] | None = None,
+                  generated_at: datetime | None = None) -> str:
+    from lagdoctor.web.html import render
+    from lagdoctor.web.views import DESCRIBE_HEADER, FindingView, title_of
+
+    plan = {"title": "", "next_steps": [], "diagnostic_steps": [], "actions": [], **(plan or {})}
+    f = FindingView(diagnosis=str(finding.get("diagnosis") or ""), title=title_of(str(finding.get("diagnosis") or "")),
+                    severity=str(finding.get("severity") or "ok"), pattern=str(finding.get("pattern") or "-"),
+                    summary=str(finding.get("summary") or ""), partitions=list(finding.get("partitions") or []),
+                    report_url=None, plan=plan, raw=finding)
+    when = (generated_at or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M:%S")
+    return render("report.html", f=f, v=view, plan=plan, describe_header=DESCRIBE_HEADER, generated_at=when)
+
+
+def write_incident_report(run_dir: str, *, settings: Settings | None = None, base_url: str | None = None) -> list[str]:
+    """Write a report for every non-healthy finding of the run in ``run_dir``; return their paths.
+
+    Reads the run's findings, partition status and plans, and the offset
+    history of each group over its finding's window from the snapshot store.
+    Idempotent: the same run writes the same file names again.
+    """
+    from lagdoctor.web.data import read_history, read_run, run_of, states_of_run
+    from lagdoctor.web.views import group_view
+
+    settings = settings or Settings.from_env()
+    base_url = base_url if base_url is not None else os.environ.get(REPORT_BASE_URL_ENV, "")
+    run = run_of(run_dir)
+    states = [s for s in states_of_run(read_run(run)) if any(f.get("diagnosis") != "healthy" for f in s.findings)]
+    paths: list[str] = []
+    urls: dict[tuple[str, str, str, str], str] = {}
+    for state in states:
+        start, end = state.window
+        history = read_history(settings.snapshots_root, [state.key], start, end)[state.key]
+        view = group_view(state, history, with_rates=True)
+        for finding in state.findings:
+            if finding.get("diagnosis") == "healthy":
+                continue
+            path = join(settings.reports_root, run.run_key, report_name(finding))
+            _write_atomic(path, render_report(finding, view, plan=state.plans.get(str(finding.get("diagnosis")))))
+            paths.append(path)
+            url = report_url(path, base_url)
+            if url:
+                urls[(*state.key, str(finding.get("diagnosis")))] = url
+    if urls:
+        link_reports(run_dir, urls)
+    return paths
+
+
+def link_reports(run_dir: str, urls: Mapping[tuple[str, str, str, str], str]) -> int:
+    """Stamp ``report_url`` on the findings of the run's plans.json (atomic rewrite);
+    returns how many were linked. Keys are (cluster, group_id, topic, diagnosis)."""
+    import fsspec
+
+    from lagdoctor.web.data import PLANS_FILE
+
+    path = join(run_dir, PLANS_FILE)
+    try:
+        with fsspec.open(path, "rt") as fh:
+            items = json.load(fh)
+    except FileNotFoundError:
+        return 0
+    linked = 0
+    for item in items:
+        f = item.get("finding") or {}
+        url = urls.get((f.get("cluster"), f.get("group_id"), f.get("topic"), f.get("diagnosis")))
+        if url:
+            f["report_url"] = url
+            linked += 1
+    _write_atomic(path, json.dumps(items))
+    return linked

@@ -1,0 +1,170 @@
+"""The lag page and its JSON through FastAPI's TestClient, as a signed-in user
+(the auth dependency overridden; tests/test_web_airflow.py covers the real one)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from lagdoctor.settings import Settings
+from lagdoctor.web.app import create_app
+from lagdoctor.web.auth import dag_run_reader
+from tests.fixtures.web import (  # noqa: F401  (fixtures)
+    INCIDENT_DAG, SWEEP_DAG, XSS_GROUP, lag_app, lag_client, lag_data_root,
+)
+
+
+def client_for(root, can_read=lambda dag_id: True) -> TestClient:
+    app = create_app(lambda: Settings(data_root=str(root)))
+    app.dependency_overrides[dag_run_reader] = lambda: can_read
+    return TestClient(app)
+
+
+def test_page_shows_each_group_with_severity_diagnosis_owners_and_charts(lag_client):
+    r = lag_client.get("/")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    html = r.text
+    card = html[html.index('data-group="orders-processor"'):html.index('data-group="payments-ledger"')]
+    assert 'class="badge critical"' in card and "Partition imbalance" in card and "pattern steady_climb" in card
+    assert re.search(r"consumer-5-\w+ on 10\.0\.1\.18 falls behind", card)
+    assert card.count('<svg class="chart"') == 2  # lag and time lag
+    assert '<tr class="involved">' in card  # the hot partition is marked in the table
+    assert "consumer-5" in card and "10.0.1.18" in card  # its owner
+    # The staging group's broker reports no member list: said, not guessed.
+    assert "unknown (broker reports no member list)" in html
+    # Healthy groups are listed, collapsed.
+    assert re.search(r'<details class="healthy"[^>]*data-group="billing"', html)
+
+
+def test_latest_run_per_group_wins(lag_client, lag_data_root):
+    html = lag_client.get("/").text
+    assert "older run: lag building" not in html
+    findings = lag_client.get("/api/findings").json()["findings"]
+    orders = [f for f in findings if f["group_id"] == "orders-processor"]
+    assert [f["run_key"] for f in orders] == [lag_data_root.sweep_run_key]
+    assert orders[0]["severity"] == "critical"
+
+
+def test_dag_run_links_are_relative_and_escaped(lag_client):
+    html = lag_client.get("/").text
+    href = "/dags/kafka_lag_health_sweep/runs/scheduled__2026-11-21T14%3A30%3A00%2B00%3A00"
+    assert f'href="{href}" target="_top"' in html  # inside the UI's iframe the run opens in the whole window
+    run = lag_client.get("/api/findings").json()["runs"][0]
+    assert run["dag_run_url"] == href and run["dag_id"] == SWEEP_DAG
+
+
+def test_links_follow_the_mount_point(lag_app):
+    """Mounted at /lagdoctor under an API server with base path /airflow, links keep the base path."""
+    outer = FastAPI(root_path="/airflow")
+    outer.mount("/lagdoctor", lag_app)
+    with TestClient(outer) as client:
+        r = client.get("/airflow/lagdoctor/api/findings")
+    assert r.status_code == 200
+    assert r.json()["findings"][0]["dag_run_url"].startswith("/airflow/dags/kafka_lag_health_sweep/runs/")
+
+
+def test_api_findings_shape(lag_client):
+    body = lag_client.get("/api/findings").json()
+    assert set(body) == {"generated_at", "runs", "findings"}
+    assert {f["group_id"] for f in body["findings"]} == {
+        "orders-processor", "payments-ledger", "billing", "search-indexer", XSS_GROUP}
+    f = next(f for f in body["findings"] if f["group_id"] == "orders-processor")
+    for field in ("cluster", "group_id", "topic", "partitions", "diagnosis", "pattern", "severity", "summary",
+                  "evidence", "window_start", "window_end", "run_key", "dag_id", "run_id", "dag_run_url"):
+        assert field in f, field
+    # Per-partition status rides along in the evidence, as the Slack table reads it.
+    assert len(f["evidence"]["partitions"]) == 6
+    assert {"partition", "lag", "time_lag_seconds", "status"} <= set(f["evidence"]["partitions"][0])
+
+
+@pytest.mark.parametrize(("query", "groups"), [
+    ("cluster=staging", {"search-indexer", XSS_GROUP}),
+    ("cluster=prod&group=billing", {"billing"}),
+    ("group=payments-ledger", {"payments-ledger"}),
+    ("cluster=nope", set()),
+])
+def test_filters(lag_client, query, groups):
+    body = lag_client.get(f"/api/findings?{query}").json()
+    assert {f["group_id"] for f in body["findings"]} == groups
+    html = lag_client.get(f"/?{query}").text
+    for g in {"orders-processor", "billing", "search-indexer"} - groups:
+        assert f'data-group="{g}"' not in html
+    if not groups:
+        assert "Nothing matches this filter" in html
+
+
+def test_hostile_names_render_as_text(lag_client):
+    html = lag_client.get("/").text
+    assert XSS_GROUP not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "<b>markup</b>" not in html and "&lt;b&gt;markup&lt;/b&gt; &amp; an ampersand" in html
+    # And even if something slipped through, the page may run no script at all.
+    csp = lag_client.get("/").headers["content-security-policy"]
+    assert "default-src 'none'" in csp and "script-src" not in csp
+    # JSON carries the name as data.
+    assert XSS_GROUP in {f["group_id"] for f in lag_client.get("/api/findings").json()["findings"]}
+
+
+def test_read_only(lag_client):
+    for method in ("post", "put", "delete", "patch"):
+        assert getattr(lag_client, method)("/api/findings").status_code == 405
+        assert getattr(lag_client, method)("/").status_code == 405
+
+
+def test_empty_data_root(tmp_path):
+    with client_for(tmp_path / "nothing-here") as client:
+        r = client.get("/")
+        assert r.status_code == 200 and "No diagnosis has run yet" in r.text
+        assert client.get("/api/findings").json()["findings"] == []
+
+
+def test_run_without_snapshots_still_shows_its_findings(lag_data_root):
+    shutil.rmtree(lag_data_root.root / "snapshots")
+    with client_for(lag_data_root.root) as client:
+        html = client.get("/").text
+    assert "Partition imbalance" in html and "no snapshots in the window" in html
+
+
+def test_runs_of_unreadable_dags_are_hidden(lag_data_root):
+    """A user who may read the incident DAG but not the sweep sees the incident run's (older) view only."""
+    with client_for(lag_data_root.root, can_read=lambda dag_id: dag_id == INCIDENT_DAG) as client:
+        body = client.get("/api/findings").json()
+        html = client.get("/").text
+    assert [f["group_id"] for f in body["findings"]] == ["orders-processor"]
+    assert body["findings"][0]["dag_id"] == INCIDENT_DAG
+    assert "older run: lag building" in html and "payments-ledger" not in html
+    with client_for(lag_data_root.root, can_read=lambda dag_id: False) as client:
+        body = client.get("/api/findings").json()
+        assert (body["findings"], body["runs"]) == ([], [])
+        assert "No diagnosis has run yet" in client.get("/").text
+
+
+def test_folder_written_outside_airflow_needs_access_to_all_dags(lag_data_root):
+    run_json = lag_data_root.findings_root / lag_data_root.sweep_run_key / "run.json"
+    run_json.write_text(json.dumps({"planned_at": "2026-11-21T14:31:00+00:00"}))  # no dag_id: a CLI run
+    asked = []
+    with client_for(lag_data_root.root, can_read=lambda d: asked.append(d) or d is not None) as client:
+        groups = {f["group_id"] for f in client.get("/api/findings").json()["findings"]}
+    assert None in asked and groups == {"orders-processor"}  # only the incident run is readable
+
+
+def test_reports_route(lag_data_root):
+    from lagdoctor.web.report import write_incident_report
+
+    paths = write_incident_report(str(lag_data_root.findings_root / lag_data_root.sweep_run_key),
+                                  settings=Settings(data_root=str(lag_data_root.root)))
+    name = paths[0].rsplit("/", 1)[-1]
+    url = f"/reports/{lag_data_root.sweep_run_key}/{name}"
+    with client_for(lag_data_root.root) as client:
+        r = client.get(url)
+        assert r.status_code == 200 and "<svg" in r.text
+        for bad in ("/reports/..%2F..%2Fetc/passwd", f"/reports/{lag_data_root.sweep_run_key}/..%2Frun.json",
+                    f"/reports/{lag_data_root.sweep_run_key}/.hidden.html", f"/reports/{lag_data_root.sweep_run_key}/x.html"):
+            assert client.get(bad).status_code == 404, bad
+    with client_for(lag_data_root.root, can_read=lambda d: d != SWEEP_DAG) as client:
+        assert client.get(url).status_code == 404  # not even confirmed to exist
