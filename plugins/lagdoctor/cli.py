@@ -118,6 +118,41 @@ def cmd_diagnose(args: argparse.Namespace, passthrough: list[str]) -> int:
     )
 
 
+# -- metrics ------------------------------------------------------------------
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    import threading
+
+    from lagdoctor.metrics import default_findings_root, local_root_missing, make_server
+
+    findings_root = default_findings_root(args.data_root)
+    try:
+        server = make_server(args.host, args.port, findings_root)
+    except OSError as exc:
+        raise CommandError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    stop = threading.Event()
+
+    def on_signal(_signum, _frame):
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    serving = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
+    serving.start()
+    try:
+        host, port = server.server_address[:2]
+        if local_root_missing(findings_root):
+            print(f"no findings under {findings_root} yet: serving empty metrics until a diagnosis runs",
+                  file=sys.stderr, flush=True)
+        print(f"serving metrics on http://{host}:{port}/metrics", flush=True)
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.shutdown()
+        server.server_close()
+    return 0
+
+
 # -- wiring -------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -159,6 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window-minutes", type=float, default=None, metavar="N")
     p.add_argument("--master", default=None, help="Spark master (default: local[*])")
     p.set_defaults(func=cmd_diagnose)
+
+    p = sub.add_parser("metrics", help="serve Prometheus metrics of the latest findings at /metrics")
+    p.add_argument("--port", type=int, required=True, metavar="N", help="port to listen on (0: a free one)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--data-root", default=None, metavar="PATH",
+                   help="lagdoctor data root (default: $LAGDOCTOR_DATA_ROOT)")
+    p.set_defaults(func=cmd_metrics)
     return parser
 
 

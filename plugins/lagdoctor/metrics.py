@@ -1,0 +1,434 @@
+"""Prometheus metrics from the latest findings: rendering only, no server state.
+
+Every diagnosis run leaves a folder `<findings_root>/<run_key>/` holding
+findings.jsonl and partition_status.jsonl (contract 2) and, once planned,
+run.json. The current state of a (cluster, group, topic) is what the newest
+run that covered it says: newest by run.json `planned_at`, or by the folder's
+modification time when a run has no run.json (a bare `lagdoctor diagnose`).
+Folders that cannot be read (half written, bad JSON) are skipped and logged;
+the run before them keeps answering.
+
+Names follow kafka-lag-exporter for lag (`kafka_consumergroup_group_*`, same
+labels, so its dashboards work) and Burrow for status codes (1 OK .. 6 REWIND,
+0 when unknown, as Burrow's StatusConstant numbers them). lagdoctor's own
+verdicts are `lagdoctor_*`. Member labels (member_host, consumer_id,
+client_id) are the partition's owner at the window's end when the diagnosis
+knows it, and empty otherwise (Prometheus reads an empty label as absent).
+
+With no runs at all the output is every family's HELP and TYPE and no samples:
+`lagdoctor_last_diagnosis_timestamp_seconds` is absent, not 0, so a staleness
+alert needs `absent(...)` beside its age test (docs/prometheus/).
+
+Nothing is imported beyond the standard library and fsspec (lazily), so the
+Airflow plugin can serve `render_metrics` as a route too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+RUN_FILE = "run.json"  # written by orchestration.plan_findings
+
+# Burrow's StatusConstant order (NOTFOUND is 0); contract 3 lists the rest.
+STATUS_CODES: Mapping[str, int] = {
+    "NOTFOUND": 0, "OK": 1, "WARN": 2, "ERR": 3, "STOP": 4, "STALL": 5, "REWIND": 6,
+}
+SEVERITY_CODES: Mapping[str, int] = {"ok": 0, "warning": 1, "critical": 2}
+
+_PARTITION_LABELS = ("cluster_name", "group", "topic", "partition", "member_host", "consumer_id", "client_id")
+_GROUP_LABELS = ("cluster_name", "group")
+
+
+@dataclass(frozen=True)
+class MetricFamily:
+    name: str
+    help: str
+    labels: tuple[str, ...]
+    kind: str = "gauge"
+
+
+FAMILIES: tuple[MetricFamily, ...] = (
+    MetricFamily(
+        "kafka_consumergroup_group_lag",
+        "Offset lag of the group on this partition at the end of the latest diagnosis window.",
+        _PARTITION_LABELS,
+    ),
+    MetricFamily(
+        "kafka_consumergroup_group_lag_seconds",
+        "Time lag in seconds of the group on this partition (how far behind real time), "
+        "at the end of the latest diagnosis window.",
+        _PARTITION_LABELS,
+    ),
+    MetricFamily(
+        "kafka_consumergroup_group_max_lag",
+        "Largest partition offset lag of the group across its topics.",
+        _GROUP_LABELS,
+    ),
+    MetricFamily(
+        "kafka_consumergroup_group_max_lag_seconds",
+        "Largest partition time lag in seconds of the group across its topics.",
+        _GROUP_LABELS,
+    ),
+    MetricFamily(
+        "kafka_consumergroup_group_sum_lag",
+        "Sum of the group's partition offset lags across its topics.",
+        _GROUP_LABELS,
+    ),
+    MetricFamily(
+        "kafka_consumergroup_group_topic_sum_lag",
+        "Sum of the group's partition offset lags on this topic (the lag lagdoctor's severity uses).",
+        ("cluster_name", "group", "topic"),
+    ),
+    MetricFamily(
+        "kafka_partition_latest_offset",
+        "Log end offset of the partition at the end of the latest diagnosis window, "
+        "when the diagnosis reports it.",
+        ("cluster_name", "topic", "partition"),
+    ),
+    MetricFamily(
+        "lagdoctor_partition_status",
+        "Burrow status of the group on this partition: 0 NOTFOUND, 1 OK, 2 WARN, 3 ERR, "
+        "4 STOP, 5 STALL, 6 REWIND.",
+        _PARTITION_LABELS,
+    ),
+    MetricFamily(
+        "lagdoctor_group_status",
+        "Burrow status of the group: its worst partition's (0 NOTFOUND, 1 OK, 2 WARN, 3 ERR, "
+        "4 STOP, 5 STALL, 6 REWIND).",
+        _GROUP_LABELS,
+    ),
+    MetricFamily(
+        "lagdoctor_group_severity",
+        "Worst severity of the group's current findings: 0 ok, 1 warning, 2 critical.",
+        _GROUP_LABELS,
+    ),
+    MetricFamily(
+        "lagdoctor_finding",
+        "1 for each current non-healthy finding, labelled by what lagdoctor diagnosed.",
+        ("cluster_name", "group", "topic", "diagnosis", "severity", "pattern"),
+    ),
+    MetricFamily(
+        "lagdoctor_last_diagnosis_timestamp_seconds",
+        "Unix time of the newest diagnosis run with findings for the cluster "
+        "(run.json planned_at, else the run folder's modification time). Absent before the first run.",
+        ("cluster_name",),
+    ),
+)
+METRIC_NAMES: frozenset[str] = frozenset(f.name for f in FAMILIES)
+FAMILY_LABELS: Mapping[str, tuple[str, ...]] = {f.name: f.labels for f in FAMILIES}
+
+
+# -- reading the findings folders ------------------------------------------------
+
+@dataclass(frozen=True)
+class DiagnosisRun:
+    """One findings folder: when it ran, and what it found."""
+
+    key: str
+    ran_at: float  # Unix seconds
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    partitions: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _filesystem(root: str):
+    import fsspec
+
+    url = "s3://" + root[len("s3a://"):] if root.startswith("s3a://") else root
+    fs, path = fsspec.core.url_to_fs(url)
+    return fs, path.rstrip("/")
+
+
+def _parse_time(value: Any) -> float | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        ts = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=timezone.utc)
+    return ts.timestamp()
+
+
+def _mtime(info: Mapping[str, Any]) -> float | None:
+    value = info.get("mtime", info.get("LastModified"))
+    if isinstance(value, datetime):
+        return value.timestamp()
+    if isinstance(value, (int, float)):
+        return float(value)
+    return None
+
+
+def _read_jsonl(fs, path: str) -> list[dict[str, Any]]:
+    with fs.open(path, "rt", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def _read_run(fs, folder: Mapping[str, Any]) -> DiagnosisRun | None:
+    from lagdoctor.contracts import FINDINGS_FILE, PARTITION_STATUS_FILE
+
+    path = folder["name"].rstrip("/")
+    key = path.rsplit("/", 1)[-1]
+    findings_path, status_path = f"{path}/{FINDINGS_FILE}", f"{path}/{PARTITION_STATUS_FILE}"
+    if not (fs.exists(findings_path) and fs.exists(status_path)):
+        log.info("metrics: %s has no complete diagnosis output yet; skipped", path)
+        return None
+    try:
+        findings = _read_jsonl(fs, findings_path)
+        partitions = _read_jsonl(fs, status_path)
+        ran_at = None
+        if fs.exists(f"{path}/{RUN_FILE}"):
+            with fs.open(f"{path}/{RUN_FILE}", "rt", encoding="utf-8") as fh:
+                ran_at = _parse_time(json.load(fh).get("planned_at"))
+    except (OSError, ValueError, AttributeError) as exc:
+        log.warning("metrics: cannot read %s (%s); skipped", path, exc)
+        return None
+    if ran_at is None:
+        ran_at = _mtime(folder) or _mtime(fs.info(findings_path)) or 0.0
+    return DiagnosisRun(key=key, ran_at=ran_at, findings=findings, partitions=partitions)
+
+
+def read_runs(findings_root: str) -> list[DiagnosisRun]:
+    """Every readable run folder under `findings_root` (a path or URI); [] if there is none."""
+    fs, root = _filesystem(findings_root)
+    if not fs.exists(root):
+        return []
+    runs = []
+    for entry in fs.ls(root, detail=True):
+        name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
+        if entry.get("type") != "directory" or name.startswith("."):
+            continue
+        run = _read_run(fs, entry)
+        if run is not None:
+            runs.append(run)
+    return runs
+
+
+# -- from runs to samples ------------------------------------------------------------
+
+Labels = tuple[tuple[str, str], ...]
+Samples = dict[str, dict[Labels, float]]
+
+
+def _key(row: Mapping[str, Any]) -> tuple[str, str, str]:
+    return (str(row["cluster"]), str(row["group_id"]), str(row["topic"]))
+
+
+def latest_by_key(runs: Iterable[DiagnosisRun]) -> dict[tuple[str, str, str], DiagnosisRun]:
+    """For each (cluster, group, topic), the newest run that covered it (ties: the later folder name)."""
+    latest: dict[tuple[str, str, str], DiagnosisRun] = {}
+    for run in runs:
+        for row in [*run.findings, *run.partitions]:
+            k = _key(row)
+            held = latest.get(k)
+            if held is None or (run.ran_at, run.key) > (held.ran_at, held.key):
+                latest[k] = run
+    return latest
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _number(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(number) else number
+
+
+def _owner(row: Mapping[str, Any], findings: list[dict[str, Any]]) -> tuple[str, str, str]:
+    """(member_host, consumer_id, client_id) of a partition: from its status row when the
+    job put them there, else from a finding whose evidence names this partition's owner."""
+    if any(row.get(k) is not None for k in ("host", "member_id", "client_id")):
+        return _text(row.get("host")), _text(row.get("member_id")), _text(row.get("client_id"))
+    for finding in findings:
+        evidence = finding.get("evidence") or {}
+        if evidence.get("partition") == row["partition"] and any(
+            evidence.get(k) is not None for k in ("owner_host", "owner_member_id", "owner_client_id")
+        ):
+            return (_text(evidence.get("owner_host")), _text(evidence.get("owner_member_id")),
+                    _text(evidence.get("owner_client_id")))
+    return "", "", ""
+
+
+def collect_samples(runs: Iterable[DiagnosisRun]) -> Samples:
+    """Every sample to expose, by family name; pure (no I/O, no clock)."""
+    runs = list(runs)
+    samples: Samples = {f.name: {} for f in FAMILIES}
+
+    def put(name: str, value: float | None, **labels: str) -> None:
+        if value is None:
+            return
+        names = FAMILY_LABELS[name]
+        samples[name].setdefault(tuple((n, labels[n]) for n in names), value)
+
+    group_lags: dict[tuple[str, str], list[float]] = {}
+    group_time_lags: dict[tuple[str, str], list[float]] = {}
+    group_status: dict[tuple[str, str], int] = {}
+    group_severity: dict[tuple[str, str], int] = {}
+    latest_offsets: dict[tuple[str, str, str], tuple[float, float]] = {}
+    latest = latest_by_key(runs)
+
+    for (cluster, group, topic), run in sorted(latest.items()):
+        findings = [f for f in run.findings if _key(f) == (cluster, group, topic)]
+        rows = [r for r in run.partitions if _key(r) == (cluster, group, topic)]
+        topic_lag = None
+        for row in rows:
+            partition = str(row["partition"])
+            host, consumer, client = _owner(row, findings)
+            where = dict(cluster_name=cluster, group=group, topic=topic, partition=partition,
+                         member_host=host, consumer_id=consumer, client_id=client)
+            lag, time_lag = _number(row.get("lag")), _number(row.get("time_lag_seconds"))
+            status = STATUS_CODES.get(str(row.get("status")), 0)
+            put("kafka_consumergroup_group_lag", lag, **where)
+            put("kafka_consumergroup_group_lag_seconds", time_lag, **where)
+            put("lagdoctor_partition_status", float(status), **where)
+            group_status[(cluster, group)] = max(group_status.get((cluster, group), 0), status)
+            if lag is not None:
+                group_lags.setdefault((cluster, group), []).append(lag)
+                topic_lag = (topic_lag or 0.0) + lag
+            if time_lag is not None:
+                group_time_lags.setdefault((cluster, group), []).append(time_lag)
+            offset = _number(row.get("log_end_offset"))
+            held = latest_offsets.get((cluster, topic, partition))
+            if offset is not None and (held is None or run.ran_at > held[0]):
+                latest_offsets[(cluster, topic, partition)] = (run.ran_at, offset)
+        put("kafka_consumergroup_group_topic_sum_lag", topic_lag, cluster_name=cluster, group=group, topic=topic)
+        for finding in findings:
+            severity = str(finding.get("severity"))
+            if severity in SEVERITY_CODES:
+                group_severity[(cluster, group)] = max(
+                    group_severity.get((cluster, group), 0), SEVERITY_CODES[severity])
+            if finding.get("diagnosis") != "healthy":
+                put("lagdoctor_finding", 1.0, cluster_name=cluster, group=group, topic=topic,
+                    diagnosis=_text(finding.get("diagnosis")), severity=severity,
+                    pattern=_text(finding.get("pattern")))
+
+    for (cluster, group), lags in group_lags.items():
+        put("kafka_consumergroup_group_max_lag", max(lags), cluster_name=cluster, group=group)
+        put("kafka_consumergroup_group_sum_lag", sum(lags), cluster_name=cluster, group=group)
+    for (cluster, group), lags in group_time_lags.items():
+        put("kafka_consumergroup_group_max_lag_seconds", max(lags), cluster_name=cluster, group=group)
+    for (cluster, group), status in group_status.items():
+        put("lagdoctor_group_status", float(status), cluster_name=cluster, group=group)
+    for (cluster, group), severity in group_severity.items():
+        put("lagdoctor_group_severity", float(severity), cluster_name=cluster, group=group)
+    for (cluster, topic, partition), (_, offset) in latest_offsets.items():
+        put("kafka_partition_latest_offset", offset, cluster_name=cluster, topic=topic, partition=partition)
+
+    last_run: dict[str, float] = {}
+    for run in runs:
+        for row in [*run.findings, *run.partitions]:
+            cluster = str(row["cluster"])
+            last_run[cluster] = max(last_run.get(cluster, 0.0), run.ran_at)
+    for cluster, ran_at in last_run.items():
+        put("lagdoctor_last_diagnosis_timestamp_seconds", ran_at, cluster_name=cluster)
+    return samples
+
+
+# -- the text exposition format -------------------------------------------------------
+
+def escape_label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def format_value(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value.is_integer() and abs(value) < 2**63:
+        return str(int(value))
+    return repr(value)
+
+
+def _sort_key(labels: Labels) -> tuple:
+    # partitions sort as numbers, everything else as text
+    return tuple((0, int(v), "") if n == "partition" and v.isdigit() else (1, 0, v) for n, v in labels)
+
+
+def render_exposition(samples: Samples) -> str:
+    """Prometheus text format 0.0.4: families in FAMILIES order, series sorted by labels."""
+    lines: list[str] = []
+    for family in FAMILIES:
+        lines.append(f"# HELP {family.name} {_escape_help(family.help)}")
+        lines.append(f"# TYPE {family.name} {family.kind}")
+        for labels in sorted(samples.get(family.name, {}), key=_sort_key):
+            value = samples[family.name][labels]
+            body = ",".join(f'{n}="{escape_label_value(v)}"' for n, v in labels)
+            lines.append(f"{family.name}{{{body}}} {format_value(value)}" if body
+                         else f"{family.name} {format_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def render_metrics(findings_root: str) -> str:
+    """The /metrics body for the findings under `findings_root` (a path or URI)."""
+    return render_exposition(collect_samples(read_runs(findings_root)))
+
+
+# -- serving -----------------------------------------------------------------------------
+
+def make_server(host: str, port: int, findings_root: str):
+    """A ThreadingHTTPServer answering /metrics (read fresh on each scrape) and / (a pointer)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class MetricsHandler(BaseHTTPRequestHandler):
+        server_version = "lagdoctor-metrics"
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                try:
+                    body, status, ctype = render_metrics(findings_root).encode(), 200, CONTENT_TYPE
+                except Exception as exc:  # a scrape must answer, and say why it failed
+                    log.exception("metrics: rendering failed")
+                    body, status = f"lagdoctor: cannot read findings: {exc}\n".encode(), 500
+                    ctype = "text/plain; charset=utf-8"
+            elif path == "/":
+                body, status, ctype = (
+                    b"lagdoctor metrics exporter: Prometheus metrics at /metrics\n", 200,
+                    "text/plain; charset=utf-8",
+                )
+            else:
+                body, status, ctype = b"not found: try /metrics\n", 404, "text/plain; charset=utf-8"
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            log.info("metrics: %s - %s", self.address_string(), format % args)
+
+    server = ThreadingHTTPServer((host, port), MetricsHandler)
+    server.daemon_threads = True
+    return server
+
+
+def default_findings_root(data_root: str | None) -> str:
+    from lagdoctor.settings import Settings, join
+
+    return join(data_root, "findings") if data_root else Settings.from_env().findings_root
+
+
+def local_root_missing(findings_root: str) -> bool:
+    """True when `findings_root` is a local path that does not exist (yet)."""
+    return "://" not in findings_root and not os.path.isdir(findings_root)
