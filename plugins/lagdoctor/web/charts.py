@@ -63,11 +63,9 @@ def nice_ticks(lo: float, hi: float, target: int = 5) -> list[float]:
     raw = (hi - lo) / max(1, target)
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    start = math.floor(lo / step) * step
-    ticks, v = [], start
-    while v < hi + step * 0.5:
-        ticks.append(round(v, 10))
-        v += step
+    ticks = [round(math.floor(lo / step) * step, 10)]
+    while ticks[-1] < hi:  # the top tick is at or above the highest value: nothing drawn off the plot
+        ticks.append(round(ticks[-1] + step, 10))
     return ticks
 
 

@@ -346,10 +346,10 @@ class GroupHistory:
         A rate is missing (None) where offsets went backwards (a reset or a
         rewind) or a partition has no committed offset.
         """
-        by_ts: dict[datetime, list[tuple[int, int | None]]] = {}
-        for h in self.partitions.values():
+        by_ts: dict[datetime, dict[int, tuple[int, int | None]]] = {}
+        for p, h in self.partitions.items():
             for t, e, c in zip(h.ts, h.log_end, h.committed):
-                by_ts.setdefault(t, []).append((e, c))
+                by_ts.setdefault(t, {})[p] = (e, c)
         n = len(self.partitions)
         times = sorted(t for t, rows in by_ts.items() if len(rows) == n)  # complete snapshots only
         out_t, produce, consume = [], [], []
@@ -357,15 +357,15 @@ class GroupHistory:
             dt = (b - a).total_seconds()
             if dt <= 0:
                 continue
-            ea, eb = sum(e for e, _ in by_ts[a]), sum(e for e, _ in by_ts[b])
-            ca, cb = by_ts[a], by_ts[b]
+            # Per partition, so one partition's rewind is not hidden by another's progress.
+            d_end = [by_ts[b][p][0] - by_ts[a][p][0] for p in by_ts[b]]
+            commits = [(by_ts[a][p][1], by_ts[b][p][1]) for p in by_ts[b]]
             out_t.append(b)
-            produce.append((eb - ea) / dt if eb >= ea else None)
-            if any(c is None for _, c in ca + cb):
+            produce.append(sum(d_end) / dt if min(d_end) >= 0 else None)
+            if any(ca is None or cb is None or cb < ca for ca, cb in commits):
                 consume.append(None)
             else:
-                d = sum(c for _, c in cb) - sum(c for _, c in ca)
-                consume.append(d / dt if d >= 0 else None)
+                consume.append(sum(cb - ca for ca, cb in commits) / dt)
         return out_t, produce, consume
 
 

@@ -1,0 +1,144 @@
+"""Incident reports: one self-contained HTML file per non-healthy finding, linked from Slack."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from lagdoctor.notify.render import render_incident
+from lagdoctor.settings import Settings
+from lagdoctor.web.report import report_name, report_url, write_incident_report
+from tests.fixtures.web import XSS_GROUP, lag_data_root  # noqa: F401  (fixture)
+
+
+@pytest.fixture
+def sweep(lag_data_root):
+    settings = Settings(data_root=str(lag_data_root.root))
+    run_dir = str(lag_data_root.findings_root / lag_data_root.sweep_run_key)
+    return settings, run_dir
+
+
+def _report(paths, group):
+    path = next(p for p in paths if p.rsplit("/", 1)[-1].startswith(group))
+    with open(path, encoding="utf-8") as fh:
+        return fh.read()
+
+
+def test_one_report_per_problem_under_reports_root(sweep, lag_data_root):
+    settings, run_dir = sweep
+    paths = write_incident_report(run_dir, settings=settings, base_url="")
+    folder = lag_data_root.root / "reports" / lag_data_root.sweep_run_key
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.rsplit("/", 1)[-1] for p in paths)
+    # Three problems (imbalance, rebalance loop, the hostile-named stall); healthy groups get none.
+    assert len(paths) == 3
+    assert not any("billing" in p or "search-indexer" in p for p in paths)
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+def test_report_holds_charts_evidence_table_and_runbook(sweep):
+    settings, run_dir = sweep
+    html = _report(write_incident_report(run_dir, settings=settings, base_url=""), "orders-processor")
+    assert "Partition imbalance" in html and "falls behind" in html
+    # Lag per partition, time lag, and produce vs consume: three inline SVG charts with drawn lines.
+    assert html.count('<svg class="chart"') == 3
+    assert 'data-series="produced"' in html and 'data-series="consumed"' in html
+    assert len(re.findall(r'<path d="M', html)) > 6
+    # The evidence table: kafka-consumer-groups.sh --describe columns, worst partition first.
+    header = re.findall(r"<th[^>]*>([A-Z/-]+)</th>", html)
+    assert header[:9] == ["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "CONSUMER-ID",
+                          "HOST", "CLIENT-ID"]
+    first_row = re.search(r'<tr class="involved"><td>orders-processor</td><td>orders</td><td class="num">4</td>', html)
+    assert first_row and html.index(first_row.group(0)) < html.index('<td class="num">0</td>')
+    # The runbook's steps, from plans.json.
+    assert "Next steps" in html and "Diagnostic steps" in html
+    assert "kafka-consumer-groups.sh --bootstrap-server &lt;broker&gt; --describe --group orders-processor" in html
+    assert "restart_consumers" in html
+
+
+def test_report_is_self_contained_and_escaped(sweep):
+    settings, run_dir = sweep
+    paths = write_incident_report(run_dir, settings=settings, base_url="")
+    for path in paths:
+        with open(path, encoding="utf-8") as fh:
+            html = fh.read()
+        assert "<script" not in html and "<link" not in html and "src=" not in html
+        assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)", html)  # nothing fetched from anywhere
+    evil = next(p for p in paths if "stalled_consumer" in p)
+    with open(evil, encoding="utf-8") as fh:
+        html = fh.read()
+    assert XSS_GROUP not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "/" not in evil.rsplit("/", 1)[-1] and "<" not in evil
+
+
+def test_rewrite_is_idempotent_and_atomic(sweep, monkeypatch):
+    settings, run_dir = sweep
+    first = write_incident_report(run_dir, settings=settings, base_url="")
+    before = {p: open(p).read() for p in first}
+    assert write_incident_report(run_dir, settings=settings, base_url="") == first
+
+    # A crash between writing and renaming keeps the previous report whole and leaves no temporary file.
+    import fsspec.implementations.local as local
+
+    def crash(self, *args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(local.LocalFileSystem, "mv", crash)
+    with pytest.raises(OSError, match="disk full"):
+        write_incident_report(run_dir, settings=settings, base_url="")
+    monkeypatch.undo()
+    for p, text in before.items():
+        assert open(p).read() == text
+    folder = first[0].rsplit("/", 1)[0]
+    assert not [n for n in os.listdir(folder) if n.startswith(".")]
+
+
+def test_base_url_links_reports_into_plans_and_slack(sweep, lag_data_root, monkeypatch):
+    settings, run_dir = sweep
+    monkeypatch.setenv("LAGDOCTOR_REPORT_BASE_URL", "https://airflow.example.com/lagdoctor/reports/")
+    paths = write_incident_report(run_dir, settings=settings)
+    items = json.loads((lag_data_root.findings_root / lag_data_root.sweep_run_key / "plans.json").read_text())
+    linked = {i["finding"]["group_id"]: i["finding"].get("report_url") for i in items}
+    assert linked["billing"] is None  # healthy: no report
+    orders_url = linked["orders-processor"]
+    assert orders_url == report_url(next(p for p in paths if "orders-processor" in p),
+                                    "https://airflow.example.com/lagdoctor/reports")
+    assert orders_url.startswith(
+        f"https://airflow.example.com/lagdoctor/reports/{lag_data_root.sweep_run_key}/orders-processor__orders__")
+    # The Slack message (rendered from plans.json's finding) links to it.
+    item = next(i for i in items if i["finding"]["group_id"] == "orders-processor")
+    context = render_incident(item["finding"], item["plan"], run_id="r")["blocks"][-1]["elements"][0]["text"]
+    assert context.endswith(f"<{orders_url}|HTML report>")
+
+
+def test_no_base_url_no_link(sweep, lag_data_root, monkeypatch):
+    settings, run_dir = sweep
+    monkeypatch.delenv("LAGDOCTOR_REPORT_BASE_URL", raising=False)
+    write_incident_report(run_dir, settings=settings)
+    items = json.loads((lag_data_root.findings_root / lag_data_root.sweep_run_key / "plans.json").read_text())
+    assert all("report_url" not in i["finding"] for i in items)
+    context = render_incident(items[0]["finding"], items[0]["plan"])["blocks"][-1]["elements"][0]["text"]
+    assert "report" not in context
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("https://a.example/r/x.html", "<https://a.example/r/x.html|HTML report>"),
+    ("https://a.example/r?x=1&y=<2>|3", "<https://a.example/r?x=1&amp;y=%3C2%3E%7C3|HTML report>"),  # Slack syntax kept intact
+    ("javascript:alert(1)", ""),  # only web links
+    (None, ""),
+])
+def test_slack_report_link(url, expected):
+    from lagdoctor.notify.render import report_link
+
+    assert report_link(url) == expected
+
+
+def test_report_names_stay_apart_and_safe():
+    a = report_name({"cluster": "c", "group_id": "a/b", "topic": "t", "diagnosis": "slow_consumer"})
+    b = report_name({"cluster": "c", "group_id": "a_b", "topic": "t", "diagnosis": "slow_consumer"})
+    assert a != b and a.startswith("a_b__t__slow_consumer-") and "/" not in a
+    assert report_url("/x/reports/run_1/a b.html", "https://h/lagdoctor/reports") == \
+        "https://h/lagdoctor/reports/run_1/a%20b.html"
+    assert report_url("/x/reports/run_1/a.html", None) is None
