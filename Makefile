@@ -13,7 +13,7 @@ export PATH := $(BIN):$(PATH)
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 
-.PHONY: demo test install clean bench airflow
+.PHONY: demo test install clean bench airflow browser
 
 install: $(STAMP)
 
@@ -36,8 +36,19 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	@$(BIN)/python -m lagdoctor.demo
 
-test: $(STAMP)
+test: $(STAMP) browser
 	@$(BIN)/python -m pytest
+
+# Headless Chromium for the lag page's browser test (Debian's package, ~25 s once).
+browser:
+	@if [ ! -x /usr/bin/chromium ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "==> installing Debian's chromium for the browser test"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+		else \
+			echo "==> no /usr/bin/chromium and no root: the browser test will be skipped"; \
+		fi; \
+	fi
 
 # Airflow standalone on the embedded broker with the DAGs, the lag page and the demo's data.
 airflow: $(STAMP)

@@ -35,4 +35,5 @@ pytest_plugins = [
     "tests.fixtures.k8s",
     "tests.fixtures.slack",
     "tests.fixtures.spark",
+    "tests.fixtures.web",
 ]

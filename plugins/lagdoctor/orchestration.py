@@ -249,6 +249,20 @@ def choose_branches(summary: Mapping[str, Any], post_task_id: str) -> list[str]:
     return [post_task_id] + [branch_target(a) for a in sorted(wanted)]
 
 
+def write_reports(output: str) -> int:
+    """One HTML report per problem (linked from Slack when LAGDOCTOR_REPORT_BASE_URL is set)."""
+    from lagdoctor.web.report import write_incident_report
+
+    try:
+        paths = write_incident_report(output)
+    except Exception as exc:  # a report is an extra: it must never hold back the Slack post
+        log.error("could not write the incident reports: %s", " ".join(str(exc).split()))
+        return 0
+    for path in paths:
+        log.info("report: %s", path)
+    return len(paths)
+
+
 # -- Slack ---------------------------------------------------------------------------
 
 def post_findings(

@@ -5,8 +5,8 @@ remediation branches come from the actions registered in code, so editing a
 runbook never changes the DAG's shape. Run-time values come from the DAG's
 params, so the scheduled sweep and a manual incident run share one graph.
 
-    snapshot -> prepare_diagnosis -> diagnose (spark-submit) -> plan -> route
-    route -> post_findings
+    snapshot -> prepare_diagnosis -> diagnose (spark-submit) -> plan -> route, write_reports
+    [route, write_reports] -> post_findings
     route -> remediate_<action>.gate -> [remediate_<action>.approve] -> remediate_<action>.run
 """
 
@@ -102,13 +102,19 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
         scope = orchestration.incident_scope(_params()) if one_thread_per_run else None
         return orchestration.post_findings(summary["plans"], _run_id(), incident_scope=scope)
 
+    @task
+    def write_reports(prep: dict[str, Any]) -> int:
+        return orchestration.write_reports(prep["output"])
+
     snap = snapshot()
     prep = prepare_diagnosis(snap)
     summary = plan(prep)
     prep >> diagnose >> summary
     branches = route(summary)
+    reports = write_reports(prep)
+    summary >> reports
     posted = post_findings(summary)
-    branches >> posted
+    [branches, reports] >> posted
 
     for action in action_names():
         _remediation_group(action, summary, branches, posted)
