@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from lagdoctor.diagnosis.thresholds import Thresholds
-from lagdoctor.metrics import FAMILIES, FAMILY_LABELS, METRIC_NAMES, render_metrics
+from lagdoctor.metrics import FAMILIES, FAMILY_LABELS, METRIC_NAMES, RunCache, render_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERT_RULES = ROOT / "docs" / "prometheus" / "lagdoctor-alerts.yml"
@@ -268,6 +268,24 @@ def test_unreadable_and_incomplete_runs_are_skipped(tmp_path):
     samples = parse_exposition(render_metrics(str(tmp_path)))
     assert only(samples, "kafka_consumergroup_group_lag", group="g") == 7
     assert series(samples, "lagdoctor_finding") == []
+
+
+def test_cache_rereads_a_run_whose_files_changed(tmp_path):
+    """The server keeps parsed runs between scrapes; a retried plan rewrites run.json
+    in place (the folder's own mtime does not move) and must still be seen."""
+    cache = RunCache()
+    first = write_run(tmp_path, "first", [finding("g")], [status_row("g", 0, lag=1)], planned_at=T0)
+    write_run(tmp_path, "second", [finding("g")], [status_row("g", 0, lag=2)], planned_at=T0.replace(minute=50))
+    assert only(parse_exposition(render_metrics(str(tmp_path), cache)), "kafka_consumergroup_group_lag") == 2
+    folder_mtime = first.stat().st_mtime
+    (first / "run.json").write_text(json.dumps({"planned_at": T0.replace(minute=55).isoformat()}))
+    os.utime(first / "run.json", (T0.timestamp() + 60, T0.timestamp() + 60))
+    os.utime(first, (folder_mtime, folder_mtime))
+    assert only(parse_exposition(render_metrics(str(tmp_path), cache)), "kafka_consumergroup_group_lag") == 1
+    for path in sorted(first.iterdir()):
+        path.unlink()
+    first.rmdir()
+    assert only(parse_exposition(render_metrics(str(tmp_path), cache)), "kafka_consumergroup_group_lag") == 2
 
 
 @pytest.mark.parametrize("make_root", [lambda p: p / "missing", lambda p: p])

@@ -174,43 +174,79 @@ def _read_jsonl(fs, path: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-def _read_run(fs, folder: Mapping[str, Any]) -> DiagnosisRun | None:
+def _read_run(fs, folder: Mapping[str, Any], files: Mapping[str, Mapping[str, Any]]) -> DiagnosisRun | None:
     from lagdoctor.contracts import FINDINGS_FILE, PARTITION_STATUS_FILE
 
     path = folder["name"].rstrip("/")
     key = path.rsplit("/", 1)[-1]
-    findings_path, status_path = f"{path}/{FINDINGS_FILE}", f"{path}/{PARTITION_STATUS_FILE}"
-    if not (fs.exists(findings_path) and fs.exists(status_path)):
+    if FINDINGS_FILE not in files or PARTITION_STATUS_FILE not in files:
         log.info("metrics: %s has no complete diagnosis output yet; skipped", path)
         return None
     try:
-        findings = _read_jsonl(fs, findings_path)
-        partitions = _read_jsonl(fs, status_path)
+        findings = _read_jsonl(fs, f"{path}/{FINDINGS_FILE}")
+        partitions = _read_jsonl(fs, f"{path}/{PARTITION_STATUS_FILE}")
         ran_at = None
-        if fs.exists(f"{path}/{RUN_FILE}"):
+        if RUN_FILE in files:
             with fs.open(f"{path}/{RUN_FILE}", "rt", encoding="utf-8") as fh:
                 ran_at = _parse_time(json.load(fh).get("planned_at"))
-    except (OSError, ValueError, AttributeError) as exc:
+        for row in [*findings, *partitions]:
+            _key(row)  # a row without its key fields makes the whole folder unreadable
+    except (OSError, ValueError, AttributeError, KeyError, TypeError) as exc:
         log.warning("metrics: cannot read %s (%s); skipped", path, exc)
         return None
     if ran_at is None:
-        ran_at = _mtime(folder) or _mtime(fs.info(findings_path)) or 0.0
+        ran_at = _mtime(folder) or _mtime(files[FINDINGS_FILE]) or 0.0
     return DiagnosisRun(key=key, ran_at=ran_at, findings=findings, partitions=partitions)
 
 
-def read_runs(findings_root: str) -> list[DiagnosisRun]:
+class RunCache:
+    """Parsed runs by folder, reused while none of the folder's files changed.
+
+    A server keeps one across scrapes, so a long history of run folders costs
+    a directory listing each, not a parse each.
+    """
+
+    def __init__(self) -> None:
+        self._runs: dict[str, tuple[tuple, DiagnosisRun | None]] = {}
+
+    def get(self, fs, folder: Mapping[str, Any]) -> DiagnosisRun | None:
+        path = folder["name"].rstrip("/")
+        files = {
+            entry["name"].rstrip("/").rsplit("/", 1)[-1]: entry
+            for entry in fs.ls(path, detail=True)
+            if entry.get("type") == "file"
+        }
+        signature = (_mtime(folder), tuple(sorted(
+            (name, _mtime(info), info.get("size")) for name, info in files.items()
+        )))
+        held = self._runs.get(path)
+        if held is not None and held[0] == signature:
+            return held[1]
+        run = _read_run(fs, folder, files)
+        self._runs[path] = (signature, run)
+        return run
+
+    def forget_except(self, paths: set[str]) -> None:
+        for path in set(self._runs) - paths:
+            del self._runs[path]
+
+
+def read_runs(findings_root: str, cache: RunCache | None = None) -> list[DiagnosisRun]:
     """Every readable run folder under `findings_root` (a path or URI); [] if there is none."""
     fs, root = _filesystem(findings_root)
     if not fs.exists(root):
         return []
-    runs = []
+    cache = cache or RunCache()
+    runs, seen = [], set()
     for entry in fs.ls(root, detail=True):
         name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
         if entry.get("type") != "directory" or name.startswith("."):
             continue
-        run = _read_run(fs, entry)
+        seen.add(entry["name"].rstrip("/"))
+        run = cache.get(fs, entry)
         if run is not None:
             runs.append(run)
+    cache.forget_except(seen)
     return runs
 
 
@@ -379,16 +415,19 @@ def render_exposition(samples: Samples) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_metrics(findings_root: str) -> str:
+def render_metrics(findings_root: str, cache: RunCache | None = None) -> str:
     """The /metrics body for the findings under `findings_root` (a path or URI)."""
-    return render_exposition(collect_samples(read_runs(findings_root)))
+    return render_exposition(collect_samples(read_runs(findings_root, cache)))
 
 
 # -- serving -----------------------------------------------------------------------------
 
 def make_server(host: str, port: int, findings_root: str):
     """A ThreadingHTTPServer answering /metrics (read fresh on each scrape) and / (a pointer)."""
+    import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    cache, cache_lock = RunCache(), threading.Lock()
 
     class MetricsHandler(BaseHTTPRequestHandler):
         server_version = "lagdoctor-metrics"
@@ -397,7 +436,9 @@ def make_server(host: str, port: int, findings_root: str):
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
                 try:
-                    body, status, ctype = render_metrics(findings_root).encode(), 200, CONTENT_TYPE
+                    with cache_lock:
+                        text = render_metrics(findings_root, cache)
+                    body, status, ctype = text.encode(), 200, CONTENT_TYPE
                 except Exception as exc:  # a scrape must answer, and say why it failed
                     log.exception("metrics: rendering failed")
                     body, status = f"lagdoctor: cannot read findings: {exc}\n".encode(), 500
