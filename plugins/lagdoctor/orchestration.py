@@ -108,10 +108,27 @@ def take_snapshots(
 
 
 def prune_history(keep_days: int = SNAPSHOT_RETENTION_DAYS, settings: Settings | None = None) -> int:
+    """Retention: snapshot days and per-run findings/report folders older than `keep_days`."""
+    import fsspec
+
     from lagdoctor.store import prune_snapshots
 
     settings = settings or Settings.from_env()
-    removed = prune_snapshots(settings.snapshots_root, keep_days, datetime.now(timezone.utc))
+    now = datetime.now(timezone.utc)
+    removed = prune_snapshots(settings.snapshots_root, keep_days, now)
+    cutoff = now.timestamp() - keep_days * 86400
+    for root in (settings.findings_root, settings.reports_root):
+        fs, path = fsspec.core.url_to_fs(root)
+        if not fs.exists(path):
+            continue
+        for run_dir in fs.ls(path, detail=True):
+            if run_dir["type"] != "directory":
+                continue
+            stamps = [f.get("mtime") or f.get("LastModified") for f in fs.ls(run_dir["name"], detail=True)]
+            newest = max((s.timestamp() if hasattr(s, "timestamp") else float(s) for s in stamps if s), default=None)
+            if newest is not None and newest < cutoff:
+                fs.rm(run_dir["name"], recursive=True)
+                removed.append(run_dir["name"])
     for path in removed:
         log.info("retention: removed %s", path)
     return len(removed)
