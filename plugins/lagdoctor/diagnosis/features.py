@@ -24,6 +24,12 @@ def _ratio(num, den):
     return F.when(den > 0, F.try_divide(num, den))
 
 
+def _partition_hash():
+    from pyspark.sql import functions as F
+
+    return F.xxhash64(*PARTITION_KEY)
+
+
 def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     """One row per partition over the window.
 
@@ -41,38 +47,70 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     from pyspark.sql import functions as F
 
     th = thresholds
-    w = Window.partitionBy(*PARTITION_KEY).orderBy("t")
+    # The history is sorted once per partition. The rows that go through that
+    # shuffle and sort carry a 64-bit hash of the partition key and numbers
+    # only; names and owners come from a cheap map-side aggregation, joined
+    # back on the hash once the history is down to one row per partition.
+    w = Window.partitionBy("pk").orderBy("t")
     wall = w.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
     wprev = w.rowsBetween(Window.unboundedPreceding, -1)
 
-    rows = snapshots.withColumn("t", F.col("snapshot_ts").cast("double"))
+    # Two window layers over one sort. Layer 1 reads only input columns (each
+    # window expression once: Spark does not deduplicate them); layer 2 needs
+    # layer 1's outputs. No "following" frames: Spark recomputes those for
+    # every row (O(n^2) per partition).
+    committed = F.col("committed_offset")
+    rows = snapshots.select(
+        _partition_hash().alias("pk"),
+        F.col("snapshot_ts").cast("double").alias("t"),
+        "snapshot_ts",
+        "log_start_offset",
+        "log_end_offset",
+        "committed_offset",
+        "lag",
+        "committed_record_ts",
+    )
     rows = rows.withColumns(
         {
-            "dt": F.col("t") - F.lag("t").over(w),
-            "dleo": F.col("log_end_offset") - F.lag("log_end_offset").over(w),
-            "dcom": F.col("committed_offset") - F.lag("committed_offset").over(w),
+            "prev_t": F.lag("t").over(w),
+            "prev_leo": F.lag("log_end_offset").over(w),
+            "prev_com": F.lag("committed_offset").over(w),
+            "next_com": F.lead("committed_offset").over(w),
             "s_first": F.first("t").over(wall),
             "s_last": F.last("t").over(wall),
+            "c_end": F.last("committed_offset", ignorenulls=True).over(wall),
             "n_rows": F.count(F.lit(1)).over(wall),
             "rn": F.row_number().over(w),
-            **timelag.row_columns(w, wall),
+        }
+    )
+    rows = rows.withColumns(
+        {
+            "dt": F.col("t") - F.col("prev_t"),
+            "dleo": F.col("log_end_offset") - F.col("prev_leo"),
+            "dcom": committed - F.col("prev_com"),
+            "x": _ratio(F.col("t") - F.col("s_first"), F.col("s_last") - F.col("s_first")),
+            **timelag.row_columns(),
+            # runs of one committed offset: Burrow's commit window is made of them
+            # (a null next to a run ends it: at worst one row more for the evaluator)
+            "run_start": committed.isNotNull() & (F.col("prev_com").isNull() | (committed != F.col("prev_com"))),
+            "run_end": committed.isNotNull() & (F.col("next_com").isNull() | (committed != F.col("next_com"))),
         }
     )
     rows = rows.withColumns(
         {
             "adv_t": F.when(F.col("dcom") > 0, F.col("t")),
-            "x": _ratio(F.col("t") - F.col("s_first"), F.col("s_last") - F.col("s_first")),
+            "late": F.col("x") > 2.0 / 3.0,
+            "starts": F.col("run_start").cast("int"),
         }
     )
     rows = rows.withColumns(
         {
-            # time of the latest advance (whole series) and of the previous one (for gaps)
-            "last_adv_t": F.coalesce(F.last("adv_t", ignorenulls=True).over(wall), F.col("s_first")),
+            # time between this advance and the previous one (or the window's start)
             "gap": F.when(
                 F.col("adv_t").isNotNull(),
                 F.col("t") - F.coalesce(F.last("adv_t", ignorenulls=True).over(wprev), F.col("s_first")),
             ),
-            "late": F.col("x") > 2.0 / 3.0,
+            "runs_after": F.sum("starts").over(wall) - F.sum("starts").over(w.rowsBetween(Window.unboundedPreceding, 0)),
         }
     )
     # The Burrow evaluator's input, without the whole history: the newest
@@ -80,22 +118,11 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     # and last snapshot of each of the newest `status_window` runs of one
     # committed offset (its commit window). Equivalent for
     # lagdoctor.status.evaluate_partition, a few rows per partition.
-    wnext = w.rowsBetween(1, Window.unboundedFollowing)
-    committed = F.col("committed_offset")
-    prev_c = F.last("committed_offset", ignorenulls=True).over(wprev)
-    next_c = F.first("committed_offset", ignorenulls=True).over(wnext)
-    rows = rows.withColumns(
-        {
-            "run_start": committed.isNotNull() & (prev_c.isNull() | (committed != prev_c)),
-            "run_end": committed.isNotNull() & (next_c.isNull() | (committed != next_c)),
-        }
-    )
-    rows = rows.withColumn(
-        "runs_after", F.coalesce(F.sum(F.col("run_start").cast("int")).over(wnext), F.lit(0))
-    )
     keep_for_status = (F.col("n_rows") - F.col("rn") < th.status_window) | (
         (F.col("run_start") | F.col("run_end")) & (F.col("runs_after") < th.status_window)
     )
+    # the committed offset has stood at c_end since the first row holding it
+    at_end = committed == F.col("c_end")
     committed_t = F.when(F.col("committed_offset").isNotNull(), F.col("t"))
     status_row = F.struct(
         F.unix_micros("snapshot_ts").alias("snapshot_ts_us"),
@@ -104,7 +131,7 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         F.col("log_start_offset").alias("log_start_offset"),
         F.col("lag").alias("lag"),
     )
-    agg = rows.groupBy(*PARTITION_KEY).agg(
+    agg = rows.groupBy("pk").agg(
         F.count(F.lit(1)).alias("snapshots"),
         F.min("t").alias("t_first"),
         F.max("t").alias("t_last"),
@@ -117,15 +144,12 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         F.max(committed_t).alias("tc_last"),
         F.coalesce(F.min_by("lag", "t"), F.lit(0)).alias("lag_start"),
         F.coalesce(F.max_by("lag", "t"), F.lit(0)).alias("lag_end"),
-        F.max_by("member_id", "t").alias("member_id"),
-        F.max_by("client_id", "t").alias("client_id"),
-        F.max_by("host", "t").alias("host"),
         F.sum(F.when(F.col("late"), F.col("dleo"))).alias("late_produced"),
         F.sum(F.when(F.col("late"), F.col("dcom"))).alias("late_consumed"),
         F.sum(F.when(F.col("late"), F.col("dt"))).alias("late_seconds"),
         F.count(F.when(F.col("late") & (F.col("dcom") > 0), 1)).alias("late_advances"),
-        F.max("last_adv_t").alias("last_adv_t"),
-        F.count(F.when(F.col("t") > F.col("last_adv_t"), 1)).alias("frozen_snapshots"),
+        F.min(F.when(at_end, F.col("t"))).alias("last_adv_t"),
+        F.greatest(F.count(F.when(at_end, 1)) - 1, F.lit(0)).alias("frozen_snapshots"),
         F.coalesce(F.max("gap"), F.lit(0.0)).alias("max_commit_gap_seconds"),
         F.collect_list(F.when(keep_for_status, status_row)).alias("status_window"),
         *timelag.aggregate_columns(),
@@ -171,6 +195,12 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         & (F.col("consume_rate") < (1.0 - th.slow_rate_slack) * F.col("produce_rate"))
         & (F.col("lag_end") > F.col("lag_start")),
     )
+    owners = snapshots.groupBy(*PARTITION_KEY).agg(
+        F.max_by("member_id", "snapshot_ts").alias("member_id"),
+        F.max_by("client_id", "snapshot_ts").alias("client_id"),
+        F.max_by("host", "snapshot_ts").alias("host"),
+    ).withColumn("pk", _partition_hash())
+    feats = owners.join(feats, "pk").drop("pk")
     return feats.drop("leo_first", "c_first", "tc_first", "tc_last", "late_produced", "late_consumed",
                       "late_seconds", "late_advances", "last_adv_t", "tl_t_at", "tl_record_t")
 
@@ -178,18 +208,36 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
 def group_series(snapshots):
     """One row per (cluster, group_id, topic, snapshot_ts): the group's totals.
 
-    member_set is a hash of the set of owner member ids (null when nobody
-    owns anything), so churn shows as a change of that hash.
+    member_set is a signature of the set of owner member ids (null when
+    nobody owns anything), so churn shows as a change of it.
     """
     from pyspark.sql import functions as F
 
-    members = F.array_sort(F.collect_set("member_id"))
-    return snapshots.groupBy(*GROUP_KEY, "snapshot_ts").agg(
+    # A signature of the set of owner ids that aggregates map-side (no
+    # collect_set): the smallest and largest id hash plus a 64-bit Bloom
+    # filter of the ids. Duplicates (a member owning several partitions)
+    # change nothing; a new id goes unnoticed with probability ~((m-1)/64)^2.
+    h = F.xxhash64("member_id")
+    bloom = F.expr("shiftleft(1L, cast(pmod(xxhash64(member_id), 64) as int))")
+    owned = F.col("member_id").isNotNull()
+    agg = snapshots.groupBy(*GROUP_KEY, "snapshot_ts").agg(
         F.sum(F.coalesce(F.col("lag"), F.lit(0))).alias("total_lag"),
         F.sum("log_end_offset").alias("total_leo"),
         F.max("group_state").alias("group_state"),
         F.max("group_members").alias("group_members"),
-        F.when(F.size(members) > 0, F.xxhash64(members)).alias("member_set"),
+        F.count(F.when(owned, 1)).alias("_owned"),
+        F.min(F.when(owned, h)).alias("_hmin"),
+        F.max(F.when(owned, h)).alias("_hmax"),
+        F.bit_or(F.when(owned, bloom)).alias("_bloom"),
+    )
+    return agg.select(
+        *GROUP_KEY,
+        "snapshot_ts",
+        "total_lag",
+        "total_leo",
+        "group_state",
+        "group_members",
+        F.when(F.col("_owned") > 0, F.xxhash64("_hmin", "_hmax", "_bloom")).alias("member_set"),
     )
 
 

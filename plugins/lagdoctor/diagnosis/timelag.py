@@ -22,15 +22,13 @@ from __future__ import annotations
 PARTITION_KEY = ("cluster", "group_id", "topic", "partition")
 
 
-def row_columns(w, wall):
-    """Per-row columns: the committed offset at the window's end (c_end) and
-    the interpolated time at which the end offset passed it, on rows whose
-    (previous, current) end offsets bracket c_end."""
+def row_columns():
+    """Per-row column: on rows whose (previous, current) end offsets bracket the
+    committed offset at the window's end (c_end), the interpolated time at
+    which the end offset passed it. Needs t, prev_t, prev_leo, c_end."""
     from pyspark.sql import functions as F
 
-    c_end = F.last("committed_offset", ignorenulls=True).over(wall)
-    prev_leo = F.lag("log_end_offset").over(w)
-    prev_t = F.lag("t").over(w)
+    c_end, prev_leo, prev_t = F.col("c_end"), F.col("prev_leo"), F.col("prev_t")
     leo = F.col("log_end_offset")
     bracket = (prev_leo <= c_end) & (c_end < leo)
     t_at = prev_t + F.try_divide(c_end - prev_leo, leo - prev_leo) * (F.col("t") - prev_t)
@@ -78,7 +76,14 @@ def time_lag_by_partition(snapshots):
     w = Window.partitionBy(*PARTITION_KEY).orderBy("t")
     wall = w.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
     rows = snapshots.withColumn("t", F.col("snapshot_ts").cast("double"))
-    rows = rows.withColumns(row_columns(w, wall))
+    rows = rows.withColumns(
+        {
+            "prev_t": F.lag("t").over(w),
+            "prev_leo": F.lag("log_end_offset").over(w),
+            "c_end": F.last("committed_offset", ignorenulls=True).over(wall),
+        }
+    )
+    rows = rows.withColumns(row_columns())
     agg = rows.groupBy(*PARTITION_KEY).agg(
         F.min("t").alias("t_first"),
         F.max("t").alias("t_last"),
