@@ -7,6 +7,7 @@ tests/fixtures/, one module per concern (broker, spark, ...).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
@@ -28,6 +29,10 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+# py4j logs "Closing down clientserver connection" from __del__ at interpreter
+# exit, after pytest has closed the stream it would write to.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 pytest_plugins = [
     "tests.fixtures.airflow",
