@@ -80,7 +80,7 @@ def test_bad_input_exits_non_zero_with_one_line(tmp_path):
     cases = {
         "missing": (tmp_path / "does-not-exist", "does not exist"),
         "no_column": (no_column, "group_state"),
-        "corrupt": (corrupt, str(corrupt)),
+        "corrupt": (corrupt, str(corrupt / "a.parquet")),
         "empty": (empty, None),
     }
     with ThreadPoolExecutor(len(cases)) as pool:  # four JVMs at once: the slow part is their start

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Mapping
 
 # Settings that make a small job behave on a laptop and a cluster alike: UTC
@@ -35,6 +37,9 @@ def start_spark(
     if master:
         builder = builder.master(master)
     conf = {**_DEFAULT_CONF, **dict(extra_conf or {})}
+    if (master or "").startswith("local") and not os.environ.get("PYSPARK_PYTHON"):
+        # local Python workers: this interpreter (the venv with lagdoctor), not python3 on PATH
+        conf.setdefault("spark.pyspark.python", sys.executable)
     if not SparkConf().contains("spark.log.level"):
         conf.setdefault("spark.log.level", log_level)
     for key, value in conf.items():

@@ -101,11 +101,16 @@ def conform_snapshots(df):
 
 def one_line(exc: BaseException) -> str:
     """First meaningful line of an exception message (Py4J errors carry JVM stacks)."""
+    import re
+
     text = str(exc).strip()
     for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith(("JVM stacktrace", "at ", "py4j")):
-            return line[:400]
+        line = line.strip().lstrip(": ").strip()
+        if not line or line.startswith(("JVM stacktrace", "at ", "py4j", "An error occurred while calling")):
+            continue
+        # "org.apache.spark.SparkException: [FAILED_READ_FILE...] ..." -> the message
+        line = re.sub(r"^(?:[\w$]+\.)+[\w$]*(?:Exception|Error):\s*", "", line)
+        return line[:400]
     return type(exc).__name__
 
 
