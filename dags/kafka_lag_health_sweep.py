@@ -29,6 +29,8 @@ with DAG(
         "samples": Param(3, type="integer", minimum=1, maximum=60,
                          description="Snapshots taken by each run (history accumulates across runs)."),
         "interval_seconds": Param(10, type="number", minimum=0, maximum=300),
+        "thresholds": Param({}, type="object", title="Threshold overrides",
+                            description='Diagnosis thresholds to override, e.g. {"warning_lag": 5000}.'),
         "dry_run": Param(True, type="boolean", description="Remediation only says what it would do."),
     },
     doc_md="""

@@ -26,6 +26,8 @@ with DAG(
                        description="Only this topic; empty for all topics of the groups."),
         "window_minutes": Param(120, type="integer", minimum=1, maximum=10080, title="Window (minutes)",
                                 description="How much stored history to diagnose."),
+        "thresholds": Param({}, type="object", title="Threshold overrides",
+                            description='Diagnosis thresholds to override, e.g. {"warning_lag": 5000}.'),
         "dry_run": Param(True, type="boolean", title="Dry run",
                          description="Remediation only says what it would do; nothing waits for approval."),
         "samples": Param(6, type="integer", minimum=1, maximum=60, title="Fresh samples",

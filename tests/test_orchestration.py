@@ -49,3 +49,13 @@ def test_incident_scope_names_what_was_looked_at():
         "prod / orders-.*"
     assert orchestration.incident_scope({"cluster": "prod", "group_pattern": "", "topic": "clicks"}) == \
         "prod / .* / clicks"
+
+
+def test_threshold_overrides_are_checked_before_spark_starts():
+    import pytest
+
+    assert orchestration.check_thresholds({"warning_lag": "5000"}) == {"warning_lag": "5000"}
+    with pytest.raises(ValueError, match="unknown threshold.*warn_lag"):
+        orchestration.check_thresholds({"warn_lag": 5000})
+    with pytest.raises(ValueError, match="bad threshold value"):
+        orchestration.check_thresholds({"warning_lag": "lots"})

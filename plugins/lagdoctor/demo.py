@@ -187,7 +187,7 @@ class Demo:
         from lagdoctor.sim import simulate_group
         from lagdoctor.store import write_snapshot
 
-        window = 600.0
+        window = 1200.0  # a loop needs room: at least 3 rebalances in the window
         start = datetime.now(timezone.utc) - timedelta(seconds=window)
         table, _ = simulate_group(np.random.default_rng(7), "rebalance_loop_staircase", cluster=CLUSTER,
                                   group_id="inventory-sync", topic="inventory", start=start,
@@ -225,8 +225,12 @@ class Demo:
         if migrate.returncode != 0:
             print(migrate.stderr[-3000:], file=sys.stderr)
             return migrate.returncode
-        conf = {"samples": 2, "interval_seconds": 5, "window_minutes": 15}
+        # The demo has a minute of live history; a stall is only called after
+        # 2 minutes by default, so the demo lowers that one threshold, openly.
+        conf = {"samples": 2, "interval_seconds": 5, "window_minutes": 25,
+                "thresholds": {"stall_min_seconds": 40}}
         say(f"running the {SWEEP_DAG} DAG (airflow dags test, spark-submit local[*]) ...")
+        say("  (with stall_min_seconds=40 instead of 120: the demo has only a minute of live history)")
         started = time.monotonic()
         self.airflow_proc = subprocess.Popen(
             [airflow, "dags", "test", SWEEP_DAG, "-c", json.dumps(conf)],

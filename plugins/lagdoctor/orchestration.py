@@ -136,8 +136,30 @@ def prune_history(keep_days: int = SNAPSHOT_RETENTION_DAYS, settings: Settings |
 
 # -- Spark -----------------------------------------------------------------------
 
+def check_thresholds(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Threshold overrides from a run's params, checked before any Spark time is spent."""
+    from lagdoctor.diagnosis.thresholds import Thresholds
+
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(Thresholds.field_names()))
+    if unknown:
+        raise ValueError(
+            f"unknown threshold(s) {', '.join(unknown)}; known: {', '.join(Thresholds.field_names())}"
+        )
+    try:
+        Thresholds.from_overrides(overrides)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"bad threshold value: {exc}") from None
+    return overrides
+
+
 def prepare_diagnosis(
-    cluster: str, run_id: str, *, window_minutes: float, settings: Settings | None = None
+    cluster: str,
+    run_id: str,
+    *,
+    window_minutes: float,
+    thresholds: Mapping[str, Any] | None = None,
+    settings: Settings | None = None,
 ) -> dict[str, Any]:
     """Arguments for the SparkSubmitOperator, built at run time (the package zip too)."""
     import os
@@ -154,7 +176,8 @@ def prepare_diagnosis(
     return {
         "application": default_job_script(),
         "py_files": build_package_zip(work_dir),
-        "args": job_arguments(snapshots, output, window_minutes=window_minutes),
+        "args": job_arguments(snapshots, output, window_minutes=window_minutes,
+                              thresholds=check_thresholds(thresholds)),
         "output": output,
         "python": sys.executable,
         "spark_submit": str(Path(bindir) / "spark-submit"),

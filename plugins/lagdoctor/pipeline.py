@@ -79,8 +79,9 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
 
     @task
     def prepare_diagnosis(snap: dict[str, Any]) -> dict[str, Any]:
+        p = _params()
         return orchestration.prepare_diagnosis(
-            snap["cluster"], _run_id(), window_minutes=float(_params()["window_minutes"])
+            snap["cluster"], _run_id(), window_minutes=float(p["window_minutes"]), thresholds=p.get("thresholds")
         )
 
     diagnose = DiagnoseLagOperator(task_id="diagnose", prepare_task_id="prepare_diagnosis")

@@ -130,9 +130,15 @@ def _partitions_text(arr):
 
 
 def _owner_text(focus):
+    """`consumer-2 on 10.0.1.15`; when no member is named, say whether the
+    partition is unassigned or the broker just did not list the members."""
     from pyspark.sql import functions as F
 
-    member = F.coalesce(focus["member_id"], F.lit("nobody (unassigned)"))
+    unknown = F.col("group_members").isNull()
+    member = F.coalesce(
+        focus["member_id"],
+        F.when(unknown, F.lit("unknown (the broker lists no members)")).otherwise(F.lit("nobody (unassigned)")),
+    )
     return F.when(focus["host"].isNotNull(), F.concat(member, F.lit(" on "), focus["host"])).otherwise(member)
 
 

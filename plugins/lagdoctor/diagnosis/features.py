@@ -247,7 +247,8 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
 
     Shape statistics work on y = total_lag / scale, where scale is the
     window's max lag but at least `pattern_min_lag` and `pattern_min_seconds`
-    of production (below that the shape is noise), and x = time in [0, 1].
+    of production, capped at `warning_lag` (below that the shape is noise),
+    and x = time in [0, 1].
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -274,7 +275,10 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
     )
     span = F.col("s_last") - F.col("s_first")
     rate_all = F.coalesce(_ratio(F.col("leo_last_all") - F.col("leo_first_all"), span), F.lit(0.0))
-    floor = F.greatest(F.lit(float(th.pattern_min_lag)), rate_all * th.pattern_min_seconds)
+    # A lag big enough to warn about always has a shape, whatever the rate.
+    floor = F.greatest(
+        F.lit(float(th.pattern_min_lag)), F.least(rate_all * th.pattern_min_seconds, F.lit(float(th.warning_lag)))
+    )
     s = s.withColumns(
         {
             "x": F.coalesce(_ratio(F.col("t") - F.col("s_first"), span), F.lit(0.0)),

@@ -12,10 +12,25 @@ from __future__ import annotations
 from lagdoctor.diagnosis.features import GROUP_KEY, PARTITION_KEY
 from lagdoctor.diagnosis.thresholds import Thresholds
 
+# Contract 2's fields, then extensions the Slack table and the exporter use.
 STATUS_DDL = (
     "cluster string, group_id string, topic string, partition int, status string, lag long, "
-    "time_lag_seconds double, consume_rate double, produce_rate double, time_lag_lower_bound boolean"
+    "time_lag_seconds double, consume_rate double, produce_rate double, time_lag_lower_bound boolean, "
+    "committed_offset long, log_end_offset long, member_id string, client_id string, host string"
 )
+_ACTIVE_STATES = ("STABLE", "PREPARING_REBALANCE", "COMPLETING_REBALANCE", "ASSIGNING", "RECONCILING")
+
+
+def _has_members(members, state) -> bool | None:
+    """Live members? A known count decides; an active state with no member list
+    (Tansu, missing DESCRIBE rights) still means someone is consuming."""
+    import pandas as pd
+
+    if members is not None and not pd.isna(members):
+        return bool(members > 0)
+    if state in _ACTIVE_STATES:
+        return True
+    return None
 
 
 def _window_rows(value) -> list[dict]:
@@ -46,14 +61,12 @@ def _int_or_none(value):
 
 def evaluate_batches(batches, now_ms: int, allowed_lag: int, window_len: int):
     """mapInPandas body: one status per partition row."""
-    import pandas as pd
-
     from lagdoctor.status import evaluate_partition
 
     for pdf in batches:
         statuses = []
-        for window, members in zip(pdf["status_window"], pdf["group_members"]):
-            has_members = None if members is None or pd.isna(members) else bool(members > 0)
+        for window, members, state in zip(pdf["status_window"], pdf["group_members"], pdf["group_state"]):
+            has_members = _has_members(members, state)
             rows = _window_rows(window)
             statuses.append(
                 evaluate_partition(
@@ -69,6 +82,10 @@ def evaluate_batches(batches, now_ms: int, allowed_lag: int, window_len: int):
         out["consume_rate"] = pdf["consume_rate"].astype("float64").round(3)
         out["produce_rate"] = pdf["produce_rate"].astype("float64").round(3)
         out["time_lag_lower_bound"] = pdf["time_lag_lower_bound"].astype("bool")
+        out["committed_offset"] = pdf["committed_end"].astype("Int64")
+        out["log_end_offset"] = pdf["log_end_offset_end"].astype("Int64")
+        for name in ("member_id", "client_id", "host"):
+            out[name] = pdf[name]
         yield out
 
 
@@ -80,7 +97,7 @@ def partition_status(partition_feats, group_feats, now_ms: int, thresholds: Thre
     from pyspark.sql import functions as F
 
     th = thresholds
-    members = group_feats.select(*GROUP_KEY, "group_members")
+    members = group_feats.select(*GROUP_KEY, "group_members", "group_state")
     inp = partition_feats.select(
         *PARTITION_KEY,
         "status_window",
@@ -89,6 +106,11 @@ def partition_status(partition_feats, group_feats, now_ms: int, thresholds: Thre
         "consume_rate",
         "produce_rate",
         "time_lag_lower_bound",
+        "committed_end",
+        "log_end_offset_end",
+        "member_id",
+        "client_id",
+        "host",
     ).join(F.broadcast(members), list(GROUP_KEY), "left")
     return inp.mapInPandas(
         lambda it: evaluate_batches(it, int(now_ms), th.status_allowed_lag, th.status_window), STATUS_DDL

@@ -47,8 +47,8 @@ class Thresholds:
     # rebalance_loop: rebalances (leaving STABLE, or owners changing) in the window.
     rebalance_loop_min: int = 3
 
-    # Pattern: below this lag, or below this many seconds of production, the
-    # shape is noise and reads as flat.
+    # Pattern: below this lag, or below this many seconds of production (but
+    # never above warning_lag), the shape is noise and reads as flat.
     pattern_min_lag: int = 100
     pattern_min_seconds: float = 60.0
 
