@@ -62,6 +62,14 @@ def test_job_writes_findings_and_status_for_every_group(tmp_path):
     assert len(status) == sum(lab["partition_count"] for lab in labels) + 3
     crashed = [s for s in status if s["group_id"].startswith("crashed_consumer-")]
     assert crashed and all(s["status"] in ("STOP", "ERR") for s in crashed)  # nobody commits
+    # The describe-shaped Slack table reads offsets and owners from these rows.
+    seed_rows = {s["partition"]: s for s in status if s["group_id"] == "orders-processor"}
+    assert {p: (r["committed_offset"], r["log_end_offset"], r["lag"], r["member_id"], r["host"])
+            for p, r in seed_rows.items()} == {
+        0: (8_412_901, 8_901_234, 488_333, "consumer-1-abc123", "10.0.1.14"),
+        1: (8_100_442, 12_543_210, 4_442_768, "consumer-2-def456", "10.0.1.15"),
+        2: (9_023_011, 9_187_443, 164_432, "consumer-3-ghi789", "10.0.1.16"),
+    }
 
 
 def test_bad_input_exits_non_zero_with_one_line(tmp_path):

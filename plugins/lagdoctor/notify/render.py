@@ -129,9 +129,11 @@ def with_partition_status(finding: Mapping[str, Any], status_rows: Iterable[Mapp
     for r in status_rows:
         if (r.get("cluster"), r.get("group_id"), r.get("topic")) != key:
             continue
-        row = {k: r.get(k) for k in ("partition", "lag", "time_lag_seconds", "consume_rate", "produce_rate", "status")}
+        row = {k: r.get(k) for k in ("partition", "lag", "time_lag_seconds", "consume_rate", "produce_rate", "status",
+                                     "committed_offset", "log_end_offset", "member_id", "client_id", "host")}
         if focus.get("partition") == row["partition"]:
-            row.update({k: focus[k] for k in ("member_id", "client_id", "host")})
+            # The status row's owner is the same snapshot's; the engine's focus fills gaps only.
+            row.update({k: focus[k] for k in ("member_id", "client_id", "host") if row.get(k) is None})
         rows.append(row)
     if rows and not ev.get("partitions"):
         ev["partitions"] = rows
