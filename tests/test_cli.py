@@ -121,3 +121,27 @@ def test_describe_unknown_group_is_an_error(kafka_bootstrap):
     result = run("describe", "--bootstrap-servers", kafka_bootstrap, "--group", "never-seen-group")
     assert result.returncode != 0
     assert "never-seen-group" in result.stderr and result.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.spark
+def test_diagnose_missing_path_fails_with_the_path_named(tmp_path):
+    result = run("diagnose", "--snapshots", str(tmp_path / "nowhere"), "--output", str(tmp_path / "out"),
+                 "--master", "local[1]", timeout=120)
+    assert result.returncode != 0
+    assert "nowhere" in result.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "out" / "findings.jsonl").exists()
+
+
+@pytest.mark.spark
+def test_diagnose_runs_the_job_on_the_seeds_incident(tmp_path):
+    import json
+
+    from lagdoctor.sim import write_seeds_incident
+
+    write_seeds_incident(str(tmp_path / "snapshots"))
+    result = run("diagnose", "--snapshots", str(tmp_path / "snapshots"), "--output", str(tmp_path / "out"),
+                 "--master", "local[2]", timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    findings = [json.loads(l) for l in (tmp_path / "out" / "findings.jsonl").read_text().splitlines()]
+    assert [(f["diagnosis"], f["partitions"]) for f in findings] == [("partition_imbalance", [1])]
+    assert "consumer-2-def456 on 10.0.1.15" in findings[0]["summary"]
