@@ -7,6 +7,8 @@ VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.lagdoctor-installed
 PYSPARK_VERSION := 4.3.0
+# The OS trust store, so a TLS-intercepting proxy's CA (as pip.conf names it) works too.
+UV_PIP := $(BIN)/uv pip install --python $(BIN)/python --system-certs
 
 # spark-submit finds SPARK_HOME through the first python3 on PATH: the venv's.
 export PATH := $(BIN):$(PATH)
@@ -23,12 +25,12 @@ $(STAMP): pyproject.toml Makefile
 	@command -v java >/dev/null || { echo "lagdoctor needs a Java 17+ runtime for Spark (apt-get install openjdk-17-jre-headless)"; exit 1; }
 	@echo "==> setting up $(VENV) (first run: about a minute; later runs skip this)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@$(BIN)/python -m pip install --quiet --disable-pip-version-check uv
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check 'uv>=0.13,<0.14'
 	@echo "==> installing lagdoctor with Airflow, Spark, Kafka and Slack dependencies"
-	@$(BIN)/uv pip install --python $(BIN)/python -e '.[test]'
+	@$(UV_PIP) -e '.[test]'
 	@# The Spark provider's pyspark-client overwrites pyspark's files: repair last.
 	@echo "==> restoring pyspark $(PYSPARK_VERSION) over pyspark-client's files"
-	@$(BIN)/uv pip install --python $(BIN)/python --force-reinstall --no-deps pyspark==$(PYSPARK_VERSION)
+	@$(UV_PIP) --force-reinstall --no-deps pyspark==$(PYSPARK_VERSION)
 	@$(BIN)/python -c 'import pyspark, sys; v = pyspark.__version__; sys.exit(0 if v == "$(PYSPARK_VERSION)" else f"pyspark is {v}, expected $(PYSPARK_VERSION)")'
 	@touch $(STAMP)
 	@echo "==> installed"
