@@ -80,6 +80,16 @@ def test_an_action_runs_only_after_its_gate_or_approval(dagbag):
         upstream = dag.get_task(f"remediate_{action}.run").upstream_task_ids
         if get_action(action).changes_state:
             assert upstream == {f"remediate_{action}.gate", f"remediate_{action}.approve"}
+            assert dag.get_task(f"remediate_{action}.gate").upstream_task_ids == {"route"}
+        else:
+            assert upstream == {"route"}
+
+
+def test_slack_is_posted_before_the_branch(dagbag):
+    """Airflow spares tasks downstream of a followed branch from skipping: nothing the
+    branch always follows may sit between it and the remediation groups."""
+    dag = dagbag.dags[INCIDENT_DAG_ID]
+    assert "post_findings" in dag.get_task("route").upstream_task_ids
 
 
 @pytest.mark.parametrize("dag_file", sorted(p.name for p in DAGS.glob("*.py")))

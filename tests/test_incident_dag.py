@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from lagdoctor.contracts import INCIDENT_DAG_ID
 from lagdoctor.workload import SteadyProducer, ThrottledConsumer, create_topic
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.airflow]
@@ -40,13 +39,12 @@ def airflow_env(monkeypatch, kafka_bootstrap, tmp_path):
     return tmp_path / "data"
 
 
-def test_incident_run_posts_the_cause_to_slack(airflow_db, dagbag, airflow_env, lagging_group, slack_connection):
+def test_incident_run_posts_the_cause_to_slack(airflow_db, incident_dag, airflow_env, lagging_group, slack_connection):
     from airflow.utils.state import DagRunState
 
     topic, group = lagging_group
-    dag = dagbag.dags[INCIDENT_DAG_ID]
-    run = dag.test(run_conf={
-        "group_pattern": re.escape(group), "samples": 6, "interval_seconds": 2, "window_minutes": 30,
+    run = incident_dag.test(run_conf={
+        "group_pattern": re.escape(group), "dry_run": True, "samples": 6, "interval_seconds": 2, "window_minutes": 30,
     })
     assert run.state == DagRunState.SUCCESS
 

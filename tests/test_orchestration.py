@@ -37,11 +37,12 @@ def test_run_key_is_path_safe_and_stable():
     assert "/" not in key and ":" not in key and "+" not in key
 
 
-def test_branches_always_post_and_add_one_group_per_wanted_action():
+def test_branches_are_one_group_per_wanted_action():
     summary = {"actions": {"restart_consumers": 2, "recommend_consumer_config": 1, "not_an_action": 1}}
-    assert orchestration.choose_branches(summary, "post_findings") == [
-        "post_findings", "remediate_recommend_consumer_config.run", "remediate_restart_consumers.gate",
+    assert orchestration.choose_branches(summary) == [
+        "remediate_recommend_consumer_config.run", "remediate_restart_consumers.gate",
     ]
+    assert orchestration.choose_branches({"actions": {}}) == []
 
 
 def test_incident_scope_names_what_was_looked_at():

@@ -280,13 +280,12 @@ def branch_target(action: str) -> str:
     return f"{action_task_id(action)}.{step}"
 
 
-def choose_branches(summary: Mapping[str, Any], post_task_id: str) -> list[str]:
-    """Branch targets: always the Slack post, plus one remediation group per wanted action."""
+def choose_branches(summary: Mapping[str, Any]) -> list[str]:
+    """Branch targets: one remediation group per action some finding's runbook chose."""
     from lagdoctor.remediation import action_names
 
     known = set(action_names())
-    wanted = [a for a in summary.get("actions", {}) if a in known]
-    return [post_task_id] + [branch_target(a) for a in sorted(wanted)]
+    return [branch_target(a) for a in sorted(a for a in summary.get("actions", {}) if a in known)]
 
 
 def write_reports(output: str) -> int:

@@ -5,8 +5,7 @@ remediation branches come from the actions registered in code, so editing a
 runbook never changes the DAG's shape. Run-time values come from the DAG's
 params, so the scheduled sweep and a manual incident run share one graph.
 
-    snapshot -> prepare_diagnosis -> diagnose (spark-submit) -> plan -> route, write_reports
-    [route, write_reports] -> post_findings
+    snapshot -> prepare_diagnosis -> diagnose (spark-submit) -> plan -> write_reports -> post_findings -> route
     route -> remediate_<action>.gate -> [remediate_<action>.approve] -> remediate_<action>.run
 """
 
@@ -96,7 +95,7 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
 
     @task.branch
     def route(summary: dict[str, Any]) -> list[str]:
-        return orchestration.choose_branches(summary, POST_TASK_ID)
+        return orchestration.choose_branches(summary)
 
     @task(task_id=POST_TASK_ID)
     def post_findings(summary: dict[str, Any]) -> dict[str, int]:
@@ -111,14 +110,17 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
     prep = prepare_diagnosis(snap)
     summary = plan(prep)
     prep >> diagnose >> summary
-    branches = route(summary)
     reports = write_reports(prep)
     summary >> reports
     posted = post_findings(summary)
-    [branches, reports] >> posted
+    reports >> posted
+    # Slack first, then the branch: a branch spares every task downstream of a
+    # branch it follows, so the post must not sit between it and the actions.
+    branches = route(summary)
+    posted >> branches
 
     for action in action_names():
-        _remediation_group(action, summary, branches, posted)
+        _remediation_group(action, branches)
 
     if prune:
         @task
@@ -128,7 +130,7 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
         snap >> prune_history()
 
 
-def _remediation_group(action: str, summary, branches, posted) -> None:
+def _remediation_group(action: str, branches) -> None:
     """`gate` -> [`approve`] -> `run` for an action that changes state; `run` alone for advice."""
     group_id = orchestration.action_task_id(action)
     with TaskGroup(group_id=group_id, tooltip=f"remediation: {action}"):
@@ -149,11 +151,12 @@ def _remediation_group(action: str, summary, branches, posted) -> None:
         r = run()
         if not changes_state:
             # Advice only (recommended consumer settings): nothing to approve.
-            [branches, posted] >> r
+            branches >> r
             return
 
         @task.branch(task_id="gate")
-        def gate(summary: dict[str, Any]) -> str:
+        def gate() -> str:
+            summary = get_current_context()["ti"].xcom_pull(task_ids=PLAN_TASK_ID)
             dry_run = bool(_params()["dry_run"])
             if orchestration.approval_needed(action, summary["plans"], dry_run=dry_run):
                 ti = get_current_context()["ti"]
@@ -168,7 +171,7 @@ def _remediation_group(action: str, summary, branches, posted) -> None:
             defaults="Reject",
             response_timeout=APPROVAL_TIMEOUT,
         )
-        g = gate(summary)
-        [branches, posted] >> g
+        g = gate()
+        branches >> g
         g >> [approve, r]
         approve >> r

@@ -1,0 +1,88 @@
+"""Outside a dry run, an action that needs approval waits for a human in Airflow,
+and does exactly what the answer says: a restart on Approve, nothing on Reject."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from lagdoctor.contracts import INCIDENT_DAG_ID
+from lagdoctor.workload import SteadyProducer, commit_offsets, create_topic, produce_counts
+from tests.fixtures.airflow import answer_approval
+
+pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.airflow]
+
+APPROVAL_TASK = "remediate_restart_consumers.approve"
+
+
+@pytest.fixture
+def crashed_group(kafka_bootstrap, unique):
+    """A group whose consumers are gone (EMPTY) while records keep arriving."""
+    topic, group = unique("mail"), unique("mailer")
+    create_topic(kafka_bootstrap, topic, 2)
+    produce_counts(kafka_bootstrap, topic, {0: 50, 1: 50})
+    commit_offsets(kafka_bootstrap, group, topic, {0: 40, 1: 40})
+    producer = SteadyProducer(kafka_bootstrap, topic, [0, 1], rate_per_partition=50).start()
+    try:
+        time.sleep(2)
+        yield topic, group
+    finally:
+        producer.stop()
+
+
+@pytest.fixture
+def real_run_env(monkeypatch, kafka_bootstrap, k8s_server, crashed_group, tmp_path):
+    _, group = crashed_group
+    k8s_server.add_deployment("mail", "mailer", replicas=2)
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps(
+        {"conn_type": "kafka", "extra": {"bootstrap.servers": kafka_bootstrap}}))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", str(tmp_path / "data"))
+    monkeypatch.setenv("LAGDOCTOR_REMEDIATION_CONFIG", json.dumps({
+        "require_approval": ["restart_consumers"],
+        "deployments": {group: {"namespace": "mail", "name": "mailer"}},
+        "kubernetes": {"host": k8s_server.url},
+    }))
+    return tmp_path / "data"
+
+
+@pytest.mark.parametrize("answer, restarted", [("Approve", True), ("Reject", False)])
+def test_restart_waits_for_approval_and_follows_the_answer(
+    airflow_db, incident_dag, real_run_env, crashed_group, k8s_server, answer, restarted
+):
+    from airflow.utils.state import DagRunState, TaskInstanceState
+
+    _, group = crashed_group
+    answerer = answer_approval(INCIDENT_DAG_ID, APPROVAL_TASK, answer)
+    try:
+        run = incident_dag.test(run_conf={
+            "group_pattern": re.escape(group), "samples": 3, "interval_seconds": 1, "window_minutes": 30,
+            "dry_run": False,
+        })
+    finally:
+        answerer.stop()
+    assert run.state == DagRunState.SUCCESS
+    assert answerer.error is None, answerer.error
+    assert answerer.answered, "the approval task never waited for a human"
+
+    states = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    assert states["remediate_restart_consumers.gate"] == TaskInstanceState.SUCCESS
+    # The branch ran only what the crashed group's runbook chose.
+    assert states["remediate_scale_consumers.gate"] == TaskInstanceState.SKIPPED
+    assert states["remediate_add_partitions.gate"] == TaskInstanceState.SKIPPED
+    patches = [r for r in k8s_server.requests if r.method == "PATCH"]
+    audit = [json.loads(l) for l in (real_run_env / "actions" / "actions.jsonl").read_text().splitlines()] \
+        if (real_run_env / "actions" / "actions.jsonl").exists() else []
+    if restarted:
+        assert states["remediate_restart_consumers.run"] == TaskInstanceState.SUCCESS
+        assert len(patches) == 1 and "restartedAt" in json.dumps(patches[0].body)
+        # Audited write-ahead: "started" before the call, then its outcome.
+        assert [(r["action"], r["status"], r["dry_run"]) for r in audit] == [
+            ("restart_consumers", "started", False), ("restart_consumers", "executed", False)]
+    else:
+        assert states["remediate_restart_consumers.run"] == TaskInstanceState.SKIPPED
+        assert patches == []
+        assert [r for r in audit if r["status"] in ("started", "executed")] == []
