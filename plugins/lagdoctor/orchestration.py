@@ -42,9 +42,10 @@ def kafka_admin(conn_id: str) -> tuple[Any, str]:
     With no such connection, KAFKA_BOOTSTRAP_SERVERS is used, so a bare
     install works against the embedded broker.
     """
+    from lagdoctor.connections import connection_exists
     from lagdoctor.kafka_clients import admin_client, resolve_bootstrap
 
-    if _connection_exists(conn_id):
+    if connection_exists(conn_id):
         from airflow.providers.apache.kafka.hooks.client import KafkaAdminClientHook
 
         hook = KafkaAdminClientHook(kafka_config_id=conn_id)
@@ -57,16 +58,6 @@ def kafka_admin(conn_id: str) -> tuple[Any, str]:
             f"no Airflow connection {conn_id!r} of type kafka, and KAFKA_BOOTSTRAP_SERVERS is not set"
         ) from None
     return admin_client(bootstrap), bootstrap
-
-
-def _connection_exists(conn_id: str) -> bool:
-    try:
-        from airflow.sdk import Connection
-
-        Connection.get(conn_id)
-        return True
-    except Exception:  # AirflowNotFoundException, or no Airflow context at all
-        return False
 
 
 def take_snapshots(

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
+from lagdoctor.connections import connection_exists
 from lagdoctor.notify.redact import one_line
 
 log = logging.getLogger(__name__)
@@ -63,17 +64,6 @@ def retry_handlers() -> list[Any]:
 
 def default_channel() -> str:
     return os.environ.get(CHANNEL_ENV) or DEFAULT_CHANNEL
-
-
-def connection_exists(conn_id: str) -> bool:
-    from airflow.sdk.bases.hook import BaseHook
-    from airflow.sdk.exceptions import AirflowNotFoundException
-
-    try:
-        BaseHook.get_connection(conn_id)
-    except AirflowNotFoundException:
-        return False
-    return True
 
 
 class ProviderSlackSender:
