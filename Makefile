@@ -15,7 +15,7 @@ export PATH := $(BIN):$(PATH)
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 
-.PHONY: demo test install clean bench airflow browser
+.PHONY: demo test install clean bench airflow browser postgres
 
 install: $(STAMP)
 
@@ -38,7 +38,7 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	@$(BIN)/python -m lagdoctor.demo
 
-test: $(STAMP) browser
+test: $(STAMP) browser postgres
 	@$(BIN)/python -m pytest
 
 # Headless Chromium for the lag page's browser test (Debian's package, ~25 s once).
@@ -49,6 +49,18 @@ browser:
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 		else \
 			echo "==> no /usr/bin/chromium and no root: the browser test will be skipped"; \
+		fi; \
+	fi
+
+# Debian's PostgreSQL for the state tests: the suite starts a throwaway server
+# on a free loopback port (tests/fixtures/postgres.py) and stops it at the end.
+postgres:
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "==> installing Debian's postgresql for the state tests"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
+		else \
+			echo "==> no PostgreSQL binaries and no root: the PostgreSQL state tests will be skipped"; \
 		fi; \
 	fi
 

@@ -1,0 +1,337 @@
+"""lagdoctor's own state in a SQL database: Slack threads, the action log,
+leases, the durable Slack outbox and failure threads.
+
+Where it lives (first that applies):
+
+  1. ``LAGDOCTOR_STATE_URL``: any SQLAlchemy URL (tests, or a plain deployment).
+  2. The Airflow connection ``lagdoctor_state`` (type postgres; sqlite also
+     accepted): production, shared by every worker, so dedupe and guardrails
+     hold across hosts.
+  3. SQLite at ``<data root>/state/lagdoctor.db`` when the data root is local:
+     the embedded default.
+
+A non-local data root (s3a://...) with neither of the first two is refused
+with one line: SQLite on each worker would keep per-host state, and
+guardrails that hold per host only are not guardrails.
+
+This is never Airflow's own metadata database: tasks in Airflow 3 may not
+touch it. Check-then-act goes through ``transaction()``: on SQLite it takes
+the write lock at BEGIN (``BEGIN IMMEDIATE``), on PostgreSQL the callers rely
+on unique keys and ``SELECT ... FOR UPDATE`` (``lock_row``), so two runs on
+two workers cannot both pass a check and act.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+import sqlalchemy as sa
+
+log = logging.getLogger(__name__)
+
+STATE_CONN_ID = "lagdoctor_state"
+STATE_URL_ENV = "LAGDOCTOR_STATE_URL"
+SQLITE_BUSY_TIMEOUT_S = 30
+
+metadata = sa.MetaData()
+
+# One row per incident key; `data` holds lagdoctor.notify.threads.ThreadState as JSON.
+incident_threads = sa.Table(
+    "incident_threads", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("cluster", sa.String(255), nullable=False),
+    sa.Column("group_id", sa.String(512), nullable=False),
+    sa.Column("topic", sa.String(512), nullable=False),
+    sa.Column("diagnosis", sa.String(64), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),  # open | closed
+    sa.Column("data", sa.JSON, nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    sa.UniqueConstraint("cluster", "group_id", "topic", "diagnosis", name="uq_incident_threads_key"),
+)
+
+# A manual incident run's one thread (header message + the findings posted in it).
+run_threads = sa.Table(
+    "run_threads", metadata,
+    sa.Column("run_key", sa.String(255), primary_key=True),
+    sa.Column("data", sa.JSON, nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+# The remediation audit log: every decision, append-only.
+action_log = sa.Table(
+    "action_log", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("ts", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("idempotency_key", sa.String(64), nullable=False, index=True),
+    sa.Column("run_id", sa.String(255), nullable=False),
+    sa.Column("action", sa.String(64), nullable=False),
+    sa.Column("cluster", sa.String(255), nullable=False),
+    sa.Column("group_id", sa.String(512), nullable=False),
+    sa.Column("topic", sa.String(512), nullable=False),
+    sa.Column("target", sa.String(512), nullable=True),  # e.g. namespace/deployment, for per-target cooldowns
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("dry_run", sa.Boolean, nullable=False),
+    sa.Column("record", sa.JSON, nullable=False),
+    sa.Index("ix_action_log_status_ts", "status", "ts"),
+)
+
+# Leases: who may act on a key now; a lease that expired may be taken over.
+leases = sa.Table(
+    "leases", metadata,
+    sa.Column("key", sa.String(768), primary_key=True),
+    sa.Column("holder", sa.String(255), nullable=False),
+    sa.Column("acquired_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+# The durable Slack outbox: every message is queued here first and sent in id
+# order; a reply waits for its parent (`parent_id`) to have a Slack ts.
+slack_messages = sa.Table(
+    "slack_messages", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("dedupe_key", sa.String(512), nullable=False, unique=True),
+    sa.Column("channel", sa.String(255), nullable=True),
+    sa.Column("parent_id", sa.Integer, nullable=True),
+    sa.Column("thread_ts", sa.String(64), nullable=True),
+    sa.Column("text", sa.Text, nullable=False),
+    sa.Column("blocks", sa.JSON, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),  # pending | sent
+    sa.Column("ts", sa.String(64), nullable=True),
+    sa.Column("sent_channel", sa.String(255), nullable=True),
+    sa.Column("attempts", sa.Integer, nullable=False, default=0),
+    sa.Column("last_error", sa.Text, nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("sent_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Index("ix_slack_messages_status_id", "status", "id"),
+)
+
+# One failure thread per DAG: later failures reply (deduplicated), success closes it.
+failure_threads = sa.Table(
+    "failure_threads", metadata,
+    sa.Column("dag_id", sa.String(255), primary_key=True),
+    sa.Column("data", sa.JSON, nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+
+class StateConfigError(ValueError):
+    """lagdoctor's state database is not configured usably; one line, no secret."""
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def as_utc(value: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes for timezone-aware columns: they are UTC."""
+    if value is None:
+        return None
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+def _is_local(root: str) -> bool:
+    return "://" not in root or root.startswith("file://")
+
+
+def _connection_url(conn_id: str) -> sa.URL | None:
+    """The SQLAlchemy URL of an Airflow connection, or None when it is not defined."""
+    from lagdoctor.connections import connection_exists
+
+    if not connection_exists(conn_id):
+        return None
+    from airflow.sdk.bases.hook import BaseHook
+
+    conn = BaseHook.get_connection(conn_id)
+    kind = (conn.conn_type or "").lower()
+    if kind in ("postgres", "postgresql"):
+        return sa.URL.create("postgresql+psycopg", username=conn.login or None, password=conn.password or None,
+                             host=conn.host or None, port=conn.port or None, database=conn.schema or None,
+                             query={k: str(v) for k, v in (conn.extra_dejson or {}).items()
+                                    if k in ("sslmode", "sslrootcert", "sslcert", "sslkey", "application_name")})
+    if kind == "sqlite":
+        return sa.make_url(f"sqlite:///{conn.host}")
+    raise StateConfigError(f"connection {conn_id!r} has type {conn.conn_type!r}; lagdoctor's state needs postgres or sqlite")
+
+
+def state_url(settings: Any = None, environ: dict[str, str] | None = None) -> sa.URL:
+    """Where lagdoctor keeps its state (see the module docstring for the order)."""
+    from lagdoctor.settings import Settings
+
+    env = os.environ if environ is None else environ
+    explicit = env.get(STATE_URL_ENV)
+    if explicit:
+        try:
+            return sa.make_url(explicit)
+        except Exception:
+            raise StateConfigError(f"{STATE_URL_ENV} is not a SQLAlchemy URL") from None
+    url = _connection_url(STATE_CONN_ID)
+    if url is not None:
+        return url
+    settings = settings or Settings.from_env(env)
+    root = settings.data_root
+    if not _is_local(root):
+        scheme = root.split("://", 1)[0]
+        raise StateConfigError(
+            f"LAGDOCTOR_DATA_ROOT is a {scheme}:// URI: define the Airflow connection {STATE_CONN_ID!r} "
+            f"(PostgreSQL) for lagdoctor's state, or set {STATE_URL_ENV}"
+        )
+    path = Path(root[len("file://"):] if root.startswith("file://") else root) / "state" / "lagdoctor.db"
+    return sa.make_url(f"sqlite:///{path}")
+
+
+_engines: dict[str, sa.Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def _sqlite_engine(url: sa.URL) -> sa.Engine:
+    if url.database and url.database != ":memory:":
+        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
+
+    @sa.event.listens_for(engine, "connect")
+    def _connect(dbapi_conn, _record):  # pragma: no cover - exercised by every SQLite test
+        # Let SQLAlchemy's BEGIN (below) start transactions, not pysqlite.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_S * 1000}")
+        cur.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _begin(conn):  # pragma: no cover
+        # IMMEDIATE takes the write lock up front: a check and the write after it
+        # cannot interleave with another process's.
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def engine_for(url: sa.URL) -> sa.Engine:
+    """One engine per database per process, with every table created."""
+    key = url.render_as_string(hide_password=False)
+    with _engines_lock:
+        engine = _engines.get(key)
+        if engine is None:
+            if url.get_backend_name() == "sqlite":
+                engine = _sqlite_engine(url)
+            else:
+                engine = sa.create_engine(url, pool_pre_ping=True)
+            try:
+                metadata.create_all(engine, checkfirst=True)
+            except sa.exc.OperationalError as exc:
+                engine.dispose()
+                raise StateConfigError(
+                    f"cannot open lagdoctor's state database {url.render_as_string(hide_password=True)}: "
+                    f"{_first_line(exc.orig or exc)}"
+                ) from None
+            _engines[key] = engine
+        return engine
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return " ".join(text[0].split()) if text else type(exc).__name__
+
+
+@dataclass(frozen=True)
+class StateDB:
+    """A handle on the state database; cheap to build, the engine is shared."""
+
+    engine: sa.Engine
+
+    @classmethod
+    def from_settings(cls, settings: Any = None) -> "StateDB":
+        return cls(engine_for(state_url(settings)))
+
+    @classmethod
+    def from_url(cls, url: str | sa.URL) -> "StateDB":
+        return cls(engine_for(sa.make_url(url) if isinstance(url, str) else url))
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    @contextmanager
+    def transaction(self) -> Iterator[sa.Connection]:
+        """One transaction: commit on success, roll back on any exception."""
+        with self.engine.begin() as conn:
+            yield conn
+
+    def lock_row(self, conn: sa.Connection, table: sa.Table, *where: Any):
+        """SELECT the matching rows FOR UPDATE (PostgreSQL); SQLite's IMMEDIATE
+        transaction already holds the database's write lock."""
+        stmt = sa.select(table).where(*where)
+        if self.dialect == "postgresql":
+            stmt = stmt.with_for_update()
+        return conn.execute(stmt).mappings().all()
+
+    def insert_ignore(self, conn: sa.Connection, table: sa.Table, values: dict[str, Any],
+                      conflict: tuple[str, ...]) -> bool:
+        """Insert unless a row with the same unique key exists; True when inserted."""
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert
+        stmt = insert(table).values(**values).on_conflict_do_nothing(index_elements=list(conflict))
+        return conn.execute(stmt).rowcount == 1
+
+    # -- leases ------------------------------------------------------------------
+
+    def acquire_lease(self, key: str, holder: str, ttl: timedelta, *, now: datetime | None = None,
+                      conn: sa.Connection | None = None) -> bool:
+        """Take the lease on `key` for `holder` until now + ttl.
+
+        True when taken (free, expired, or already held by `holder`, which
+        renews it); False when someone else holds it. Within `conn` when given,
+        so the caller's check-then-act is one transaction.
+        """
+        now = now or utcnow()
+        if conn is None:
+            with self.transaction() as c:
+                return self.acquire_lease(key, holder, ttl, now=now, conn=c)
+        values = {"key": key, "holder": holder, "acquired_at": now, "expires_at": now + ttl}
+        if self.insert_ignore(conn, leases, values, ("key",)):
+            return True
+        rows = self.lock_row(conn, leases, leases.c.key == key)
+        if not rows:  # released between the insert and the select
+            return self.insert_ignore(conn, leases, values, ("key",))
+        row = rows[0]
+        if row["holder"] != holder and as_utc(row["expires_at"]) > now:
+            return False
+        conn.execute(sa.update(leases).where(leases.c.key == key).values(**values))
+        return True
+
+    def release_lease(self, key: str, holder: str, *, conn: sa.Connection | None = None) -> None:
+        if conn is None:
+            with self.transaction() as c:
+                return self.release_lease(key, holder, conn=c)
+        conn.execute(sa.delete(leases).where(leases.c.key == key, leases.c.holder == holder))
+
+    def lease_holder(self, key: str, *, now: datetime | None = None) -> str | None:
+        """Who holds `key` now (None when free or expired)."""
+        now = now or utcnow()
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(leases).where(leases.c.key == key)).mappings().first()
+        if row is None or as_utc(row["expires_at"]) <= now:
+            return None
+        return str(row["holder"])
+
+
+def state_db(settings: Any = None) -> StateDB:
+    """The state database for these settings (see the module docstring)."""
+    return StateDB.from_settings(settings)
+
+
+def dispose_engines() -> None:
+    """Close every pooled connection (tests, and forked workers)."""
+    with _engines_lock:
+        for engine in _engines.values():
+            engine.dispose()
+        _engines.clear()
