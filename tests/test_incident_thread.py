@@ -1,4 +1,5 @@
-"""A manual incident run keeps everything in one Slack thread, and a retry posts nothing twice."""
+"""A manual incident run keeps everything in one Slack thread, and a retry posts nothing twice
+(against SQLite and PostgreSQL: ``state_url``)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def finding(group: str, diagnosis: str, severity: str = "critical", partitions=(
 
 
 @pytest.fixture
-def settings(tmp_path):
+def settings(tmp_path, state_url):
     return Settings(data_root=str(tmp_path))
 
 

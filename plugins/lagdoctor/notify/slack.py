@@ -2,7 +2,9 @@
 
 ``slack_sender()`` picks the provider's SlackHook when the ``slack_api_default``
 connection exists, else an outbox file under the data root (plus a log line),
-so a machine without Slack still runs every DAG to success.
+so a machine without Slack still runs every DAG to success. Callers never send
+directly: messages go through the durable outbox (outbox.py), which calls a
+sender for each pending row in order.
 """
 
 from __future__ import annotations
@@ -31,8 +33,21 @@ CONNECTION_RETRIES = 2
 CLIENT_LOGGER = "lagdoctor.notify.slack_client"
 
 
+# Slack errors about one message itself: no retry can fix them (the outbox
+# marks the message rejected instead of letting it block every later one).
+MESSAGE_ERRORS = frozenset({"invalid_blocks", "invalid_blocks_format", "msg_too_long", "no_text",
+                            "too_many_attachments", "invalid_attachments", "markdown_text_conflict"})
+
+
 class SlackDeliveryError(RuntimeError):
-    """Slack refused or could not take a message; one line, no token."""
+    """Slack refused or could not take a message; one line, no token.
+
+    ``rejected`` is true when Slack refused this message for what it is
+    (``MESSAGE_ERRORS``), false for outages, rate limits and configuration."""
+
+    def __init__(self, message: str, *, rejected: bool = False) -> None:
+        super().__init__(message)
+        self.rejected = rejected
 
 
 @dataclass(frozen=True)
@@ -107,7 +122,7 @@ class ProviderSlackSender:
             error = getattr(getattr(exc, "response", None), "data", None)
             reason = error.get("error") if isinstance(error, dict) else None
             message = f"Slack API error: {reason}" if reason else exc
-            raise SlackDeliveryError(one_line(message, self._token())) from None
+            raise SlackDeliveryError(one_line(message, self._token()), rejected=reason in MESSAGE_ERRORS) from None
         return Posted(channel=str(response["channel"]), ts=str(response["ts"]))
 
 

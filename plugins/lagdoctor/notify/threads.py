@@ -1,8 +1,11 @@
 """Incident threads: durable state per incident key, and the rule for what to send.
 
-One JSON file per incident key (cluster, group, topic, diagnosis) under
-``Settings.incidents_root``, written atomically (temp file + rename), so a
-crash never leaves half a state and state survives any XCom cleanup.
+One row per incident key (cluster, group, topic, diagnosis) in the state
+database's ``incident_threads`` table (lagdoctor.state: SQLite under the data
+root, or PostgreSQL shared by every worker), so state survives any XCom
+cleanup and holds across hosts. The coordinator (incidents.py) decides and
+writes in one transaction with the (cluster, group, topic) locked, and queues
+the Slack message in that same transaction (outbox.py).
 
 The decision rules (pure; one test case each in tests/test_notify_threads.py):
 
@@ -14,18 +17,25 @@ The decision rules (pure; one test case each in tests/test_notify_threads.py):
   4. nothing   otherwise: a sweep every 5 minutes must not repeat itself.
   5. recover   a ``healthy`` finding closes every open thread of that
                (cluster, group, topic) with a recovery reply.
+  6. unknown   a ``healthy`` finding whose ``evidence.data_complete`` is false is
+               not recovery: it never closes a thread, posts nothing without an
+               open thread, and replies once that the data is incomplete (not again
+               until a complete finding came in between).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Iterator, Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
+
+import sqlalchemy as sa
+
+if TYPE_CHECKING:
+    from lagdoctor.state import StateDB
 
 HEALTHY = "healthy"
 
@@ -43,10 +53,17 @@ class IncidentKey:
                    str(finding.get("topic", "")), str(diagnosis or finding.get("diagnosis", "")))
 
     def filename(self) -> str:
-        # Names may hold any character: a readable prefix plus a hash keeps files apart.
-        digest = hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+        # Names may hold any character: a readable prefix plus a hash keeps keys apart.
         readable = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{self.group_id}.{self.diagnosis}")[:60]
-        return f"{readable}.{digest}.json"
+        return f"{readable}.{self.digest()}.json"
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+    def lock_name(self) -> str:
+        """What the coordinator locks: every diagnosis of one (cluster, group, topic),
+        since a recovery closes them all."""
+        return "incident:" + json.dumps([self.cluster, self.group_id, self.topic])
 
 
 @dataclass
@@ -65,6 +82,8 @@ class ThreadState:
     last_run_id: str = ""
     replies: int = 0
     posted_actions: list[str] = field(default_factory=list)  # "<idempotency_key>:<status>"
+    root_message_id: int | None = None  # the outbox row of the thread's first message
+    data_incomplete: bool = False  # rule 6: the thread was told the data is incomplete
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,49 +97,78 @@ class ThreadState:
 
 
 class ThreadStore:
-    def __init__(self, root: str) -> None:
-        if "://" in root and not root.startswith("file://"):
-            raise ValueError(f"incident state needs a local path, got {root.split('://')[0]}:// URI")
-        self.root = Path(root[len("file://"):] if root.startswith("file://") else root)
+    """Thread state in the state database; ``conn`` joins a caller's transaction."""
 
-    def _path(self, key: IncidentKey) -> Path:
-        return self.root / key.filename()
+    def __init__(self, db: "StateDB | None" = None, *, settings: Any = None) -> None:
+        if isinstance(db, str):
+            raise TypeError("ThreadStore takes a StateDB: thread state lives in the state database, not in files")
+        if db is None:
+            from lagdoctor.state import state_db
 
-    def get(self, key: IncidentKey) -> ThreadState | None:
-        path = self._path(key)
-        if not path.exists():
-            return None
-        return ThreadState.from_json(json.loads(path.read_text(encoding="utf-8")))
+            db = state_db(settings)
+        self.db = db
 
-    def save(self, state: ThreadState) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(state.to_json(), fh, sort_keys=True, indent=1)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self._path(state.key))
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+    def _load(self, conn: sa.Connection, data: Mapping[str, Any]) -> ThreadState:
+        from lagdoctor.notify.outbox import message_ts
+
+        state = ThreadState.from_json(data)
+        if not state.thread_ts and state.root_message_id is not None:
+            sent = message_ts(conn, state.root_message_id)
+            if sent is not None:  # until then the thread's first message waits in the outbox
+                state.channel, state.thread_ts = sent
+        return state
+
+    def _select(self, conn: sa.Connection, *where: Any) -> list[ThreadState]:
+        from lagdoctor.state import incident_threads as t
+
+        rows = conn.execute(sa.select(t.c.data).where(*where).order_by(t.c.id)).all()
+        return [self._load(conn, row.data) for row in rows]
+
+    def get(self, key: IncidentKey, *, conn: sa.Connection | None = None) -> ThreadState | None:
+        from lagdoctor.state import incident_threads as t
+
+        if conn is None:
+            with self.db.engine.connect() as c:
+                return self.get(key, conn=c)
+        found = self._select(conn, t.c.cluster == key.cluster, t.c.group_id == key.group_id,
+                             t.c.topic == key.topic, t.c.diagnosis == key.diagnosis)
+        return found[0] if found else None
+
+    def save(self, state: ThreadState, *, conn: sa.Connection | None = None) -> None:
+        from lagdoctor.state import incident_threads as t, utcnow
+
+        if conn is None:
+            with self.db.transaction() as c:
+                return self.save(state, conn=c)
+        k = state.key
+        stamp = datetime.fromisoformat(state.updated_at) if state.updated_at else utcnow()
+        data = json.loads(json.dumps(state.to_json()))
+        values = {"cluster": k.cluster, "group_id": k.group_id, "topic": k.topic, "diagnosis": k.diagnosis,
+                  "status": state.status, "data": data, "updated_at": stamp}
+        if not self.db.insert_ignore(conn, t, values, ("cluster", "group_id", "topic", "diagnosis")):
+            conn.execute(sa.update(t).where(t.c.cluster == k.cluster, t.c.group_id == k.group_id,
+                                            t.c.topic == k.topic, t.c.diagnosis == k.diagnosis)
+                         .values(status=state.status, data=data, updated_at=stamp))
 
     def all(self) -> Iterator[ThreadState]:
-        if not self.root.exists():
-            return
-        for path in sorted(self.root.glob("*.json")):
-            if path.name.startswith(".tmp-"):
-                continue
-            yield ThreadState.from_json(json.loads(path.read_text(encoding="utf-8")))
+        with self.db.engine.connect() as conn:
+            states = self._select(conn)
+        yield from states
 
-    def open_threads(self, cluster: str, group_id: str, topic: str) -> list[ThreadState]:
-        return [s for s in self.all() if s.status == "open"
-                and (s.key.cluster, s.key.group_id, s.key.topic) == (cluster, group_id, topic)]
+    def open_threads(self, cluster: str, group_id: str, topic: str, *,
+                     conn: sa.Connection | None = None) -> list[ThreadState]:
+        from lagdoctor.state import incident_threads as t
+
+        if conn is None:
+            with self.db.engine.connect() as c:
+                return self.open_threads(cluster, group_id, topic, conn=c)
+        return self._select(conn, t.c.status == "open", t.c.cluster == cluster, t.c.group_id == group_id,
+                            t.c.topic == topic)
 
 
 @dataclass(frozen=True)
 class Decision:
-    kind: str  # post | reply | nothing | recover
+    kind: str  # post | reply | nothing | recover | incomplete
     changes: tuple[str, ...] = ()
 
 
@@ -148,8 +196,21 @@ def changes_since(state: ThreadState, finding: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def data_complete(finding: Mapping[str, Any]) -> bool:
+    """False only when the diagnosis says some offsets could not be read."""
+    evidence = finding.get("evidence") or {}
+    return not (isinstance(evidence, Mapping) and evidence.get("data_complete") is False)
+
+
+def decide_healthy(finding: Mapping[str, Any], state: ThreadState) -> Decision:
+    """Rules 5 and 6: what a ``healthy`` finding does to one open thread."""
+    if data_complete(finding):
+        return Decision("recover")
+    return Decision("nothing") if state.data_incomplete else Decision("incomplete")
+
+
 def decide(finding: Mapping[str, Any], state: ThreadState | None, *, run_id: str) -> Decision:
-    """Rules 1-4 for a non-healthy finding (rule 5 is ``ThreadStore.open_threads``)."""
+    """Rules 1-4 for a non-healthy finding (rules 5-6 are ``decide_healthy``)."""
     if state is None or state.status != "open":
         return Decision("post")
     if run_id and state.last_run_id == run_id:
@@ -166,4 +227,5 @@ def remember(state: ThreadState, finding: Mapping[str, Any], *, run_id: str, now
     state.lag_total = lag_total_of(finding)
     state.last_run_id = run_id
     state.updated_at = now
+    state.data_incomplete = False
     return state

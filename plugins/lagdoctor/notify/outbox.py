@@ -1,0 +1,189 @@
+"""The durable Slack outbox: queue in the state database, deliver in order, once.
+
+Every message is first a row of ``slack_messages`` (lagdoctor.state), queued
+in the same transaction as the thread state it belongs to, under a dedupe key
+so a retried task or a re-run queues nothing twice. ``deliver_pending`` then
+sends the pending rows in id order through a sender (lagdoctor.notify.slack):
+
+  - one worker at a time: delivery runs under the lease ``slack-outbox``, so two
+    workers never send the same row;
+  - in order: the first failure stops delivery (the row keeps its attempts and a
+    one-line ``last_error``), so nothing overtakes a message that did not go out;
+  - threads: a reply queued before its parent had a Slack ts names the parent
+    row (``parent_id``) and takes the parent's ts and channel when it is sent;
+  - a message Slack itself refuses (``invalid_blocks``, ``msg_too_long``: no retry
+    can fix it) is marked ``rejected`` and logged, so it cannot block the queue
+    forever; its replies then go top-level.
+
+The one gap, at-least-once: a message Slack accepted whose response was lost
+(a timeout after Slack posted it, a crash before the row is marked sent) stays
+pending and is sent again by the next delivery.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Mapping, Sequence
+
+import sqlalchemy as sa
+
+from lagdoctor.notify.redact import one_line
+from lagdoctor.state import StateDB, slack_messages, utcnow
+
+log = logging.getLogger(__name__)
+
+PENDING, SENT, REJECTED = "pending", "sent", "rejected"
+OUTBOX_LEASE = "slack-outbox"
+# Renewed before every message; a worker that died frees the outbox after this long.
+LEASE_TTL = timedelta(seconds=90)
+# How long a caller waits for another worker's delivery to finish before giving up.
+LEASE_WAIT_S = 45.0
+BATCH = 50
+
+
+@dataclass(frozen=True)
+class Delivery:
+    sent: int
+    undelivered: int
+    error: str | None  # one line, no secret; None when everything pending went out
+
+    def summary(self) -> dict[str, Any]:
+        return {"undelivered": self.undelivered, "delivery_error": self.error}
+
+
+def lock_key(db: StateDB, conn: sa.Connection, key: str) -> None:
+    """Serialize check-then-act on `key` until the transaction ends.
+
+    SQLite's IMMEDIATE transaction already holds the database's write lock; on
+    PostgreSQL a transaction-scoped advisory lock covers keys that have no row
+    yet (a row lock cannot lock a row that does not exist)."""
+    if db.dialect == "postgresql":
+        digest = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big", signed=True)
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": digest})
+
+
+def queue_message(
+    db: StateDB,
+    conn: sa.Connection,
+    *,
+    dedupe_key: str,
+    text: str,
+    blocks: Sequence[Mapping[str, Any]],
+    parent_id: int | None = None,
+    thread_ts: str | None = None,
+    channel: str | None = None,
+    now: datetime | None = None,
+) -> int:
+    """Queue one message within the caller's transaction; the row id (the existing
+    row's when `dedupe_key` was queued before: nothing is queued twice)."""
+    values = {"dedupe_key": dedupe_key[:512], "channel": channel, "parent_id": parent_id,
+              "thread_ts": thread_ts or None, "text": text, "blocks": list(blocks), "status": PENDING,
+              "attempts": 0, "created_at": now or utcnow()}
+    db.insert_ignore(conn, slack_messages, values, ("dedupe_key",))
+    return int(conn.execute(sa.select(slack_messages.c.id)
+                            .where(slack_messages.c.dedupe_key == values["dedupe_key"])).scalar_one())
+
+
+def message_ts(conn: sa.Connection, message_id: int | None) -> tuple[str, str] | None:
+    """(channel, ts) Slack gave a sent message, or None while it waits."""
+    if message_id is None:
+        return None
+    row = conn.execute(sa.select(slack_messages.c.sent_channel, slack_messages.c.ts)
+                       .where(slack_messages.c.id == message_id, slack_messages.c.status == SENT)).first()
+    return (str(row.sent_channel), str(row.ts)) if row is not None else None
+
+
+def pending_count(db: StateDB) -> int:
+    with db.engine.connect() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(slack_messages)
+                                .where(slack_messages.c.status == PENDING)).scalar_one())
+
+
+def pending_messages(db: StateDB) -> list[dict[str, Any]]:
+    """What waits, oldest first (for the demo and for people debugging an outage)."""
+    with db.engine.connect() as conn:
+        rows = conn.execute(sa.select(slack_messages).where(slack_messages.c.status == PENDING)
+                            .order_by(slack_messages.c.id)).mappings().all()
+    return [dict(r) for r in rows]
+
+
+def _holder() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def deliver_pending(db: StateDB, sender: Any, *, now: datetime | None = None,
+                    wait_s: float = LEASE_WAIT_S) -> Delivery:
+    """Send every pending message in id order; stop at the first failure.
+
+    Never raises for a delivery failure: the result says how many wait and why.
+    """
+    holder = _holder()
+    deadline = time.monotonic() + wait_s
+    # The lease runs on the real clock whatever `now` the caller passes: other
+    # workers judge its expiry by theirs.
+    while not db.acquire_lease(OUTBOX_LEASE, holder, LEASE_TTL):
+        if time.monotonic() >= deadline:
+            waiting = pending_count(db)
+            error = (f"Slack outbox busy: another worker is delivering ({waiting} message(s) pending)"
+                     if waiting else None)
+            return Delivery(0, waiting, error)
+        time.sleep(0.2)
+    sent, error = 0, None
+    try:
+        while error is None:
+            with db.engine.connect() as conn:
+                rows = conn.execute(sa.select(slack_messages).where(slack_messages.c.status == PENDING)
+                                    .order_by(slack_messages.c.id).limit(BATCH)).mappings().all()
+            if not rows:
+                break
+            for row in rows:
+                db.acquire_lease(OUTBOX_LEASE, holder, LEASE_TTL)
+                error = _send_one(db, sender, dict(row), now=now)
+                if error is not None:
+                    break
+                sent += 1
+    finally:
+        db.release_lease(OUTBOX_LEASE, holder)
+    return Delivery(sent, pending_count(db), error)
+
+
+def _send_one(db: StateDB, sender: Any, row: dict[str, Any], *, now: datetime | None) -> str | None:
+    """Send one row and record the outcome; the error line when it did not go out."""
+    channel, thread_ts = row["channel"], row["thread_ts"]
+    if row["parent_id"] is not None and not thread_ts:
+        with db.engine.connect() as conn:
+            parent = conn.execute(sa.select(slack_messages.c.status, slack_messages.c.ts,
+                                            slack_messages.c.sent_channel)
+                                  .where(slack_messages.c.id == row["parent_id"])).first()
+        if parent is not None and parent.status == SENT:
+            channel, thread_ts = parent.sent_channel, parent.ts
+        elif parent is not None and parent.status == PENDING:
+            # Ids follow queueing order, so this only happens if the parent was queued later: wait.
+            return f"message {row['id']} waits for its parent message {row['parent_id']}"
+        # A rejected or missing parent: the reply goes top-level rather than nowhere.
+    try:
+        posted = sender.post(text=row["text"], blocks=row["blocks"] or [], thread_ts=thread_ts, channel=channel)
+    except Exception as exc:  # noqa: BLE001 - any failure leaves the row pending, never lost
+        error = one_line(exc)
+        rejected = bool(getattr(exc, "rejected", False))
+        with db.transaction() as conn:
+            conn.execute(sa.update(slack_messages).where(slack_messages.c.id == row["id"]).values(
+                attempts=slack_messages.c.attempts + 1, last_error=error,
+                status=REJECTED if rejected else PENDING))
+        if rejected:
+            log.error("Slack rejected message %s (not retried): %s", row["id"], error)
+            return None
+        log.warning("Slack delivery stopped at message %s: %s", row["id"], error)
+        return error
+    with db.transaction() as conn:
+        conn.execute(sa.update(slack_messages).where(slack_messages.c.id == row["id"]).values(
+            status=SENT, ts=posted.ts, sent_channel=posted.channel, attempts=slack_messages.c.attempts + 1,
+            last_error=None, sent_at=now or utcnow()))
+    return None
