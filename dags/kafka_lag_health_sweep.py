@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, Param
 
 from lagdoctor.notify.incidents import notify_failure
-from lagdoctor.pipeline import build_pipeline
+from lagdoctor.pipeline import build_pipeline, notify_recovery, thresholds_param
 
 with DAG(
     dag_id="kafka_lag_health_sweep",
@@ -18,6 +18,7 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     tags=["lagdoctor", "kafka", "sweep"],
+    on_success_callback=notify_recovery,
     default_args={"retries": 1, "retry_delay": timedelta(minutes=1), "on_failure_callback": notify_failure},
     params={
         "cluster": Param("kafka_default", type="string", minLength=1,
@@ -29,8 +30,8 @@ with DAG(
         "samples": Param(3, type="integer", minimum=1, maximum=60,
                          description="Snapshots taken by each run (history accumulates across runs)."),
         "interval_seconds": Param(10, type="number", minimum=0, maximum=300),
-        "thresholds": Param({}, type="object", title="Threshold overrides",
-                            description='Diagnosis thresholds to override, e.g. {"warning_lag": 5000}.'),
+        "thresholds": thresholds_param('Diagnosis thresholds to override, e.g. {"warning_lag": 5000} '
+                                       "(a JSON object or its text)."),
         "dry_run": Param(True, type="boolean", description="Remediation only says what it would do."),
     },
     doc_md="""
@@ -41,8 +42,11 @@ Each run takes a few offset snapshots of every consumer group (`samples`,
 so history accumulates run after run; a retention task keeps 7 days. The
 PySpark diagnosis then reads the last `window_minutes` of that history and the
 runbooks in `runbooks/` decide, per finding, what is posted to Slack and which
-remediation starts. Remediation is a dry run unless `dry_run` is false, and an
-irreversible action waits for approval.
+remediation starts. Remediation is a dry run unless `dry_run` is false. The
+sweep never waits for a human: an action that needs approval is proposed in its
+Slack thread; to carry it out, trigger `kafka_lag_incident` for that group with
+`dry_run` off, which asks for approval. Every task has a time limit, and a form
+value that cannot work fails the first task at once, without retry.
 """,
 ) as dag:
     build_pipeline(samples=3, interval_s=10.0, prune=True)

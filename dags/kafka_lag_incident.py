@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, Param
 
 from lagdoctor.notify.incidents import notify_failure
-from lagdoctor.pipeline import build_pipeline
+from lagdoctor.pipeline import build_pipeline, notify_recovery, thresholds_param
 
 with DAG(
     dag_id="kafka_lag_incident",
@@ -15,7 +15,10 @@ with DAG(
     schedule=None,
     start_date=datetime(2026, 1, 1),
     catchup=False,
+    # A few at once: leases in the state database keep two runs from acting on one group.
+    max_active_runs=3,
     tags=["lagdoctor", "kafka", "incident"],
+    on_success_callback=notify_recovery,
     default_args={"retries": 1, "retry_delay": timedelta(seconds=30), "on_failure_callback": notify_failure},
     params={
         "cluster": Param("kafka_default", type="string", minLength=1, title="Cluster",
@@ -26,8 +29,8 @@ with DAG(
                        description="Only this topic; empty for all topics of the groups."),
         "window_minutes": Param(120, type="integer", minimum=1, maximum=10080, title="Window (minutes)",
                                 description="How much stored history to diagnose."),
-        "thresholds": Param({}, type="object", title="Threshold overrides",
-                            description='Diagnosis thresholds to override, e.g. {"warning_lag": 5000}.'),
+        "thresholds": thresholds_param('Diagnosis thresholds to override, e.g. {"warning_lag": 5000} '
+                                       "(a JSON object or its text)."),
         "dry_run": Param(True, type="boolean", title="Dry run",
                          description="Remediation only says what it would do; nothing waits for approval."),
         "samples": Param(6, type="integer", minimum=1, maximum=60, title="Fresh samples",

@@ -30,8 +30,82 @@ def test_policy_tags_retries_docs(dagbag, dag_id):
     assert "lagdoctor" in dag.tags
     assert dag.doc_md and dag.catchup is False
     for t in dag.tasks:
-        if t.task_type != "ApprovalOperator":  # a human answers approvals; retrying one asks twice
+        # A human answers approvals (retrying one asks twice); check_failures only reports others' failures.
+        if t.task_type != "ApprovalOperator" and t.task_id != "check_failures":
             assert t.retries >= 1, f"{t.task_id} has no retries"
+
+
+@pytest.mark.parametrize("dag_id", [SWEEP_DAG_ID, INCIDENT_DAG_ID])
+def test_every_task_has_a_time_limit(dagbag, dag_id):
+    """A stuck task (spark-submit waiting for resources, a hung broker) must not hold the DAG forever."""
+    from datetime import timedelta
+
+    for t in dagbag.dags[dag_id].tasks:
+        assert t.execution_timeout is not None, f"{t.task_id} has no execution_timeout"
+        assert t.execution_timeout <= timedelta(hours=1), t.task_id
+    assert dagbag.dags[dag_id].get_task("diagnose").execution_timeout == timedelta(minutes=30)
+
+
+def test_snapshot_time_limit_follows_samples_and_interval():
+    from datetime import timedelta
+
+    from lagdoctor.pipeline import SNAPSHOT_TIMEOUT_CEILING, snapshot_timeout
+
+    assert snapshot_timeout(3, 10) == timedelta(seconds=3 * 10 + 3 * 30 + 60)
+    assert snapshot_timeout(60, 15) <= SNAPSHOT_TIMEOUT_CEILING  # the largest form allowed
+
+
+def test_concurrency_and_callbacks(dagbag):
+    from lagdoctor.notify.incidents import notify_failure
+    from lagdoctor.pipeline import notify_recovery
+
+    sweep, incident = dagbag.dags[SWEEP_DAG_ID], dagbag.dags[INCIDENT_DAG_ID]
+    assert sweep.max_active_runs == 1
+    assert 1 < incident.max_active_runs <= 5
+    for dag in (sweep, incident):
+        assert dag.on_success_callback in (notify_recovery, [notify_recovery])
+        assert dag.default_args["on_failure_callback"] is notify_failure
+
+
+def test_the_sweep_never_waits_for_a_human(dagbag):
+    """max_active_runs=1: one approval wait would stop every later sweep."""
+    sweep = dagbag.dags[SWEEP_DAG_ID]
+    assert [t.task_id for t in sweep.tasks if t.task_type == "ApprovalOperator"] == []
+    assert [t for t in dagbag.dags[INCIDENT_DAG_ID].tasks if t.task_type == "ApprovalOperator"]
+
+
+@pytest.mark.parametrize("dag_id", [SWEEP_DAG_ID, INCIDENT_DAG_ID])
+def test_the_form_is_checked_first(dagbag, dag_id):
+    dag = dagbag.dags[dag_id]
+    first = [t.task_id for t in dag.tasks if not t.upstream_task_ids]
+    assert first == ["validate_params"]
+    assert "validate_params" in dag.get_task("snapshot").upstream_task_ids
+
+
+@pytest.mark.parametrize("dag_id", [SWEEP_DAG_ID, INCIDENT_DAG_ID])
+def test_remediation_does_not_depend_on_slack(dagbag, dag_id):
+    """route runs whatever post_findings did; check_failures still fails the run afterwards."""
+    dag = dagbag.dags[dag_id]
+    route = dag.get_task("route")
+    assert route.trigger_rule == "all_done"
+    assert route.upstream_task_ids == {"post_findings"}
+    check = dag.get_task("check_failures")
+    assert check.trigger_rule == "one_failed"
+    assert "post_findings" in check.upstream_task_ids
+    # A branch skips the tasks right after it: check_failures must follow none of them.
+    branchy = {t.task_id for t in dag.tasks if t.task_id == "route" or t.task_id.endswith((".gate", ".approve"))}
+    assert not check.upstream_task_ids & branchy
+
+
+@pytest.mark.parametrize("value", [{}, {"warning_lag": 5000}, '{"warning_lag": 5000}', ""])
+def test_threshold_field_takes_an_object_or_its_text(dagbag, value):
+    """The form's JSON editor must never disable Trigger: text is accepted here and checked by validate_params."""
+    from airflow.sdk.definitions.param import ParamsDict
+
+    for dag_id in (SWEEP_DAG_ID, INCIDENT_DAG_ID):
+        params = ParamsDict(dagbag.dags[dag_id].params)
+        params["thresholds"] = value
+        params.validate()
 
 
 def test_sweep_runs_on_a_five_minute_schedule(dagbag):
@@ -64,10 +138,10 @@ def test_every_registered_action_has_a_branch(dagbag):
     from lagdoctor.orchestration import branch_target
     from lagdoctor.remediation import action_names
 
-    for dag_id in (SWEEP_DAG_ID, INCIDENT_DAG_ID):
+    for dag_id, approvals in ((SWEEP_DAG_ID, False), (INCIDENT_DAG_ID, True)):
         task_ids = set(dagbag.dags[dag_id].task_ids)
         for action in action_names():
-            assert branch_target(action) in task_ids
+            assert branch_target(action, approvals=approvals) in task_ids
             assert f"remediate_{action}.run" in task_ids
 
 

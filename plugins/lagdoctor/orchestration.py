@@ -10,8 +10,10 @@ Nothing heavy is imported at module level: DAG files import this module.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import Mapping
@@ -26,12 +28,38 @@ DEFAULT_KAFKA_CONN_ID = "kafka_default"
 SPARK_CONN_ID = "spark_default"
 SWEEP_WINDOW_MINUTES = 30
 SNAPSHOT_RETENTION_DAYS = 7
+# The incident form accepts windows up to 7 days; retention keeps that much
+# plus a day, so a diagnosis started near a day boundary still finds its files.
+MAX_WINDOW_MINUTES = 10080
+RETENTION_GRACE_DAYS = 1
+# A snapshot task sleeps samples x interval at most this long (its timeout follows).
+MAX_SAMPLING_SECONDS = 900
 PLANS_FILE = "plans.json"
+QUARANTINE_FILE = "quarantined.jsonl"
+KINDS = ("sweep", "incident")
+_RUN_KEY_PREFIX = 80
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
-def run_key(run_id: str) -> str:
-    """A run id made safe for paths and file names, stable across retries."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id).strip("_")
+class FormError(ValueError):
+    """A run's params cannot work: one line naming the field. A retry cannot fix it."""
+
+
+class SlackUndelivered(RuntimeError):
+    """Slack did not take some messages; they wait in the outbox for the next run."""
+
+
+def run_key(run_id: str, dag_id: str | None = None) -> str:
+    """A folder/file name for one DAG run: readable, safe, stable across retries.
+
+    The sanitised prefix is for people; the hash of the exact (dag_id, run_id)
+    keeps two runs apart that sanitise alike (`a/b`, `a_b`) or that would
+    otherwise name a path (`..`, `.`), and separates DAGs that share a run id.
+    """
+    raw = run_id if dag_id is None else f"{dag_id}__{run_id}"
+    prefix = re.sub(r"[^A-Za-z0-9_.-]+", "_", raw).strip("._-")[:_RUN_KEY_PREFIX].rstrip("._-") or "run"
+    digest = hashlib.sha1(f"{dag_id or ''}\x00{run_id}".encode()).hexdigest()[:10]
+    return f"{prefix}-{digest}"
 
 
 # -- Kafka ---------------------------------------------------------------------
@@ -39,8 +67,8 @@ def run_key(run_id: str) -> str:
 def kafka_admin(conn_id: str) -> tuple[Any, str]:
     """(AdminClient, bootstrap for messages) from an Airflow `kafka` connection.
 
-    With no such connection, KAFKA_BOOTSTRAP_SERVERS is used, so a bare
-    install works against the embedded broker.
+    With no `kafka_default` connection, KAFKA_BOOTSTRAP_SERVERS is used, so a
+    bare install works against the embedded broker; any other id must exist.
     """
     from lagdoctor.connections import connection_exists
     from lagdoctor.kafka_clients import admin_client, resolve_bootstrap
@@ -51,6 +79,8 @@ def kafka_admin(conn_id: str) -> tuple[Any, str]:
         hook = KafkaAdminClientHook(kafka_config_id=conn_id)
         bootstrap = hook.get_connection(conn_id).extra_dejson.get("bootstrap.servers", conn_id)
         return hook.get_conn, str(bootstrap)
+    if conn_id != DEFAULT_KAFKA_CONN_ID:
+        raise ValueError(f"no Airflow connection {conn_id!r} of type kafka")
     try:
         bootstrap = resolve_bootstrap(None)
     except ValueError:
@@ -58,6 +88,119 @@ def kafka_admin(conn_id: str) -> tuple[Any, str]:
             f"no Airflow connection {conn_id!r} of type kafka, and KAFKA_BOOTSTRAP_SERVERS is not set"
         ) from None
     return admin_client(bootstrap), bootstrap
+
+
+# -- the form ------------------------------------------------------------------
+
+def check_cluster(conn_id: Any, environ: Mapping[str, str] | None = None) -> str:
+    """The `cluster` param names a usable `kafka` connection (or the default's env fallback)."""
+    import os
+
+    from lagdoctor.connections import connection_exists
+    from lagdoctor.kafka_clients import BOOTSTRAP_ENV
+
+    if not isinstance(conn_id, str) or not conn_id.strip():
+        raise FormError("cluster: required, the id of an Airflow connection of type kafka")
+    conn_id = conn_id.strip()
+    try:
+        exists = connection_exists(conn_id)
+    except Exception as exc:  # a malformed AIRFLOW_CONN_*: its text may hold a secret, so only the type
+        raise FormError(f"cluster: connection {conn_id!r} cannot be read ({type(exc).__name__})") from None
+    if exists:
+        from airflow.sdk.bases.hook import BaseHook
+
+        conn = BaseHook.get_connection(conn_id)
+        if conn.conn_type != "kafka":
+            raise FormError(f"cluster: connection {conn_id!r} is of type {conn.conn_type!r}, expected kafka")
+        if not (conn.extra_dejson or {}).get("bootstrap.servers"):
+            raise FormError(f"cluster: connection {conn_id!r} has no bootstrap.servers in its extra")
+        return conn_id
+    env = os.environ if environ is None else environ
+    if conn_id == DEFAULT_KAFKA_CONN_ID and env.get(BOOTSTRAP_ENV):
+        return conn_id
+    hint = f", and {BOOTSTRAP_ENV} is not set" if conn_id == DEFAULT_KAFKA_CONN_ID else ""
+    raise FormError(f"cluster: no Airflow connection {conn_id!r} of type kafka{hint}")
+
+
+def _number(value: Any, field: str, *, whole: bool = False, low: float | None = None,
+            high: float | None = None) -> float | int:
+    """`value` (a number or its text) as a number, or FormError naming `field`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise FormError(f"{field}: expected a number, got {value!r}")
+    try:
+        number = float(value.strip()) if isinstance(value, str) else float(value)
+    except ValueError:
+        raise FormError(f"{field}: expected a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise FormError(f"{field}: expected a finite number, got {value!r}")
+    if whole and not number.is_integer():
+        raise FormError(f"{field}: expected a whole number, got {value!r}")
+    if low is not None and number < low:
+        raise FormError(f"{field}: must be at least {low:g}, got {value!r}")
+    if high is not None and number > high:
+        raise FormError(f"{field}: must be at most {high:g}, got {value!r}")
+    return int(number) if whole else number
+
+
+def check_thresholds(overrides: Any) -> dict[str, Any]:
+    """Threshold overrides (a JSON object or its text) checked by name, converted to numbers."""
+    from lagdoctor.diagnosis.thresholds import Thresholds
+
+    if overrides is None or (isinstance(overrides, str) and not overrides.strip()):
+        return {}
+    if isinstance(overrides, str):
+        try:
+            overrides = json.loads(overrides)
+        except ValueError as exc:
+            raise FormError(f"thresholds: not valid JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(overrides, Mapping):
+        raise FormError(f"thresholds: expected a JSON object like {{\"warning_lag\": 5000}}, "
+                        f"got {type(overrides).__name__}")
+    known = Thresholds.field_names()
+    unknown = sorted(str(k) for k in overrides if k not in known)
+    if unknown:
+        raise FormError(f"thresholds.{unknown[0]}: unknown threshold; known: {', '.join(known)}")
+    defaults = Thresholds()
+    checked: dict[str, Any] = {}
+    for name, value in overrides.items():
+        if value is None:
+            continue
+        checked[name] = _number(value, f"thresholds.{name}", whole=isinstance(getattr(defaults, name), int), low=0)
+    Thresholds.from_overrides(checked)
+    return checked
+
+
+def validate_params(params: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The whole run form, checked before anything runs; raises FormError (one line, the field named).
+
+    Returns the params the later tasks use: numbers as numbers, thresholds as
+    a dict, empty pattern/topic as None.
+    """
+    from lagdoctor.collector import compile_group_pattern
+
+    cluster = check_cluster(params.get("cluster"), environ)
+    pattern = params.get("group_pattern") or None
+    if pattern is not None:
+        if not isinstance(pattern, str):
+            raise FormError(f"group_pattern: expected a regex, got {type(pattern).__name__}")
+        try:
+            compile_group_pattern(pattern, what="group_pattern")
+        except ValueError as exc:
+            raise FormError(" ".join(str(exc).split())) from None
+    topic = params.get("topic") or None
+    if topic is not None and (not isinstance(topic, str) or not _TOPIC_NAME.fullmatch(topic)):
+        raise FormError(f"topic: {topic!r} is not a Kafka topic name "
+                        "(1 to 249 letters, digits, '.', '_' or '-')")
+    window = _number(params.get("window_minutes", SWEEP_WINDOW_MINUTES), "window_minutes",
+                     low=1, high=MAX_WINDOW_MINUTES)
+    samples = _number(params.get("samples", 1), "samples", whole=True, low=1, high=60)
+    interval = _number(params.get("interval_seconds", 0), "interval_seconds", low=0, high=300)
+    if samples * interval > MAX_SAMPLING_SECONDS:
+        raise FormError(f"samples x interval_seconds: {samples} x {interval:g} s is more than the "
+                        f"{MAX_SAMPLING_SECONDS} s a run may spend sampling")
+    return {"cluster": cluster, "group_pattern": pattern, "topic": topic, "window_minutes": window,
+            "samples": samples, "interval_seconds": interval,
+            "thresholds": check_thresholds(params.get("thresholds"))}
 
 
 def take_snapshots(
@@ -98,22 +241,39 @@ def take_snapshots(
     return {"cluster": conn_id, "store": settings.snapshots_root, "files": len(written), "rows": rows}
 
 
-def prune_history(keep_days: int = SNAPSHOT_RETENTION_DAYS, settings: Settings | None = None) -> int:
-    """Retention: snapshot days and per-run findings/report folders older than `keep_days`."""
+def prune_history(keep_days: int = SNAPSHOT_RETENTION_DAYS, settings: Settings | None = None,
+                  now: datetime | None = None) -> int:
+    """Retention: snapshot days and per-run findings/report folders older than `keep_days`.
+
+    Never less than the longest window a diagnosis may read plus a grace day:
+    a 7-day incident diagnosis running now must not lose its oldest files
+    mid-read. A run folder without its finished outputs belongs to a job that
+    may still be writing: it is kept whatever its age (and its report folder too).
+    """
     import fsspec
 
+    from lagdoctor.contracts import FINDINGS_FILE, PARTITION_STATUS_FILE
     from lagdoctor.store import prune_snapshots
 
     settings = settings or Settings.from_env()
-    now = datetime.now(timezone.utc)
+    now = now or datetime.now(timezone.utc)
+    keep_days = max(keep_days, math.ceil(MAX_WINDOW_MINUTES / 1440) + RETENTION_GRACE_DAYS)
     removed = prune_snapshots(settings.snapshots_root, keep_days, now)
     cutoff = now.timestamp() - keep_days * 86400
+    fs, findings_base = fsspec.core.url_to_fs(settings.findings_root)
+    unfinished: set[str] = set()
+    if fs.exists(findings_base):
+        for run_dir in fs.ls(findings_base, detail=True):
+            names = {f["name"].rstrip("/").rsplit("/", 1)[-1] for f in fs.ls(run_dir["name"], detail=True)} \
+                if run_dir["type"] == "directory" else set()
+            if run_dir["type"] == "directory" and not {FINDINGS_FILE, PARTITION_STATUS_FILE} <= names:
+                unfinished.add(run_dir["name"].rstrip("/").rsplit("/", 1)[-1])
     for root in (settings.findings_root, settings.reports_root):
         fs, path = fsspec.core.url_to_fs(root)
         if not fs.exists(path):
             continue
         for run_dir in fs.ls(path, detail=True):
-            if run_dir["type"] != "directory":
+            if run_dir["type"] != "directory" or run_dir["name"].rstrip("/").rsplit("/", 1)[-1] in unfinished:
                 continue
             stamps = [f.get("mtime") or f.get("LastModified") for f in fs.ls(run_dir["name"], detail=True)]
             newest = max((s.timestamp() if hasattr(s, "timestamp") else float(s) for s in stamps if s), default=None)
@@ -127,32 +287,22 @@ def prune_history(keep_days: int = SNAPSHOT_RETENTION_DAYS, settings: Settings |
 
 # -- Spark -----------------------------------------------------------------------
 
-def check_thresholds(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Threshold overrides from a run's params, checked before any Spark time is spent."""
-    from lagdoctor.diagnosis.thresholds import Thresholds
-
-    overrides = dict(overrides or {})
-    unknown = sorted(set(overrides) - set(Thresholds.field_names()))
-    if unknown:
-        raise ValueError(
-            f"unknown threshold(s) {', '.join(unknown)}; known: {', '.join(Thresholds.field_names())}"
-        )
-    try:
-        Thresholds.from_overrides(overrides)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"bad threshold value: {exc}") from None
-    return overrides
-
-
 def prepare_diagnosis(
     cluster: str,
     run_id: str,
     *,
     window_minutes: float,
     thresholds: Mapping[str, Any] | None = None,
+    group_pattern: str | None = None,
+    topic: str | None = None,
+    dag_id: str | None = None,
     settings: Settings | None = None,
 ) -> dict[str, Any]:
-    """Arguments for the SparkSubmitOperator, built at run time (the package zip too)."""
+    """Arguments for the SparkSubmitOperator, built at run time (the package zip too).
+
+    `group_pattern`/`topic` scope the job: an incident run writes findings only
+    for the groups it was asked about, never a verdict on everyone else.
+    """
     import os
     import sys
     from pathlib import Path
@@ -161,20 +311,35 @@ def prepare_diagnosis(
 
     settings = settings or Settings.from_env()
     work_dir = Path(os.environ.get("AIRFLOW_HOME", "/tmp")) / "lagdoctor-spark"
-    output = join(settings.findings_root, run_key(run_id))
+    output = join(settings.findings_root, run_key(run_id, dag_id))
     snapshots = join(settings.snapshots_root, f"cluster={cluster}")
     bindir = str(Path(sys.executable).parent)
+    scope = {k: v for k, v in (("groups", group_pattern), ("topic", topic)) if v}
     return {
         "application": default_job_script(),
         "py_files": build_package_zip(work_dir),
         "args": job_arguments(snapshots, output, window_minutes=window_minutes,
-                              thresholds=check_thresholds(thresholds)),
+                              thresholds=check_thresholds(thresholds), **scope),
         "output": output,
         "python": sys.executable,
         "spark_submit": str(Path(bindir) / "spark-submit"),
         "path": bindir + os.pathsep + os.environ.get("PATH", ""),
         "log_config": quiet_log_config(work_dir),
     }
+
+
+# Exit codes of spark_jobs/diagnose_lag.py that a retry cannot change.
+DIAGNOSIS_USAGE_EXIT, DIAGNOSIS_BAD_INPUT_EXIT = 2, 3
+
+
+def diagnosis_failure_line(message: str) -> tuple[int | None, str]:
+    """(exit code, one line) from spark-submit's failure text: the job's own
+    `diagnose_lag: error:` line when the log tail holds it."""
+    code = re.search(r"Error code is: (\d+)", message)
+    reason = re.search(r"diagnose_lag: error: ([^\n]+)", message)
+    exit_code = int(code.group(1)) if code else None
+    line = reason.group(1).strip() if reason else f"spark-submit failed (exit code {exit_code})"
+    return exit_code, "diagnosis: " + " ".join(line.split())[:400]
 
 
 # -- findings and runbooks ---------------------------------------------------------
@@ -201,6 +366,17 @@ def read_findings(output: str) -> list[dict[str, Any]]:
     ]
 
 
+def read_quarantined(output: str) -> list[dict[str, Any]]:
+    """Files the job moved aside this run ({"path", "moved_to", "reason"}); [] when none."""
+    import fsspec
+
+    path = join(output, QUARANTINE_FILE)
+    fs, local = fsspec.core.url_to_fs(path)
+    if not fs.exists(local):
+        return []
+    return [e for e in _read_jsonl(path) if isinstance(e, Mapping) and e.get("path")]
+
+
 RUN_FILE = "run.json"
 
 
@@ -212,30 +388,44 @@ def plan_findings(
     runbooks_dir: str | None = None,
     dag_id: str | None = None,
     run_id: str | None = None,
+    kind: str = "sweep",
+    threshold_overrides: Mapping[str, Any] | None = None,
+    now: datetime | None = None,
 ) -> dict[str, Any]:
     """Pair each finding with its runbook plan; write them, and which DAG run
-    produced them (run.json: the lag page links back to it), beside the findings.
+    produced them (run.json: the lag page links back to it; `threshold_overrides`
+    keeps an experiment from replacing the sweep's verdict), beside the findings.
 
     Returns a small summary: counts and, per registered action, how many
     findings want it (the branch task reads this).
     """
     import fsspec
 
+    from lagdoctor.collector import compile_group_pattern
     from lagdoctor.runbooks import choose_actions, load_runbooks
 
-    pattern = re.compile(group_pattern) if group_pattern else None
+    if kind not in KINDS:
+        raise ValueError(f"kind: {kind!r} is not one of {', '.join(KINDS)}")
+    # RE2 (linear time): group ids are chosen by clients, the pattern by whoever triggers.
+    pattern = compile_group_pattern(group_pattern, what="group_pattern") if group_pattern else None
     findings = [
         f for f in read_findings(output)
         if (pattern is None or pattern.fullmatch(f["group_id"])) and (not topic or f["topic"] == topic)
     ]
+    quarantined = read_quarantined(output)
+    for entry in quarantined:
+        log.warning("quarantined %s: %s (moved to %s)", entry.get("path"), " ".join(str(entry.get("reason")).split()),
+                    entry.get("moved_to"))
     runbooks = load_runbooks(runbooks_dir)
     planned = [{"finding": f, "plan": choose_actions(f, runbooks).as_dict()} for f in findings]
     plans_path = join(output, PLANS_FILE)
     with fsspec.open(plans_path, "wt") as fh:
         json.dump(planned, fh)
     with fsspec.open(join(output, RUN_FILE), "wt") as fh:
-        json.dump({"dag_id": dag_id, "run_id": run_id, "planned_at": datetime.now(timezone.utc).isoformat(),
-                   "group_pattern": group_pattern, "topic": topic}, fh)
+        json.dump({"dag_id": dag_id, "run_id": run_id, "kind": kind,
+                   "planned_at": (now or datetime.now(timezone.utc)).isoformat(),
+                   "group_pattern": group_pattern, "topic": topic,
+                   "threshold_overrides": dict(threshold_overrides or {})}, fh)
     wanted: dict[str, int] = {}
     for item in planned:
         for action in item["plan"]["actions"]:
@@ -245,10 +435,12 @@ def plan_findings(
         by_severity[f["severity"]] = by_severity.get(f["severity"], 0) + 1
     return {
         "plans": plans_path,
+        "output": output,
         "findings": len(findings),
         "problems": sum(1 for f in findings if f["diagnosis"] != "healthy"),
         "by_severity": by_severity,
         "actions": wanted,
+        "quarantined": len(quarantined),
     }
 
 
@@ -263,20 +455,25 @@ def action_task_id(action: str) -> str:
     return f"remediate_{action}"
 
 
-def branch_target(action: str) -> str:
-    """The first task of an action's group: its approval gate, or its run for advice-only actions."""
+def branch_target(action: str, *, approvals: bool = True) -> str:
+    """The first task of an action's group: its approval gate, or its run for
+    advice-only actions and in a DAG that never waits for a human (the sweep)."""
     from lagdoctor.remediation import get_action
 
-    step = "gate" if get_action(action).changes_state else "run"
+    step = "gate" if approvals and get_action(action).changes_state else "run"
     return f"{action_task_id(action)}.{step}"
 
 
-def choose_branches(summary: Mapping[str, Any]) -> list[str]:
-    """Branch targets: one remediation group per action some finding's runbook chose."""
+def choose_branches(summary: Mapping[str, Any] | None, *, approvals: bool = True) -> list[str]:
+    """Branch targets: one remediation group per action some finding's runbook chose;
+    none without a plan (the plan task failed)."""
     from lagdoctor.remediation import action_names
 
+    if not summary or not summary.get("plans"):
+        return []
     known = set(action_names())
-    return [branch_target(a) for a in sorted(a for a in summary.get("actions", {}) if a in known)]
+    return [branch_target(a, approvals=approvals)
+            for a in sorted(a for a in summary.get("actions", {}) if a in known)]
 
 
 def write_reports(output: str) -> int:
@@ -295,24 +492,66 @@ def write_reports(output: str) -> int:
 
 # -- Slack ---------------------------------------------------------------------------
 
+def _undelivered(results: list[Mapping[str, Any]]) -> tuple[int, str | None]:
+    count = sum(int(r.get("undelivered") or 0) for r in results if isinstance(r, Mapping))
+    error = next((r.get("delivery_error") for r in results if isinstance(r, Mapping) and r.get("delivery_error")),
+                 None)
+    return count, error
+
+
+def raise_if_undelivered(results: list[Mapping[str, Any]]) -> None:
+    """After everything was queued: one line when Slack kept some of it back."""
+    count, error = _undelivered(results)
+    if count:
+        from lagdoctor.notify.redact import one_line
+
+        raise SlackUndelivered(f"Slack: {count} message(s) not delivered, kept in the outbox: "
+                               f"{one_line(error) if error else 'no reason given'}")
+
+
+def post_quarantine_notice(output: str, *, settings: Settings | None = None) -> dict[str, Any] | None:
+    """One Slack notice for the files this run's diagnosis moved aside; None when none were."""
+    from lagdoctor.notify.incidents import post_notice
+    from lagdoctor.notify.render import render_quarantine_notice
+
+    entries = read_quarantined(output)
+    if not entries:
+        return None
+    # Keyed by the run's folder: a retried task does not post it again.
+    key = "quarantine:" + output.rstrip("/").rsplit("/", 1)[-1]
+    return post_notice(render_quarantine_notice(entries), dedupe_key=key, settings=settings)
+
+
 def post_findings(
     plans_path: str, run_id: str, *, incident_scope: str | None = None, settings: Settings | None = None
 ) -> dict[str, int]:
     """Tell Slack. A sweep posts, updates or closes each incident key's own thread;
     a manual incident run (`incident_scope` set) keeps the whole run in one thread.
-    Both are deduplicated by their stores, so a retried task posts nothing twice."""
+    Both are deduplicated by their stores, so a retried task posts nothing twice.
+
+    Everything is handed to the notify layer first; only then, if Slack kept
+    messages back (they wait in the outbox), SlackUndelivered says how many.
+    """
     from lagdoctor.notify.incidents import post_incident_run, post_or_update_incident
 
     items = read_plans(plans_path)
+    results: list[Mapping[str, Any]] = []
+    notice = post_quarantine_notice(plans_path.rstrip("/").rsplit("/", 1)[0], settings=settings)
+    if notice is not None:
+        results.append(notice)
     if incident_scope is not None:
         result = post_incident_run(items, run_id=run_id, scope=incident_scope, settings=settings)
-        return {"problems": result["problems"], "findings": result["findings"]}
-    decisions: dict[str, int] = {}
-    for item in items:
-        result = post_or_update_incident(item["finding"], item["plan"], run_id=run_id, settings=settings)
-        decisions[result["decision"]] = decisions.get(result["decision"], 0) + 1
-    log.info("slack: %s", decisions)
-    return decisions
+        results.append(result)
+        summary = {"problems": result["problems"], "findings": result["findings"]}
+    else:
+        summary = {}
+        for item in items:
+            result = post_or_update_incident(item["finding"], item["plan"], run_id=run_id, settings=settings)
+            results.append(result)
+            summary[result["decision"]] = summary.get(result["decision"], 0) + 1
+    log.info("slack: %s", summary)
+    raise_if_undelivered(results)
+    return summary
 
 
 def incident_scope(params: Mapping[str, Any]) -> str:
@@ -358,12 +597,17 @@ def remediate(
     approved: bool | None = None,
     settings: Settings | None = None,
 ) -> dict[str, int]:
-    """Run one registered action for every finding that wants it; report each in its thread."""
+    """Run one registered action for every finding that wants it; report each in its thread.
+
+    `approved=None` where an action needs approval records it `awaiting_approval`
+    and posts how to act: the sweep proposes, it never waits for a human.
+    """
     from lagdoctor.notify.incidents import post_action_result
     from lagdoctor.remediation import RemediationFailed, run_action
 
     statuses: dict[str, int] = {}
     failures: list[str] = []
+    posted: list[Mapping[str, Any]] = []
     for item in read_plans(plans_path):
         for planned in item["plan"]["actions"]:
             if planned["action"] != action:
@@ -380,9 +624,10 @@ def remediate(
                 failures.append(f"{item['finding']['group_id']}: {exc}")
                 statuses["failed"] = statuses.get("failed", 0) + 1
                 continue
-            post_action_result(record, settings=settings)
+            posted.append(post_action_result(record, settings=settings))
             statuses[record["status"]] = statuses.get(record["status"], 0) + 1
     log.info("%s: %s", action, statuses)
     if failures:
         raise RemediationFailed(f"{action} failed for {len(failures)} group(s); first: {failures[0]}")
+    raise_if_undelivered(posted)
     return statuses

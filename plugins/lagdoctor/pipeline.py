@@ -1,18 +1,27 @@
-"""The task graph both DAGs share: snapshot -> diagnose -> plan -> branch -> Slack -> remediation.
+"""The task graph both DAGs share: validate -> snapshot -> diagnose -> plan -> Slack -> branch -> remediation.
 
 Only wiring: each task body is a call into `lagdoctor.orchestration`. The
 remediation branches come from the actions registered in code, so editing a
 runbook never changes the DAG's shape. Run-time values come from the DAG's
-params, so the scheduled sweep and a manual incident run share one graph.
+params, checked once by the first task, so the scheduled sweep and a manual
+incident run share one graph.
 
-    snapshot -> prepare_diagnosis -> diagnose (spark-submit) -> plan -> write_reports -> post_findings -> route
-    route -> remediate_<action>.gate -> [remediate_<action>.approve] -> remediate_<action>.run
+    validate_params -> snapshot -> prepare_diagnosis -> diagnose (spark-submit) -> plan
+        -> write_reports -> post_findings -> route
+    route -> remediate_<action>.gate -> [remediate_<action>.approve] -> remediate_<action>.run   (incident)
+    route -> remediate_<action>.run                                                              (sweep)
+    every non-branch task -> check_failures   (fails the run when any of them failed)
+
+Failures a retry cannot fix (the form, the job's bad-input exit codes, a
+runbook error, Slack messages left in the outbox) fail at once, without retry.
+Every task has an execution timeout, so nothing holds the sweep forever.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import Any, Iterator
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.hitl import ApprovalOperator
@@ -21,9 +30,47 @@ from airflow.sdk import TaskGroup, get_current_context, task
 from lagdoctor import orchestration
 from lagdoctor.remediation import action_names, approved_from_hitl, get_action
 
+VALIDATE_TASK_ID = "validate_params"
 POST_TASK_ID = "post_findings"
 PLAN_TASK_ID = "plan"
+CHECK_TASK_ID = "check_failures"
 APPROVAL_TIMEOUT = timedelta(hours=1)
+
+# Execution timeouts. The snapshot's is narrowed per run (samples x interval,
+# plus each sample's own read budget); the ceiling covers the largest form allowed.
+SNAPSHOT_SAMPLE_BUDGET_S = 30  # one sample's reads; an unreachable cluster fails within 30 s
+SNAPSHOT_MARGIN_S = 60
+SNAPSHOT_TIMEOUT_CEILING = timedelta(
+    seconds=orchestration.MAX_SAMPLING_SECONDS + 60 * SNAPSHOT_SAMPLE_BUDGET_S + SNAPSHOT_MARGIN_S)
+TIMEOUTS = {
+    "validate_params": timedelta(minutes=2),
+    "prepare_diagnosis": timedelta(minutes=5),
+    "diagnose": timedelta(minutes=30),
+    "plan": timedelta(minutes=5),
+    "write_reports": timedelta(minutes=10),
+    "post_findings": timedelta(minutes=10),
+    "route": timedelta(minutes=2),
+    "gate": timedelta(minutes=2),
+    "approve": timedelta(minutes=5),  # before it waits; the wait itself is APPROVAL_TIMEOUT
+    "run": timedelta(minutes=15),
+    "prune_history": timedelta(minutes=15),
+    "check_failures": timedelta(minutes=2),
+}
+
+
+def snapshot_timeout(samples: int, interval_s: float) -> timedelta:
+    return timedelta(seconds=samples * interval_s + samples * SNAPSHOT_SAMPLE_BUDGET_S + SNAPSHOT_MARGIN_S)
+
+
+@contextmanager
+def no_retry(*errors: type[BaseException]) -> Iterator[None]:
+    """Turn errors a retry cannot fix into AirflowFailException: one line, failed at once."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    try:
+        yield
+    except errors as exc:
+        raise AirflowFailException(" ".join(str(exc).split())) from None
 
 
 class DiagnoseLagOperator(SparkSubmitOperator):
@@ -53,62 +100,127 @@ class DiagnoseLagOperator(SparkSubmitOperator):
             "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{prep['log_config']}",
         }
         self.env_vars = {**(self.env_vars or {}), "PATH": prep["path"], "PYSPARK_PYTHON": prep["python"]}
-        super().execute(context)
+        from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+        try:
+            super().execute(context)
+        except AirflowException as exc:
+            code, line = orchestration.diagnosis_failure_line(str(exc))
+            if code in (orchestration.DIAGNOSIS_USAGE_EXIT, orchestration.DIAGNOSIS_BAD_INPUT_EXIT):
+                # Bad arguments or unreadable input: the same run would fail the same way.
+                raise AirflowFailException(line) from None
+            raise AirflowException(line) from None
 
 
 def _params() -> dict[str, Any]:
     return dict(get_current_context()["params"])
 
 
+def _form() -> dict[str, Any]:
+    """The params as validate_params checked them (numbers as numbers, thresholds a dict)."""
+    return get_current_context()["ti"].xcom_pull(task_ids=VALIDATE_TASK_ID)
+
+
 def _run_id() -> str:
     return str(get_current_context()["run_id"])
 
 
-def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_per_run: bool = False) -> None:
-    """Add the shared tasks to the DAG being defined (call inside `with DAG(...)`)."""
+def _narrow_snapshot_timeout(context: Any) -> None:
+    """pre_execute: this run's snapshot timeout from its own samples and interval."""
+    form = context["ti"].xcom_pull(task_ids=VALIDATE_TASK_ID) or {}
+    if form.get("samples"):
+        budget = snapshot_timeout(int(form["samples"]), float(form.get("interval_seconds") or 0))
+        context["task"].execution_timeout = min(budget, SNAPSHOT_TIMEOUT_CEILING)
 
-    @task
-    def snapshot() -> dict[str, Any]:
-        p = _params()
+
+def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_per_run: bool = False,
+                   approvals: bool | None = None) -> None:
+    """Add the shared tasks to the DAG being defined (call inside `with DAG(...)`).
+
+    `approvals`: whether an action that needs approval waits for a human here
+    (default: only the manual incident DAG). The sweep proposes instead: it
+    runs every few minutes with one active run and must never wait.
+    """
+    from lagdoctor.runbooks import RunbookError
+
+    approvals = one_thread_per_run if approvals is None else approvals
+    kind = "incident" if one_thread_per_run else "sweep"
+
+    @task(task_id=VALIDATE_TASK_ID, execution_timeout=TIMEOUTS["validate_params"])
+    def validate_params() -> dict[str, Any]:
+        with no_retry(orchestration.FormError):
+            return orchestration.validate_params({"samples": samples, "interval_seconds": interval_s, **_params()})
+
+    @task(execution_timeout=SNAPSHOT_TIMEOUT_CEILING, pre_execute=_narrow_snapshot_timeout)
+    def snapshot(form: dict[str, Any]) -> dict[str, Any]:
         return orchestration.take_snapshots(
-            p["cluster"], _run_id(), group_pattern=p.get("group_pattern") or None,
-            topic=p.get("topic") or None, samples=int(p.get("samples", samples)),
-            interval_s=float(p.get("interval_seconds", interval_s)),
+            form["cluster"], _run_id(), group_pattern=form["group_pattern"], topic=form["topic"],
+            samples=int(form["samples"]), interval_s=float(form["interval_seconds"]),
         )
 
-    @task
-    def prepare_diagnosis(snap: dict[str, Any]) -> dict[str, Any]:
-        p = _params()
+    @task(execution_timeout=TIMEOUTS["prepare_diagnosis"])
+    def prepare_diagnosis(snap: dict[str, Any], form: dict[str, Any]) -> dict[str, Any]:
+        scoped = kind == "incident"  # a sweep's verdict covers every group; an incident only its own
         return orchestration.prepare_diagnosis(
-            snap["cluster"], _run_id(), window_minutes=float(p["window_minutes"]), thresholds=p.get("thresholds")
+            snap["cluster"], _run_id(), window_minutes=float(form["window_minutes"]), thresholds=form["thresholds"],
+            group_pattern=form["group_pattern"] if scoped else None, topic=form["topic"] if scoped else None,
+            dag_id=get_current_context()["dag"].dag_id,
         )
 
-    diagnose = DiagnoseLagOperator(task_id="diagnose", prepare_task_id="prepare_diagnosis")
+    diagnose = DiagnoseLagOperator(task_id="diagnose", prepare_task_id="prepare_diagnosis",
+                                   execution_timeout=TIMEOUTS["diagnose"])
 
-    @task(task_id=PLAN_TASK_ID)
-    def plan(prep: dict[str, Any]) -> dict[str, Any]:
-        p, ctx = _params(), get_current_context()
-        return orchestration.plan_findings(
-            prep["output"], group_pattern=p.get("group_pattern") or None, topic=p.get("topic") or None,
-            dag_id=ctx["dag"].dag_id, run_id=str(ctx["run_id"]),
-        )
+    @task(task_id=PLAN_TASK_ID, execution_timeout=TIMEOUTS["plan"])
+    def plan(prep: dict[str, Any], form: dict[str, Any]) -> dict[str, Any]:
+        ctx = get_current_context()
+        with no_retry(RunbookError):
+            return orchestration.plan_findings(
+                prep["output"], group_pattern=form["group_pattern"], topic=form["topic"],
+                dag_id=ctx["dag"].dag_id, run_id=str(ctx["run_id"]), kind=kind,
+                threshold_overrides=form["thresholds"],
+            )
 
-    @task.branch
-    def route(summary: dict[str, Any]) -> list[str]:
-        return orchestration.choose_branches(summary)
+    # Reads the plan from XCom, not as an argument, and runs whatever Slack did:
+    # a Slack outage must not stop remediation. No plan (it failed): no branch.
+    @task.branch(trigger_rule="all_done", execution_timeout=TIMEOUTS["route"])
+    def route() -> list[str]:
+        summary = get_current_context()["ti"].xcom_pull(task_ids=PLAN_TASK_ID)
+        return orchestration.choose_branches(summary, approvals=approvals)
 
-    @task(task_id=POST_TASK_ID)
+    @task(task_id=POST_TASK_ID, execution_timeout=TIMEOUTS["post_findings"])
     def post_findings(summary: dict[str, Any]) -> dict[str, int]:
-        scope = orchestration.incident_scope(_params()) if one_thread_per_run else None
-        return orchestration.post_findings(summary["plans"], _run_id(), incident_scope=scope)
+        scope = orchestration.incident_scope(_form()) if one_thread_per_run else None
+        # Undelivered messages wait in the outbox for the next run: retrying now would not help.
+        with no_retry(orchestration.SlackUndelivered):
+            return orchestration.post_findings(summary["plans"], _run_id(), incident_scope=scope)
 
-    @task
+    @task(execution_timeout=TIMEOUTS["write_reports"])
     def write_reports(prep: dict[str, Any]) -> int:
         return orchestration.write_reports(prep["output"])
 
-    snap = snapshot()
-    prep = prepare_diagnosis(snap)
-    summary = plan(prep)
+    # Branch tasks (route, gates, approvals) skip what follows them, and the
+    # run's state comes from its leaves: so a failure before the branch (Slack,
+    # say) would end as a successful run. This task, downstream of every
+    # non-branch task, fails the run instead.
+    @task(task_id=CHECK_TASK_ID, trigger_rule="one_failed", retries=0, on_failure_callback=None,
+          execution_timeout=TIMEOUTS["check_failures"])
+    def check_failures() -> None:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        ctx = get_current_context()
+        ti = ctx["ti"]
+        try:
+            states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id],
+                                        task_ids=sorted(ctx["task"].upstream_task_ids)).get(ti.run_id, {})
+        except Exception:  # noqa: BLE001 (the run fails either way; the names are a courtesy)
+            states = {}
+        failed = sorted(t for t, state in states.items() if str(state) in ("failed", "TaskInstanceState.FAILED"))
+        raise AirflowFailException(f"this run failed at: {', '.join(failed) or 'an earlier task'} (see its log)")
+
+    form = validate_params()
+    snap = snapshot(form)
+    prep = prepare_diagnosis(snap, form)
+    summary = plan(prep, form)
     prep >> diagnose >> summary
     reports = write_reports(prep)
     summary >> reports
@@ -116,45 +228,53 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
     reports >> posted
     # Slack first, then the branch: a branch spares every task downstream of a
     # branch it follows, so the post must not sit between it and the actions.
-    branches = route(summary)
+    branches = route()
     posted >> branches
+    checked = [form, snap, prep, diagnose, summary, reports, posted]
 
     for action in action_names():
-        _remediation_group(action, branches)
+        _remediation_group(action, branches, approvals=approvals)
 
     if prune:
-        @task
+        @task(execution_timeout=TIMEOUTS["prune_history"])
         def prune_history() -> int:
             return orchestration.prune_history()
 
-        snap >> prune_history()
+        pruned = prune_history()
+        snap >> pruned
+        checked.append(pruned)
+
+    checked >> check_failures()
 
 
-def _remediation_group(action: str, branches) -> None:
-    """`gate` -> [`approve`] -> `run` for an action that changes state; `run` alone for advice."""
+def _remediation_group(action: str, branches, *, approvals: bool) -> None:
+    """`gate` -> [`approve`] -> `run` for an action that changes state in a DAG that asks
+    for approval; `run` alone for advice, and in the sweep (which proposes, never waits)."""
     group_id = orchestration.action_task_id(action)
     with TaskGroup(group_id=group_id, tooltip=f"remediation: {action}"):
+        changes_state = get_action(action).changes_state
+        asks = approvals and changes_state
 
         # `run` must not take the plan as an argument: that would make `plan` an
         # upstream whose success lets it run although its gate was skipped.
-        @task(task_id="run", trigger_rule="none_failed_min_one_success")
+        @task(task_id="run", trigger_rule="none_failed_min_one_success", execution_timeout=TIMEOUTS["run"])
         def run() -> dict[str, int]:
             ctx = get_current_context()
             summary = ctx["ti"].xcom_pull(task_ids=PLAN_TASK_ID)
-            approval = ctx["ti"].xcom_pull(task_ids=f"{group_id}.approve") if changes_state else None
-            return orchestration.remediate(
-                action, summary["plans"], _run_id(), dry_run=bool(ctx["params"]["dry_run"]),
-                approved=approved_from_hitl(approval) if approval else None,
-            )
+            approval = ctx["ti"].xcom_pull(task_ids=f"{group_id}.approve") if asks else None
+            # approved=None where approval is needed: the runner records it awaiting_approval.
+            with no_retry(orchestration.SlackUndelivered):
+                return orchestration.remediate(
+                    action, summary["plans"], _run_id(), dry_run=bool(ctx["params"]["dry_run"]),
+                    approved=approved_from_hitl(approval) if approval else None,
+                )
 
-        changes_state = get_action(action).changes_state
         r = run()
-        if not changes_state:
-            # Advice only (recommended consumer settings): nothing to approve.
+        if not asks:
             branches >> r
             return
 
-        @task.branch(task_id="gate")
+        @task.branch(task_id="gate", execution_timeout=TIMEOUTS["gate"])
         def gate() -> str:
             summary = get_current_context()["ti"].xcom_pull(task_ids=PLAN_TASK_ID)
             dry_run = bool(_params()["dry_run"])
@@ -170,8 +290,27 @@ def _remediation_group(action: str, branches) -> None:
             body=f"{{{{ ti.xcom_pull(task_ids='{group_id}.gate', key='approval_text') }}}}",
             defaults="Reject",
             response_timeout=APPROVAL_TIMEOUT,
+            execution_timeout=TIMEOUTS["approve"],
         )
         g = gate()
         branches >> g
         g >> [approve, r]
         approve >> r
+
+
+def notify_recovery(context: Any) -> None:
+    """DAG `on_success_callback`: reply once in the DAG's failure thread when it succeeds again.
+
+    Imported when called, so parsing a DAG file never needs the notify layer's state code.
+    """
+    from lagdoctor.notify.incidents import notify_recovery as reply_recovered
+
+    reply_recovered(context)
+
+
+def thresholds_param(description: str):
+    """The threshold overrides field: a JSON object, or its text, so the form's
+    editor never disables Trigger; validate_params checks each name and value."""
+    from airflow.sdk import Param
+
+    return Param({}, type=["object", "string", "null"], title="Threshold overrides", description=description)
