@@ -7,8 +7,8 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
 
-from lagdoctor.notify.incidents import notify_failure
-from lagdoctor.pipeline import build_pipeline, notify_recovery, thresholds_param
+from lagdoctor.notify.incidents import notify_failure, notify_recovery
+from lagdoctor.pipeline import build_pipeline, thresholds_param
 
 with DAG(
     dag_id="kafka_lag_health_sweep",

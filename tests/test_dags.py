@@ -56,8 +56,7 @@ def test_snapshot_time_limit_follows_samples_and_interval():
 
 
 def test_concurrency_and_callbacks(dagbag):
-    from lagdoctor.notify.incidents import notify_failure
-    from lagdoctor.pipeline import notify_recovery
+    from lagdoctor.notify.incidents import notify_failure, notify_recovery
 
     sweep, incident = dagbag.dags[SWEEP_DAG_ID], dagbag.dags[INCIDENT_DAG_ID]
     assert sweep.max_active_runs == 1

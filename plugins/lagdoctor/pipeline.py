@@ -298,16 +298,6 @@ def _remediation_group(action: str, branches, *, approvals: bool) -> None:
         approve >> r
 
 
-def notify_recovery(context: Any) -> None:
-    """DAG `on_success_callback`: reply once in the DAG's failure thread when it succeeds again.
-
-    Imported when called, so parsing a DAG file never needs the notify layer's state code.
-    """
-    from lagdoctor.notify.incidents import notify_recovery as reply_recovered
-
-    reply_recovered(context)
-
-
 def thresholds_param(description: str):
     """The threshold overrides field: a JSON object, or its text, so the form's
     editor never disables Trigger; validate_params checks each name and value."""

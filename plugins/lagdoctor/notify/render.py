@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
-from lagdoctor.notify.templates import code_safe, escape_mrkdwn, render, render_plain, TEMPLATES
+from lagdoctor.notify.templates import code_safe, escape_mrkdwn, mrkdwn_value, render, render_plain, TEMPLATES
 
 SEVERITY_EMOJI = {"critical": ":red_circle:", "warning": ":large_yellow_circle:", "ok": ":large_green_circle:"}
 STATUS_EMOJI = {
@@ -198,12 +198,20 @@ def _text_section(text: str) -> dict[str, Any]:
     return {"type": "section", "text": {"type": "mrkdwn", "text": text}}
 
 
+def one_line_id(value: Any, default: str = "-") -> str:
+    """A broker- or user-chosen name on one line: a line break in a group id must not
+    start a line of its own in Slack (a forged "Recovered", say), and a backtick must
+    not open or close a code span (Slack has no escape for it). Not escaped here."""
+    text = " ".join(str(value).replace("`", "'").split()) if value is not None else ""
+    return text or default
+
+
 def _values(finding: Mapping[str, Any]) -> dict[str, Any]:
-    diagnosis = str(finding.get("diagnosis") or "")
+    diagnosis = one_line_id(finding.get("diagnosis"), "")
     severity = str(finding.get("severity") or "")
     return {
-        "group": finding.get("group_id", "-"), "topic": finding.get("topic", "-"),
-        "cluster": finding.get("cluster", "-"), "diagnosis": diagnosis,
+        "group": one_line_id(finding.get("group_id")), "topic": one_line_id(finding.get("topic")),
+        "cluster": one_line_id(finding.get("cluster")), "diagnosis": diagnosis,
         "diagnosis_title": _title(diagnosis), "severity": severity or "-",
         "severity_word": severity.upper() or "FINDING",
         "emoji": SEVERITY_EMOJI.get(severity, ":grey_question:"),
@@ -226,6 +234,32 @@ def action_lines(actions: Iterable[Mapping[str, Any]]) -> list[str]:
     return out
 
 
+MAX_READ_ERRORS = 5
+
+
+def incomplete_data_text(finding: Mapping[str, Any]) -> str:
+    """What a person must know when the verdict rests on incomplete data; "" when it does not.
+
+    Reads evidence ``data_complete`` (false), ``read_errors`` (one line each,
+    the first MAX_READ_ERRORS shown), ``read_error_count`` and
+    ``offset_reset_partitions`` (log end offsets that went backwards).
+    """
+    ev = _evidence(finding)
+    lines = []
+    if ev.get("data_complete") is False:
+        errors = [str(e) for e in ev.get("read_errors") or [] if e is not None]
+        count = ev.get("read_error_count")
+        count = count if isinstance(count, int) and not isinstance(count, bool) and count >= len(errors) else len(errors)
+        lines.append(render("incomplete_data", count=count))
+        lines += [f"• `{escape_mrkdwn(code_safe(e))}`" for e in errors[:MAX_READ_ERRORS]]
+        if count > min(len(errors), MAX_READ_ERRORS):
+            lines.append(f"… and {count - min(len(errors), MAX_READ_ERRORS)} more")
+    resets = [p for p in ev.get("offset_reset_partitions") or [] if p is not None]
+    if resets:
+        lines.append(render("offset_reset", partitions=", ".join(one_line_id(p) for p in resets)))
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------- messages
 
 def render_incident(finding: Mapping[str, Any], plan: Mapping[str, Any] | None = None,
@@ -246,6 +280,9 @@ def render_incident(finding: Mapping[str, Any], plan: Mapping[str, Any] | None =
             for name in ("field_cluster", "field_topic", "field_pattern", "field_time_lag", "field_lag", "field_severity")
         ]},
     ]
+    incomplete = incomplete_data_text(finding)
+    if incomplete:
+        blocks.append(_text_section(incomplete))
     table = evidence_table(finding)
     if table:
         blocks.append(_text_section(render("evidence_title") + "\n```\n" + table + "\n```"))
@@ -283,6 +320,9 @@ def render_update(finding: Mapping[str, Any], changes: Sequence[str], *, run_id:
     blocks = [_text_section(render("update", changes=changes_text, **{k: v[k] for k in ("emoji", "summary")})),
               {"type": "section", "fields": [
                   {"type": "mrkdwn", "text": render(n, **v)} for n in ("field_pattern", "field_time_lag", "field_lag", "field_severity")]}]
+    incomplete = incomplete_data_text(finding)
+    if incomplete:
+        blocks.append(_text_section(incomplete))
     table = evidence_table(finding)
     if table:
         blocks.append(_text_section("```\n" + table + "\n```"))
@@ -296,18 +336,52 @@ def render_recovery(finding: Mapping[str, Any], *, diagnosis: str, duration_seco
 
 def render_action_result(record: Mapping[str, Any]) -> dict[str, Any]:
     status = str(record.get("status", ""))
-    v = {"emoji": STATUS_EMOJI.get(status, ":grey_question:"), "action": record.get("action", "?"),
+    v = {"emoji": STATUS_EMOJI.get(status, ":grey_question:"), "action": one_line_id(record.get("action"), "?"),
          "state": STATUS_WORDS.get(status, status), "message": record.get("message", ""),
-         "group": record.get("group_id", "-")}
+         "group": one_line_id(record.get("group_id"))}
     text = render("action_result", **v)
     if record.get("warning") and status in ("dry_run", "awaiting_approval", "executed"):
         text += "\n" + render("action_warning", warning=record["warning"])
+    if status == "awaiting_approval":
+        import re
+
+        # How to act: the sweep never waits for a human; an incident run with dry_run off asks.
+        text += "\n" + render("approval_how_to", pattern=re.escape(str(record.get("group_id", ""))),
+                               cluster=one_line_id(record.get("cluster")))
     return {"text": render("action_fallback", **v), "blocks": [_text_section(text)]}
 
 
 def render_failure(*, dag_id: str, task_id: str, run_id: str, reason: str = "") -> dict[str, Any]:
-    v = {"dag_id": dag_id, "task_id": task_id, "run_id": run_id, "reason": reason}
+    v = {"dag_id": one_line_id(dag_id), "task_id": task_id, "run_id": run_id, "reason": " ".join(str(reason).split())}
     return {"text": render("failure_fallback", **v), "blocks": [_text_section(render("failure", **v))]}
+
+
+def render_failure_recovery(*, dag_id: str, run_id: str, failed_runs: int) -> dict[str, Any]:
+    """The one reply in a DAG's failure thread once a run succeeds again."""
+    v = {"dag_id": one_line_id(dag_id), "run_id": run_id, "failed_runs": failed_runs}
+    return {"text": render("failure_recovery_fallback", **v), "blocks": [_text_section(render("failure_recovery", **v))]}
+
+
+def render_data_incomplete(finding: Mapping[str, Any], diagnosis: str) -> dict[str, Any]:
+    """A reply in an open thread: the group looks healthy, but on incomplete data,
+    so the thread stays open (unknown is never recovery)."""
+    v = {**_values(finding), "diagnosis": one_line_id(diagnosis, "").replace("_", " ")}
+    text = render("data_incomplete", **v)
+    detail = incomplete_data_text(finding)
+    return {"text": render("data_incomplete_fallback", **v),
+            "blocks": [_text_section(text + ("\n" + detail if detail else ""))]}
+
+
+def render_quarantine_notice(entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One notice per run: the snapshot files the diagnosis could not read and moved
+    aside (``{"path", "moved_to", "reason"}`` each); the diagnosis ran on the rest."""
+    lines = [render("quarantine_line", path=code_safe(e.get("path")), reason=" ".join(str(e.get("reason") or "-").split()),
+                    moved_to=code_safe(e.get("moved_to") or "-"))
+             for e in entries[:20]]
+    if len(entries) > 20:
+        lines.append(f"… and {len(entries) - 20} more (see the plan task's log)")
+    text = render("quarantine", count=len(entries)) + "\n" + "\n".join(lines)
+    return {"text": render("quarantine_fallback", count=len(entries)), "blocks": [_text_section(text)]}
 
 
 def render_approval_request(record: Mapping[str, Any]) -> dict[str, str]:
@@ -327,21 +401,24 @@ def render_run_header(findings: Sequence[Mapping[str, Any]], *, scope: str, run_
     worst = "critical" if any(f.get("severity") == "critical" for f in problems) else (
         "warning" if problems else "ok")
     lines = [
-        f"{SEVERITY_EMOJI.get(f.get('severity', ''), ':grey_question:')} *{_title(str(f.get('diagnosis', '')))}* "
-        f"· `{code_safe(f.get('group_id', ''))}` on `{code_safe(f.get('topic', ''))}`: {escape_mrkdwn(f.get('summary', ''))}"
+        f"{SEVERITY_EMOJI.get(f.get('severity', ''), ':grey_question:')} "
+        f"*{escape_mrkdwn(_title(one_line_id(f.get('diagnosis'), '')))}* "
+        f"· `{escape_mrkdwn(code_safe(f.get('group_id', '')))}` on `{escape_mrkdwn(code_safe(f.get('topic', '')))}`: "
+        f"{mrkdwn_value(f.get('summary', ''))}"
+        + (" _(incomplete data)_" if _evidence(f).get("data_complete") is False else "")
         for f in problems[:20]
     ] or ["No problem found: every matching group keeps up."]
     if len(problems) > 20:
         lines.append(f"… and {len(problems) - 20} more in this thread.")
     healthy = len(findings) - len(problems)
-    text = (f"Incident run for {scope}: {len(problems)} problem(s), {healthy} healthy "
+    text = (f"Incident run for {escape_mrkdwn(one_line_id(scope))}: {len(problems)} problem(s), {healthy} healthy "
             f"(group, topic) pair(s)")
     blocks = [
         {"type": "header", "text": {"type": "plain_text", "emoji": True,
                                     "text": f"{SEVERITY_EMOJI[worst]} lagdoctor incident run"[:150]}},
-        _text_section(f"*Scope* `{code_safe(scope)}` · {len(problems)} problem(s), {healthy} healthy"),
+        _text_section(f"*Scope* `{escape_mrkdwn(code_safe(scope))}` · {len(problems)} problem(s), {healthy} healthy"),
         _text_section("\n".join(lines)[:2900]),
         {"type": "context", "elements": [{"type": "mrkdwn",
-                                          "text": f"run `{code_safe(run_id)}` · details in this thread"}]},
+                                          "text": f"run `{escape_mrkdwn(code_safe(run_id))}` · details in this thread"}]},
     ]
     return {"text": text, "blocks": blocks}

