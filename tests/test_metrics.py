@@ -240,6 +240,31 @@ def test_latest_run_wins_per_group_and_topic(tmp_path):
         T0.replace(minute=50).timestamp()
 
 
+def test_a_run_with_threshold_overrides_never_replaces_the_sweeps_verdict(tmp_path):
+    """An incident run with {"warning_lag": 1} after a sweep: no alert changes, for its group or any other."""
+    write_run(tmp_path, "sweep", [finding("orders-processor", "slow_consumer", "warning", pattern="steady_climb"),
+                                  finding("billing", topic="invoices")],
+              [status_row("orders-processor", 0, "WARN", 2500), status_row("billing", 0, "OK", 3, topic="invoices")],
+              planned_at=T0)
+    before = parse_exposition(render_metrics(str(tmp_path)))
+    folder = write_run(tmp_path, "incident", [
+        finding("orders-processor", "slow_consumer", "critical", pattern="steady_climb"),
+        finding("billing", "slow_consumer", "critical", topic="invoices", pattern="flat"),
+    ], [status_row("orders-processor", 0, "ERR", 2600), status_row("billing", 0, "ERR", 3, topic="invoices")],
+        planned_at=T0.replace(minute=50))
+    meta = json.loads((folder / "run.json").read_text())
+    (folder / "run.json").write_text(json.dumps({**meta, "dag_id": "kafka_lag_incident", "kind": "incident",
+                                                 "threshold_overrides": {"warning_lag": 1}}))
+    after = parse_exposition(render_metrics(str(tmp_path)))
+    assert after == before
+    assert only(after, "lagdoctor_group_severity", group="orders-processor") == 1
+    assert only(after, "lagdoctor_group_severity", group="billing") == 0
+
+    # The same run without overrides is a verdict like any other: the test above could fail.
+    (folder / "run.json").write_text(json.dumps({**meta, "threshold_overrides": {}}))
+    assert only(parse_exposition(render_metrics(str(tmp_path))), "lagdoctor_group_severity", group="billing") == 2
+
+
 @pytest.mark.parametrize(
     "bare_offset_s, winner_lag",
     [

@@ -74,10 +74,15 @@ def test_report_is_self_contained_and_escaped(sweep):
 
 
 def test_rewrite_is_idempotent_and_atomic(sweep, monkeypatch):
+    from datetime import datetime, timezone
+
     settings, run_dir = sweep
-    first = write_incident_report(run_dir, settings=settings, base_url="")
+    now = datetime(2026, 11, 21, 14, 31, 59, tzinfo=timezone.utc)  # given, so no second boundary can differ
+    first = write_incident_report(run_dir, settings=settings, base_url="", now=now)
     before = {p: open(p).read() for p in first}
-    assert write_incident_report(run_dir, settings=settings, base_url="") == first
+    assert "2026-11-21 14:31:59" in next(iter(before.values()))
+    assert write_incident_report(run_dir, settings=settings, base_url="", now=now) == first
+    assert {p: open(p).read() for p in first} == before  # the same bytes, not only the same names
 
     # A crash between writing and renaming keeps the previous report whole and leaves no temporary file.
     import fsspec.implementations.local as local
@@ -87,7 +92,8 @@ def test_rewrite_is_idempotent_and_atomic(sweep, monkeypatch):
 
     monkeypatch.setattr(local.LocalFileSystem, "mv", crash)
     with pytest.raises(OSError, match="disk full"):
-        write_incident_report(run_dir, settings=settings, base_url="")
+        write_incident_report(run_dir, settings=settings, base_url="",
+                              now=datetime(2026, 11, 21, 15, 0, tzinfo=timezone.utc))
     monkeypatch.undo()
     for p, text in before.items():
         assert open(p).read() == text

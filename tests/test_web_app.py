@@ -168,3 +168,37 @@ def test_reports_route(lag_data_root):
             assert client.get(bad).status_code == 404, bad
     with client_for(lag_data_root.root, can_read=lambda d: d != SWEEP_DAG) as client:
         assert client.get(url).status_code == 404  # not even confirmed to exist
+
+
+def test_a_run_with_threshold_overrides_is_shown_but_never_replaces_the_sweeps_verdict(lag_data_root):
+    """An incident run with {"warning_lag": 1} after the sweep turns nothing red: every card reads as before,
+    and the run is listed, labelled."""
+    from datetime import timedelta
+
+    from tests.fixtures.web import END, write_run
+
+    client = client_for(lag_data_root.root)
+    before = {(f["group_id"], f["topic"], f["diagnosis"], f["severity"])
+              for f in client.get("/api/findings").json()["findings"]}
+    sweep = lag_data_root.findings_root / lag_data_root.sweep_run_key
+    findings = [dict(json.loads(line), severity="critical", summary="critical at warning_lag=1")
+                for line in (sweep / "findings.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (sweep / "partition_status.jsonl").read_text().splitlines()]
+    folder = write_run(lag_data_root.findings_root, "kafka_lag_incident__manual__x-0123456789", findings, rows,
+                       dag_id=INCIDENT_DAG, run_id="manual__x", planned_at=END + timedelta(minutes=5))
+    meta = json.loads((folder / "run.json").read_text())
+    (folder / "run.json").write_text(json.dumps({**meta, "kind": "incident", "threshold_overrides": {"warning_lag": 1}}))
+
+    body = client.get("/api/findings").json()
+    after = {(f["group_id"], f["topic"], f["diagnosis"], f["severity"]) for f in body["findings"]}
+    assert after == before
+    assert {f["run_key"] for f in body["findings"]} == {lag_data_root.sweep_run_key}
+    listed = [r for r in body["runs"] if r["run_id"] == "manual__x"]
+    assert listed and listed[0]["threshold_overrides"] == {"warning_lag": 1} and listed[0]["kind"] == "incident"
+    html = client.get("/").text
+    assert "critical at warning_lag=1" not in html
+    assert "Runs with threshold overrides" in html and "threshold overrides: warning_lag=1" in html
+
+    # Without overrides the same run is the newest verdict: the assertions above could fail.
+    (folder / "run.json").write_text(json.dumps({**meta, "kind": "incident", "threshold_overrides": {}}))
+    assert "critical at warning_lag=1" in client.get("/").text

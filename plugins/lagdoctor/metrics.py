@@ -5,6 +5,8 @@ findings.jsonl and partition_status.jsonl (contract 2) and, once planned,
 run.json. The current state of a (cluster, group, topic) is what the newest
 run that covered it says: newest by run.json `planned_at`, or by the folder's
 modification time when a run has no run.json (a bare `lagdoctor diagnose`).
+A run with threshold overrides (run.json `threshold_overrides`, an incident
+run's experiment) is never exported.
 Folders that cannot be read (half written, bad JSON) are skipped and logged;
 the run before them keeps answering.
 
@@ -138,6 +140,7 @@ class DiagnosisRun:
     ran_at: float  # Unix seconds
     findings: list[dict[str, Any]] = field(default_factory=list)
     partitions: list[dict[str, Any]] = field(default_factory=list)
+    threshold_overrides: dict[str, Any] = field(default_factory=dict)  # run.json; non-empty: not exported
 
 
 def _filesystem(root: str):
@@ -185,10 +188,12 @@ def _read_run(fs, folder: Mapping[str, Any], files: Mapping[str, Mapping[str, An
     try:
         findings = _read_jsonl(fs, f"{path}/{FINDINGS_FILE}")
         partitions = _read_jsonl(fs, f"{path}/{PARTITION_STATUS_FILE}")
-        ran_at = None
+        ran_at, overrides = None, {}
         if RUN_FILE in files:
             with fs.open(f"{path}/{RUN_FILE}", "rt", encoding="utf-8") as fh:
-                ran_at = _parse_time(json.load(fh).get("planned_at"))
+                meta = json.load(fh) or {}
+            ran_at = _parse_time(meta.get("planned_at"))
+            overrides = meta.get("threshold_overrides") if isinstance(meta.get("threshold_overrides"), dict) else {}
         for row in [*findings, *partitions]:
             _key(row)  # a row without its key fields makes the whole folder unreadable
     except (OSError, ValueError, AttributeError, KeyError, TypeError) as exc:
@@ -196,7 +201,8 @@ def _read_run(fs, folder: Mapping[str, Any], files: Mapping[str, Mapping[str, An
         return None
     if ran_at is None:
         ran_at = _mtime(folder) or _mtime(files[FINDINGS_FILE]) or 0.0
-    return DiagnosisRun(key=key, ran_at=ran_at, findings=findings, partitions=partitions)
+    return DiagnosisRun(key=key, ran_at=ran_at, findings=findings, partitions=partitions,
+                        threshold_overrides=overrides)
 
 
 class RunCache:
@@ -261,9 +267,15 @@ def _key(row: Mapping[str, Any]) -> tuple[str, str, str]:
 
 
 def latest_by_key(runs: Iterable[DiagnosisRun]) -> dict[tuple[str, str, str], DiagnosisRun]:
-    """For each (cluster, group, topic), the newest run that covered it (ties: the later folder name)."""
+    """For each (cluster, group, topic), the newest run that covered it (ties: the later folder name).
+
+    Runs with threshold overrides are left out: an incident run with
+    {"warning_lag": 1} must not page anyone through an alert rule.
+    """
     latest: dict[tuple[str, str, str], DiagnosisRun] = {}
     for run in runs:
+        if run.threshold_overrides:
+            continue
         for row in [*run.findings, *run.partitions]:
             k = _key(row)
             held = latest.get(k)
@@ -368,6 +380,8 @@ def collect_samples(runs: Iterable[DiagnosisRun]) -> Samples:
 
     last_run: dict[str, float] = {}
     for run in runs:
+        if run.threshold_overrides:
+            continue  # staleness is about the configured diagnosis, not an experiment
         for row in [*run.findings, *run.partitions]:
             cluster = str(row["cluster"])
             last_run[cluster] = max(last_run.get(cluster, 0.0), run.ran_at)

@@ -4,7 +4,9 @@ Read-only. A run is one folder under ``findings_root`` (contract 2's
 findings.jsonl and partition_status.jsonl, plus plans.json and run.json written
 by ``orchestration.plan_findings``). The page shows, per (cluster, group,
 topic), the findings of the latest run that looked at it: latest by
-run.json's ``planned_at``, else by the findings file's modification time.
+run.json's ``planned_at``, else by the findings file's modification time. A
+run with threshold overrides (run.json ``threshold_overrides``) counts only
+where no run without them looked.
 
 Series for the charts come from the snapshot store (contract 1), limited to
 the finding's window. Time lag per partition is estimated from the offsets the
@@ -44,11 +46,27 @@ class Run:
     planned_at: datetime
     group_pattern: str | None = None
     topic: str | None = None
+    kind: str | None = None  # "sweep" or "incident" (run.json); None for older runs
+    threshold_overrides: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def has_overrides(self) -> bool:
+        """Run with its own thresholds: an experiment, never the current verdict over a plain run's."""
+        return bool(self.threshold_overrides)
+
+    @property
+    def overrides_text(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in sorted(self.threshold_overrides.items()))
 
     def as_dict(self) -> dict[str, Any]:
         return {"run_key": self.run_key, "dag_id": self.dag_id, "run_id": self.run_id,
                 "planned_at": self.planned_at.isoformat(), "group_pattern": self.group_pattern,
-                "topic": self.topic}
+                "topic": self.topic, "kind": self.kind, "threshold_overrides": dict(self.threshold_overrides)}
+
+
+def _overrides(meta: Mapping[str, Any]) -> dict[str, Any]:
+    value = meta.get("threshold_overrides")
+    return dict(value) if isinstance(value, Mapping) else {}
 
 
 @dataclass
@@ -170,7 +188,8 @@ def list_runs(findings_root: str, limit: int = MAX_RUNS) -> list[Run]:
                 log.warning("ignoring unreadable %s/%s: %s", path, RUN_FILE, exc)
         runs.append(Run(run_key=name, path=join(findings_root, name), dag_id=meta.get("dag_id"), run_id=meta.get("run_id"),
                         planned_at=parse_ts(meta.get("planned_at")) or _mtime(info),
-                        group_pattern=meta.get("group_pattern"), topic=meta.get("topic")))
+                        group_pattern=meta.get("group_pattern"), topic=meta.get("topic"),
+                        kind=meta.get("kind"), threshold_overrides=_overrides(meta)))
     runs.sort(key=lambda r: (r.planned_at, r.run_key), reverse=True)
     return runs[:limit]
 
@@ -245,22 +264,34 @@ def latest_states(
     limit: int = MAX_RUNS,
 ) -> tuple[list[GroupState], list[Run]]:
     """The latest readable run's findings per (cluster, group, topic), worst first,
-    and the runs they came from.
+    and the runs shown (those findings' runs, and every readable run with threshold overrides).
+
+    A run with threshold overrides never replaces a plain run's verdict (an
+    incident run with {"warning_lag": 1} must not turn the page red until the
+    next sweep): it shows a group only when no plain run looked at that group,
+    and is listed, labelled, either way.
 
     ``can_read_dag(dag_id)`` decides which runs the caller may see; a run the
     caller cannot read is skipped as if it did not exist (an older readable run
     of the same group then shows, which is what the Airflow UI would show too).
     """
     states: dict[Key, GroupState] = {}
+    experiments: dict[Key, GroupState] = {}
+    override_runs: dict[str, Run] = {}
     for run in list_runs(findings_root, limit):
         if not can_read_dag(run.dag_id):
             continue
+        held = experiments if run.has_overrides else states
         for state in states_of_run(read_run(run)):
-            if state.key in states or (cluster and state.cluster != cluster) or (group and state.group_id != group):
+            if (cluster and state.cluster != cluster) or (group and state.group_id != group):
                 continue
-            states[state.key] = state
+            if run.has_overrides:
+                override_runs[run.run_key] = run
+            held.setdefault(state.key, state)
+    for key, state in experiments.items():
+        states.setdefault(key, state)
     ordered = sorted(states.values(), key=lambda s: (s.cluster, -SEVERITY_RANK.get(s.severity, 0), s.group_id, s.topic))
-    runs = {s.run.run_key: s.run for s in ordered}
+    runs = {**override_runs, **{s.run.run_key: s.run for s in ordered}}
     return ordered, sorted(runs.values(), key=lambda r: r.planned_at, reverse=True)
 
 
@@ -276,7 +307,7 @@ def run_of(path: str) -> Run:
     planned = parse_ts(meta.get("planned_at")) or _mtime(fs.info(f"{base}/{FINDINGS_FILE}"))
     return Run(run_key=base.rstrip("/").rsplit("/", 1)[-1], path=path.rstrip("/"), dag_id=meta.get("dag_id"),
                run_id=meta.get("run_id"), planned_at=planned, group_pattern=meta.get("group_pattern"),
-               topic=meta.get("topic"))
+               topic=meta.get("topic"), kind=meta.get("kind"), threshold_overrides=_overrides(meta))
 
 
 def find_run(findings_root: str, run_key: str) -> Run | None:

@@ -81,12 +81,14 @@ def render_report(finding: Mapping[str, Any], view, *, plan: Mapping[str, Any] |
     return render("report.html", f=f, v=view, plan=plan, describe_header=DESCRIBE_HEADER, generated_at=when)
 
 
-def write_incident_report(run_dir: str, *, settings: Settings | None = None, base_url: str | None = None) -> list[str]:
+def write_incident_report(run_dir: str, *, settings: Settings | None = None, base_url: str | None = None,
+                          now: datetime | None = None) -> list[str]:
     """Write a report for every non-healthy finding of the run in ``run_dir``; return their paths.
 
     Reads the run's findings, partition status and plans, and the offset
     history of each group over its finding's window from the snapshot store.
-    Idempotent: the same run writes the same file names again.
+    Idempotent: the same run writes the same file names again (and, given the
+    same ``now``, the same bytes: ``now`` is the "generated" stamp, default the clock).
     """
     from lagdoctor.web.data import read_history, read_run, run_of, states_of_run
     from lagdoctor.web.views import group_view
@@ -105,7 +107,8 @@ def write_incident_report(run_dir: str, *, settings: Settings | None = None, bas
             if finding.get("diagnosis") == "healthy":
                 continue
             path = join(settings.reports_root, run.run_key, report_name(finding))
-            _write_atomic(path, render_report(finding, view, plan=state.plans.get(str(finding.get("diagnosis")))))
+            _write_atomic(path, render_report(finding, view, plan=state.plans.get(str(finding.get("diagnosis"))),
+                                              generated_at=now))
             paths.append(path)
             url = report_url(path, base_url)
             if url:
