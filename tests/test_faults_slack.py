@@ -241,3 +241,16 @@ def test_unknown_is_not_recovery(settings, slack_connection):
     # Unknown data with no open thread posts nothing.
     assert post_or_update_incident(unknown, run_id="r5", now=T0)["decision"] == "incomplete"
     assert len(server.posts) == 3
+
+
+@pytest.mark.filterwarnings("ignore:The top-level `text` argument is missing")  # the point of this test
+def test_a_message_slack_refuses_for_itself_does_not_block_the_ones_after_it(settings, slack_connection, caplog):
+    server = slack_connection
+    refused = post_notice({"text": "", "blocks": []}, dedupe_key="empty")  # Slack answers no_text
+    assert refused == {"decision": "queued", "undelivered": 0, "delivery_error": None}
+    after = post_or_update_incident(finding("orders"), run_id="r1", now=T0)
+    assert after["undelivered"] == 0
+    (posted,) = server.posts
+    assert "slow_consumer for group orders" in posted.body["text"]
+    assert [r.body.get("text") for r in server.requests] == ["", posted.body["text"]]  # never retried
+    assert "no_text" in caplog.text

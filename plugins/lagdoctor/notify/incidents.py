@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from lagdoctor.notify import outbox, render
 from lagdoctor.notify.redact import one_line
 from lagdoctor.notify.slack import Sender, slack_sender
-from lagdoctor.notify.templates import code_safe, escape_mrkdwn
+from lagdoctor.notify.templates import escape_mrkdwn
 from lagdoctor.notify.threads import (
     HEALTHY,
     IncidentKey,
@@ -132,7 +132,7 @@ def _on_healthy(db, conn, store: ThreadStore, finding: Mapping[str, Any], *, run
             state.status, state.closed_at, state.replies = "closed", stamp, state.replies + 1
             remember(state, finding, run_id=run_id, now=stamp)
         elif decision.kind == "incomplete":
-            msg = _render_data_incomplete(finding, state.key.diagnosis)
+            msg = render.render_data_incomplete(finding, state.key.diagnosis)
             outbox.queue_message(
                 db, conn, dedupe_key=f"incident:{state.key.digest()}:{_thread_anchor(state)}:incomplete:{run_id}",
                 text=msg["text"], blocks=msg["blocks"], now=now, **_reply_target(state))
@@ -168,22 +168,6 @@ def _on_problem(db, conn, store: ThreadStore, finding: Mapping[str, Any], plan: 
         result = "replied"
     store.save(remember(state, finding, run_id=run_id, now=stamp), conn=conn)
     return {"decision": result, "changes": list(decision.changes)}, [key]
-
-
-def _render_data_incomplete(finding: Mapping[str, Any], diagnosis: str) -> dict[str, Any]:
-    """Rule 6's reply. Private until render.py has its own (asked of its owner)."""
-    evidence = finding.get("evidence") or {}
-    failed = evidence.get("read_errors") if isinstance(evidence, Mapping) else None
-    detail = ""
-    if isinstance(failed, (list, tuple)) and failed:
-        shown = ", ".join(escape_mrkdwn(code_safe(x)) for x in list(failed)[:5])
-        detail = f" Reads that failed: {shown}{' …' if len(failed) > 5 else ''}."
-    where = f"`{code_safe(finding.get('group_id', ''))}` on `{code_safe(finding.get('topic', ''))}`"
-    body = (f":grey_question: *Data incomplete* for group {where}: some offsets could not be read, so lagdoctor "
-            f"cannot tell whether the {escape_mrkdwn(diagnosis.replace('_', ' '))} has recovered. "
-            f"The thread stays open.{detail}")
-    text = f"Data incomplete for {finding.get('group_id', '')}: the thread stays open"
-    return {"text": text, "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": body}}]}
 
 
 def post_incident_run(
@@ -294,8 +278,8 @@ def post_notice(
     if isinstance(message, Mapping):
         text, blocks = str(message.get("text", "")), list(message.get("blocks") or [])
     else:
-        text = str(message)
-        blocks = [{"type": "section", "text": {"type": "mrkdwn", "text": escape_mrkdwn(text)}}]
+        text = escape_mrkdwn(" ".join(str(message).split()))
+        blocks = [{"type": "section", "text": {"type": "mrkdwn", "text": text}}]
     settings = _settings(settings)
     db = _state_db(settings)
     with db.transaction() as conn:
@@ -416,7 +400,7 @@ def notify_recovery(context: Mapping[str, Any], *, settings: Any = None, sender:
             data = _load_failure(db, conn, dag_id)
             if data is None or data.get("status") != "open":
                 return {"decision": "unchanged", "undelivered": 0, "delivery_error": None}
-            msg = _render_failure_recovery(dag_id=dag_id, run_id=run_id, failed_runs=len(data["failed_runs"]))
+            msg = render.render_failure_recovery(dag_id=dag_id, run_id=run_id, failed_runs=len(data["failed_runs"]))
             outbox.queue_message(db, conn, dedupe_key=f"failure:{dag_id}:{data['root_message_id']}:recovered",
                                  text=msg["text"], blocks=msg["blocks"], parent_id=data["root_message_id"], now=at)
             data.update(status="closed", closed_at=at.isoformat(), replies=data["replies"] + 1)
@@ -425,14 +409,6 @@ def notify_recovery(context: Mapping[str, Any], *, settings: Any = None, sender:
     except Exception as err:  # noqa: BLE001
         log.error("could not queue the recovery notification: %s", one_line(err))
         return {"decision": "error", "undelivered": 0, "delivery_error": one_line(err)}
-
-
-def _render_failure_recovery(*, dag_id: str, run_id: str, failed_runs: int) -> dict[str, Any]:
-    """Private until render.py has its own (asked of its owner)."""
-    body = (f":large_green_circle: Airflow DAG *{escape_mrkdwn(dag_id)}* recovered after {failed_runs} failed "
-            f"run(s): run `{code_safe(run_id)}` succeeded.")
-    text = f"Airflow DAG {dag_id} recovered after {failed_runs} failed run(s)"
-    return {"text": text, "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": body}}]}
 
 
 def _thread_ref(state: ThreadState) -> dict[str, Any]:
