@@ -37,6 +37,8 @@ from lagdoctor.notify.threads import (
 
 log = logging.getLogger(__name__)
 
+RECENT_FAILURES = 50  # (run, task) pairs a DAG's failure thread remembers, to count each failure once
+
 
 def _now(now: datetime | None) -> datetime:
     return now or datetime.now(timezone.utc)
@@ -360,19 +362,22 @@ def _notify_failure(context: Mapping[str, Any], *, settings: Any, sender: Sender
             root = outbox.queue_message(db, conn, dedupe_key=f"failure:{dag_id}:{run_id}:{task_id}:open",
                                         text=msg["text"], blocks=msg["blocks"], now=at)
             data = {"status": "open", "root_message_id": root, "opened_at": at.isoformat(), "signature": signature,
-                    "failed_runs": [run_id], "seen": [f"{run_id}/{task_id}"], "repeats": 0, "replies": 0}
+                    "failed_runs": 1, "recent_runs": [run_id], "seen": [f"{run_id}/{task_id}"], "repeats": 0,
+                    "replies": 0}
             decision = "posted"
         elif f"{run_id}/{task_id}" in data["seen"]:
             decision = "unchanged"  # the same failure reported twice (a re-run callback)
         else:
-            data["seen"] = [*data["seen"], f"{run_id}/{task_id}"]
-            if run_id not in data["failed_runs"]:
-                data["failed_runs"] = [*data["failed_runs"], run_id]
+            # Bounded: an outage over a weekend is hundreds of runs; a count says enough.
+            data["seen"] = [*data["seen"], f"{run_id}/{task_id}"][-RECENT_FAILURES:]
+            if run_id not in data["recent_runs"]:
+                data["recent_runs"] = [*data["recent_runs"], run_id][-RECENT_FAILURES:]
+                data["failed_runs"] += 1
             if signature == data["signature"]:
                 data["repeats"] += 1
                 decision = "unchanged"
             else:
-                runs = len(data["failed_runs"])
+                runs = data["failed_runs"]
                 msg["blocks"] = [*msg["blocks"], {"type": "context", "elements": [
                     {"type": "mrkdwn", "text": f"Failing differently now; {runs} failed run(s) since this thread opened."}]}]
                 outbox.queue_message(db, conn, dedupe_key=f"failure:{dag_id}:{data['root_message_id']}:{run_id}:{task_id}",
@@ -380,7 +385,7 @@ def _notify_failure(context: Mapping[str, Any], *, settings: Any, sender: Sender
                 data["signature"], data["replies"] = signature, data["replies"] + 1
                 decision = "replied"
         _save_failure(db, conn, dag_id, data, at)
-    result = {"decision": decision, "failed_runs": len(data["failed_runs"]), "repeats": data["repeats"],
+    result = {"decision": decision, "failed_runs": data["failed_runs"], "repeats": data["repeats"],
               **_deliver(db, settings, sender, now)}
     return result
 
@@ -400,12 +405,12 @@ def notify_recovery(context: Mapping[str, Any], *, settings: Any = None, sender:
             data = _load_failure(db, conn, dag_id)
             if data is None or data.get("status") != "open":
                 return {"decision": "unchanged", "undelivered": 0, "delivery_error": None}
-            msg = render.render_failure_recovery(dag_id=dag_id, run_id=run_id, failed_runs=len(data["failed_runs"]))
+            msg = render.render_failure_recovery(dag_id=dag_id, run_id=run_id, failed_runs=data["failed_runs"])
             outbox.queue_message(db, conn, dedupe_key=f"failure:{dag_id}:{data['root_message_id']}:recovered",
                                  text=msg["text"], blocks=msg["blocks"], parent_id=data["root_message_id"], now=at)
             data.update(status="closed", closed_at=at.isoformat(), replies=data["replies"] + 1)
             _save_failure(db, conn, dag_id, data, at)
-        return {"decision": "recovered", "failed_runs": len(data["failed_runs"]), **_deliver(db, settings, sender, now)}
+        return {"decision": "recovered", "failed_runs": data["failed_runs"], **_deliver(db, settings, sender, now)}
     except Exception as err:  # noqa: BLE001
         log.error("could not queue the recovery notification: %s", one_line(err))
         return {"decision": "error", "undelivered": 0, "delivery_error": one_line(err)}
