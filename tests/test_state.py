@@ -92,7 +92,7 @@ def _race(url: str, holder: str, start, results) -> None:
 
 
 def test_two_processes_racing_for_one_lease_exactly_one_wins(state_url):
-    StateDB.from_url(state_url)  # create the tables once, outside the race
+    # No warm-up: the racers also race to create the database and its tables.
     ctx = multiprocessing.get_context("spawn")
     start, results = ctx.Barrier(4), ctx.Queue()
     procs = [ctx.Process(target=_race, args=(state_url, f"run-{i}", start, results)) for i in range(4)]

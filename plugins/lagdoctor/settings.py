@@ -7,8 +7,8 @@ Layout under the data root (contract 6):
 
     <root>/snapshots/cluster=<c>/date=<YYYY-MM-DD>/<file>.parquet   offset history
     <root>/findings/<run_key>/findings.jsonl, partition_status.jsonl  each run's diagnosis
-    <root>/actions/actions.jsonl                                       remediation audit log
-    <root>/incidents/                                                  Slack thread / incident state
+    <root>/state/lagdoctor.db                                          default state database (lagdoctor.state):
+                                                                       Slack threads and outbox, action log, leases
     <root>/reports/                                                    HTML incident reports
 """
 

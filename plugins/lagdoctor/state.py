@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -200,8 +201,8 @@ def _sqlite_engine(url: sa.URL) -> sa.Engine:
         # Let SQLAlchemy's BEGIN (below) start transactions, not pysqlite.
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
         cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_S * 1000}")
+        _enable_wal(cur)
         cur.close()
 
     @sa.event.listens_for(engine, "begin")
@@ -211,6 +212,23 @@ def _sqlite_engine(url: sa.URL) -> sa.Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+def _enable_wal(cur) -> None:
+    """WAL lets readers run beside the writer. Switching to it takes a lock that
+    ignores busy_timeout, so two processes opening a new file at once retry."""
+    import sqlite3
+
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    while True:
+        try:
+            if str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def engine_for(url: sa.URL) -> sa.Engine:
@@ -224,7 +242,7 @@ def engine_for(url: sa.URL) -> sa.Engine:
             else:
                 engine = sa.create_engine(url, pool_pre_ping=True)
             try:
-                metadata.create_all(engine, checkfirst=True)
+                _create_tables(engine)
             except sa.exc.OperationalError as exc:
                 engine.dispose()
                 raise StateConfigError(
@@ -233,6 +251,15 @@ def engine_for(url: sa.URL) -> sa.Engine:
                 ) from None
             _engines[key] = engine
         return engine
+
+
+def _create_tables(engine: sa.Engine) -> None:
+    try:
+        metadata.create_all(engine, checkfirst=True)
+    except (sa.exc.IntegrityError, sa.exc.ProgrammingError):
+        # Another process created the same tables between the check and the
+        # CREATE (PostgreSQL); the second look finds them.
+        metadata.create_all(engine, checkfirst=True)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,17 +1,29 @@
 """Slack notification: render (render.py, templates.py), decide per thread
-(threads.py), send (slack.py). Cheap to import: slack_sdk loads when sending.
+(threads.py), queue and deliver (outbox.py, slack.py). Cheap to import:
+slack_sdk loads when sending.
 
-Task-level API:
+Task-level API (each queues in the state database, then delivers what waits):
     post_or_update_incident(finding, plan, run_id=...)   post / reply-if-changed / recovery
+    post_incident_run(items, run_id=..., scope=...)       a manual incident run's one thread
     post_action_result(record)                            remediation record -> thread reply
-    notify_failure                                        on_failure_callback (SlackNotifier)
+    post_notice(message, dedupe_key=...)                  a one-off message, once
+    deliver_pending()                                     send what an outage left waiting
+    notify_failure / notify_recovery                      one failure thread per DAG
     slack_sender()                                        provider SlackHook or local outbox
     with_partition_status(finding, rows)                  evidence table from partition_status.jsonl
 """
 
-from lagdoctor.notify.incidents import notify_failure, post_action_result, post_or_update_incident
+from lagdoctor.notify.incidents import (
+    deliver_pending,
+    notify_failure,
+    notify_recovery,
+    post_action_result,
+    post_incident_run,
+    post_notice,
+    post_or_update_incident,
+)
 from lagdoctor.notify.render import with_partition_status
 from lagdoctor.notify.slack import SlackDeliveryError, slack_sender
 
-__all__ = ["SlackDeliveryError", "notify_failure", "post_action_result", "post_or_update_incident", "slack_sender",
-           "with_partition_status"]
+__all__ = ["SlackDeliveryError", "deliver_pending", "notify_failure", "notify_recovery", "post_action_result",
+           "post_incident_run", "post_notice", "post_or_update_incident", "slack_sender", "with_partition_status"]
