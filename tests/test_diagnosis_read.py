@@ -41,13 +41,14 @@ def write(table, path):
 
 def test_hive_tree_with_and_without_optional_columns(spark, tmp_path):
     from lagdoctor.contracts import SNAPSHOT_COLUMN_NAMES
-    from lagdoctor.diagnosis.snapshots import read_snapshots
+    from lagdoctor.diagnosis.snapshots import optional_columns, read_snapshots
 
     # cluster "1": the folder value must stay a string like the column in the file
     write(contract_table(cluster="1"), str(tmp_path / "cluster=1/date=2026-11-21/a.parquet"))
     write(contract_table(cluster="1", optional=True), str(tmp_path / "cluster=1/date=2026-11-22/b.parquet"))
     df = read_snapshots(spark, str(tmp_path))
-    assert list(df.columns) == [*SNAPSHOT_COLUMN_NAMES, "committed_record_ts", "leader_broker"]
+    assert list(df.columns) == [*SNAPSHOT_COLUMN_NAMES, *[c[0] for c in optional_columns()]]
+    assert {"committed_record_ts", "leader_broker", "read_error"} <= set(df.columns)
     rows = df.collect()
     assert len(rows) == 6 and {r["cluster"] for r in rows} == {"1"}
     assert sum(r["committed_record_ts"] is not None for r in rows) == 3  # absent in one file: null there
@@ -104,3 +105,113 @@ def test_window_from_as_of_and_minutes(spark, tmp_path):
     start, end = resolve_window(df, as_of, 3)
     assert (start, end) == (T0 + timedelta(minutes=3), T0 + timedelta(minutes=6))
     assert select_window(df, start, end).count() == 4  # minutes 3, 4, 5, 6
+
+
+# -- files that differ, and files that cannot be read ------------------------------------------
+
+
+def test_integer_widths_and_timestamp_units_are_not_poison(spark, tmp_path):
+    import pyarrow as pa
+
+    from lagdoctor.diagnosis.snapshots import read_snapshots
+
+    base = contract_table(n=3)
+    write(base, str(tmp_path / "cluster=prod/date=2026-11-21/a.parquet"))
+    # another writer: partition as int64, offsets as uint32, snapshot_ts in ns (pyarrow's pandas default)
+    other = base.set_column(base.schema.get_field_index("partition"), "partition",
+                            base["partition"].cast(pa.int64()))
+    other = other.set_column(other.schema.get_field_index("log_end_offset"), "log_end_offset",
+                             other["log_end_offset"].cast(pa.uint32()))
+    shifted = pa.array([t.value * 1000 + 60_000_000_000 * 10 for t in base["snapshot_ts"]], pa.int64())
+    other = other.set_column(0, pa.field("snapshot_ts", pa.timestamp("ns", tz="UTC")),
+                             shifted.cast(pa.timestamp("ns", tz="UTC")))
+    write(other, str(tmp_path / "cluster=prod/date=2026-11-21/b.parquet"))
+    df = read_snapshots(spark, str(tmp_path))  # no CANNOT_MERGE_SCHEMAS
+    rows = sorted(df.collect(), key=lambda r: r["snapshot_ts"])
+    assert len(rows) == 6 and {r["partition"] for r in rows} == {0}
+    assert [r["snapshot_ts"].replace(tzinfo=None) for r in rows][3:] == [
+        (T0 + timedelta(minutes=10 + k)).replace(tzinfo=None) for k in range(3)]
+    assert [r["log_end_offset"] for r in rows][3:] == [0, 100, 200]
+
+
+def test_a_bad_file_names_file_and_column(spark, tmp_path):
+    import pyarrow as pa
+
+    from lagdoctor.diagnosis.snapshots import SnapshotInputError, read_snapshots
+
+    write(contract_table(), str(tmp_path / "cluster=prod/date=2026-11-21/a.parquet"))
+    table = contract_table()
+    bad = table.set_column(table.schema.get_field_index("lag"), "lag", table["lag"].cast(pa.string()))
+    write(bad, str(tmp_path / "cluster=prod/date=2026-11-21/b.parquet"))
+    with pytest.raises(SnapshotInputError) as err:
+        read_snapshots(spark, str(tmp_path))
+    assert str(err.value) == (f"cannot read snapshot file {tmp_path}/cluster=prod/date=2026-11-21/b.parquet: "
+                              "column lag is string where contract 1 has int64 (not a number)")
+
+
+def test_int64_partition_too_large_is_named(spark, tmp_path):
+    import pyarrow as pa
+
+    from lagdoctor.diagnosis.snapshots import SnapshotInputError, read_snapshots
+
+    table = contract_table()
+    big = table.set_column(table.schema.get_field_index("partition"), "partition",
+                           pa.array([0, 1, 2**40], pa.int64()))
+    write(big, str(tmp_path / "a.parquet"))
+    with pytest.raises(SnapshotInputError, match=r"a\.parquet: column partition is int64 where contract 1 has "
+                                                 r"int32 \(values do not fit"):
+        read_snapshots(spark, str(tmp_path))
+
+
+def test_store_quarantines_bad_files_and_reads_the_rest(spark, tmp_path):
+    import pyarrow as pa
+
+    from lagdoctor.diagnosis.snapshots import read_snapshot_store
+
+    root = tmp_path / ".demo" / "snapshots"  # the root may live in a dot-folder; names below it may not
+    good = write(contract_table(), str(root / "cluster=prod/date=2026-11-21/good.parquet"))
+    corrupt = root / "cluster=prod/date=2026-11-21/corrupt.parquet"
+    corrupt.write_bytes(b"PAR1 half a file")
+    table = contract_table()
+    write(table.set_column(table.schema.get_field_index("group_state"), "group_state",
+                           pa.array([1, 2, 3], pa.int32())),
+          str(root / "cluster=prod/date=2026-11-21/typed.parquet"))
+    (root / "cluster=prod/date=2026-11-21/.snapshot.tmp").write_bytes(b"in flight")  # a writer's temp: untouched
+    now = datetime(2026, 11, 21, 13, 0, tzinfo=timezone.utc)
+    read = read_snapshot_store(spark, str(root), now)
+    assert read.snapshots.count() == 3 and os.path.exists(good)
+    assert [(q["path"].rsplit("/", 1)[-1], q["moved_to"]) for q in read.quarantined] == [
+        ("corrupt.parquet", f"{root}/_quarantine/cluster=prod/date=2026-11-21/corrupt.parquet"),
+        ("typed.parquet", f"{root}/_quarantine/cluster=prod/date=2026-11-21/typed.parquet"),
+    ]
+    assert read.quarantined[1]["reason"] == "column group_state is int32 where contract 1 has string (not a string)"
+    reason = (root / "_quarantine/cluster=prod/date=2026-11-21/typed.parquet.reason.txt").read_text()
+    assert reason == ("column group_state is int32 where contract 1 has string (not a string); "
+                      "quarantined at 2026-11-21T13:00:00Z by diagnose_lag\n")
+    assert not corrupt.exists() and (root / "_quarantine/cluster=prod/date=2026-11-21/corrupt.parquet").exists()
+    assert (root / "cluster=prod/date=2026-11-21/.snapshot.tmp").exists()
+    again = read_snapshot_store(spark, str(root), now)  # _quarantine is not read: nothing more moves
+    assert again.quarantined == [] and again.snapshots.count() == 3
+
+
+def test_missing_column_in_every_file_names_column_and_file(spark, tmp_path):
+    from lagdoctor.diagnosis.snapshots import SnapshotInputError, read_snapshot_store
+
+    write(contract_table(drop=("group_state",)), str(tmp_path / "cluster=prod/date=2026-11-21/a.parquet"))
+    (tmp_path / "cluster=prod/date=2026-11-21/z.parquet").write_bytes(b"not parquet")
+    with pytest.raises(SnapshotInputError, match=r"lack required column\(s\): group_state \(e\.g\. .*a\.parquet\)"):
+        read_snapshot_store(spark, str(tmp_path), T0)
+    assert (tmp_path / "cluster=prod/date=2026-11-21/z.parquet").exists()  # a failed run moves nothing
+
+
+def test_only_day_folders_of_the_window_are_inspected(tmp_path):
+    from lagdoctor.diagnosis.snapshots import inspect_store, parse_as_of, window_days
+
+    for day in ("2026-11-19", "2026-11-20", "2026-11-21"):
+        (tmp_path / f"cluster=prod/date={day}").mkdir(parents=True)
+        (tmp_path / f"cluster=prod/date={day}/a.parquet").write_bytes(b"corrupt")
+    days = window_days(parse_as_of("2026-11-21T00:10:00Z"), 30)  # reaches back into the 20th
+    inspection = inspect_store(str(tmp_path), days)
+    assert sorted(b.file.relative for b in inspection.bad) == [
+        "cluster=prod/date=2026-11-20/a.parquet", "cluster=prod/date=2026-11-21/a.parquet"]
+    assert len(inspect_store(str(tmp_path)).bad) == 3  # unbounded window: every day

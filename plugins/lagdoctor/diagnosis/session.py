@@ -14,6 +14,11 @@ _DEFAULT_CONF: dict[str, str] = {
     "spark.sql.parquet.mergeSchema": "true",
     # cluster=1 must stay the string "1" (the column is a string in the files too).
     "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
+    # retention may delete a day folder while a job reads it: skip, do not fail
+    "spark.sql.files.ignoreMissingFiles": "true",
+    # nanosecond timestamps (pyarrow's default for pandas data) read as epoch ns;
+    # snapshots.read_snapshot_store converts them to µs
+    "spark.sql.legacy.parquet.nanosAsLong": "true",
 }
 
 
