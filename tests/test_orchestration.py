@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import time
 from datetime import datetime, timedelta, timezone
+
+import pytest
 
 from lagdoctor import orchestration
 from lagdoctor.settings import Settings
@@ -24,6 +28,7 @@ def test_retention_prunes_old_findings_and_reports_but_keeps_recent_ones(tmp_pat
     for d in (old_run, new_run, old_report):
         d.mkdir(parents=True)
         (d / "findings.jsonl").write_text("{}\n")
+        (d / "partition_status.jsonl").write_text("{}\n")
     _age(old_run, 10)
     _age(old_report, 10)
     removed = orchestration.prune_history(keep_days=7, settings=settings)
@@ -31,18 +36,69 @@ def test_retention_prunes_old_findings_and_reports_but_keeps_recent_ones(tmp_pat
     assert not old_run.exists() and not old_report.exists() and new_run.exists()
 
 
-def test_run_key_is_path_safe_and_stable():
-    key = orchestration.run_key("scheduled__2026-11-21T03:15:00+00:00")
-    assert key == orchestration.run_key("scheduled__2026-11-21T03:15:00+00:00")
-    assert "/" not in key and ":" not in key and "+" not in key
+def test_retention_keeps_a_week_of_history_for_the_longest_window_plus_a_grace_day(tmp_path):
+    """The incident form reads up to 7 days back: keep_days below that would delete under a running job."""
+    settings = Settings(data_root=str(tmp_path))
+    now = datetime(2026, 11, 21, 0, 10, tzinfo=timezone.utc)
+    days = {d: tmp_path / "snapshots" / "cluster=prod" / f"date={(now - timedelta(days=d)):%Y-%m-%d}" for d in (7, 8, 9)}
+    for folder in days.values():
+        folder.mkdir(parents=True)
+        (folder / "a.parquet").write_bytes(b"x")
+    orchestration.prune_history(keep_days=1, settings=settings, now=now)
+    assert days[7].exists() and days[8].exists() and not days[9].exists()
+
+
+def test_retention_never_deletes_a_run_still_writing_its_outputs(tmp_path):
+    settings = Settings(data_root=str(tmp_path))
+    running = tmp_path / "findings" / "kafka_lag_incident__manual-1"
+    running.mkdir(parents=True)
+    (running / "_temporary").mkdir()
+    (running / "quarantined.jsonl").write_text("")
+    report = tmp_path / "reports" / "kafka_lag_incident__manual-1"
+    report.mkdir(parents=True)
+    (report / "a.html").write_text("x")
+    done = tmp_path / "findings" / "kafka_lag_health_sweep__old-1"
+    done.mkdir(parents=True)
+    (done / "findings.jsonl").write_text("{}\n")
+    (done / "partition_status.jsonl").write_text("{}\n")
+    for d in (running, report, done):
+        _age(d, 30)
+    assert orchestration.prune_history(settings=settings) == 1
+    assert running.exists() and report.exists() and not done.exists()
+
+
+@pytest.mark.parametrize("run_id", ["..", ".", "a/../../b", "/etc/passwd", "", "a" * 500,
+                                    "scheduled__2026-11-21T03:15:00+00:00"])
+def test_run_key_is_one_safe_folder_name(run_id, tmp_path):
+    key = orchestration.run_key(run_id, "kafka_lag_incident")
+    assert re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}", key)  # what the reports route accepts
+    assert key not in (".", "..") and len(key) <= 100
+    assert (tmp_path / key).resolve().parent == tmp_path.resolve()
+    assert key == orchestration.run_key(run_id, "kafka_lag_incident")  # stable across retries
+
+
+def test_run_keys_differ_where_run_ids_or_dags_differ():
+    ids = ["a/b", "a_b", "a:b", "a b", "..", "...", "a/../b", "a_.._b"]
+    keys = {orchestration.run_key(r, "kafka_lag_incident") for r in ids}
+    assert len(keys) == len(ids)
+    assert orchestration.run_key("manual__1", "kafka_lag_incident") != orchestration.run_key(
+        "manual__1", "kafka_lag_health_sweep")
+    assert orchestration.run_key("scheduled__2026-11-21T03:15:00+00:00", "kafka_lag_health_sweep").startswith(
+        "kafka_lag_health_sweep__scheduled__2026-11-21T03_15_00_00_00-")
 
 
 def test_branches_are_one_group_per_wanted_action():
-    summary = {"actions": {"restart_consumers": 2, "recommend_consumer_config": 1, "not_an_action": 1}}
+    summary = {"plans": "/x/plans.json",
+               "actions": {"restart_consumers": 2, "recommend_consumer_config": 1, "not_an_action": 1}}
     assert orchestration.choose_branches(summary) == [
         "remediate_recommend_consumer_config.run", "remediate_restart_consumers.gate",
     ]
-    assert orchestration.choose_branches({"actions": {}}) == []
+    # The sweep has no approval gate: it proposes, never waits.
+    assert orchestration.choose_branches(summary, approvals=False) == [
+        "remediate_recommend_consumer_config.run", "remediate_restart_consumers.run",
+    ]
+    assert orchestration.choose_branches({"plans": "/x/plans.json", "actions": {}}) == []
+    assert orchestration.choose_branches(None) == []  # the plan task failed: no branch at all
 
 
 def test_incident_scope_names_what_was_looked_at():
@@ -52,11 +108,90 @@ def test_incident_scope_names_what_was_looked_at():
         "prod / .* / clicks"
 
 
-def test_threshold_overrides_are_checked_before_spark_starts():
-    import pytest
+@pytest.mark.parametrize("overrides, expected", [
+    ({"warning_lag": "5000"}, {"warning_lag": 5000}),
+    ('{"warning_lag": 5000, "surge_ratio": 1.5}', {"warning_lag": 5000, "surge_ratio": 1.5}),  # the form's text
+    ("", {}),
+    (None, {}),
+    ({"warning_lag": 5000.0}, {"warning_lag": 5000}),
+])
+def test_threshold_overrides_accept_an_object_or_its_text(overrides, expected):
+    assert orchestration.check_thresholds(overrides) == expected
 
-    assert orchestration.check_thresholds({"warning_lag": "5000"}) == {"warning_lag": "5000"}
-    with pytest.raises(ValueError, match="unknown threshold.*warn_lag"):
-        orchestration.check_thresholds({"warn_lag": 5000})
-    with pytest.raises(ValueError, match="bad threshold value"):
-        orchestration.check_thresholds({"warning_lag": "lots"})
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"warning_lag": "abc"}, "thresholds.warning_lag: expected a number, got 'abc'"),
+    ({"warning_lag": 1.5}, "thresholds.warning_lag: expected a whole number, got 1.5"),
+    ({"warning_lag": True}, "thresholds.warning_lag: expected a number, got True"),
+    ({"surge_ratio": -1}, "thresholds.surge_ratio: must be at least 0, got -1"),
+    ({"warn_lag": 5000}, "thresholds.warn_lag: unknown threshold; known: warning_lag, critical_lag"),
+    ('{"warning_lag": ', "thresholds: not valid JSON"),
+    ("[1, 2]", "thresholds: expected a JSON object"),
+])
+def test_bad_threshold_names_the_field(overrides, message):
+    with pytest.raises(orchestration.FormError) as err:
+        orchestration.check_thresholds(overrides)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+@pytest.fixture
+def kafka_conn(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps(
+        {"conn_type": "kafka", "extra": {"bootstrap.servers": "127.0.0.1:9"}}))
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+
+
+def _form(**kw):
+    return {"cluster": "kafka_default", "group_pattern": "orders-.*", "topic": "", "window_minutes": 120,
+            "samples": 3, "interval_seconds": 5, "thresholds": {}, **kw}
+
+
+def test_a_good_form_comes_back_normalised(kafka_conn):
+    form = orchestration.validate_params(_form(thresholds='{"warning_lag": "10"}', window_minutes="30"))
+    assert form == {"cluster": "kafka_default", "group_pattern": "orders-.*", "topic": None, "window_minutes": 30.0,
+                    "samples": 3, "interval_seconds": 5.0, "thresholds": {"warning_lag": 10}}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"cluster": "prod_eu"}, "cluster: no Airflow connection 'prod_eu' of type kafka"),
+    ({"cluster": ""}, "cluster: required"),
+    ({"group_pattern": "("}, "group_pattern:"),
+    ({"group_pattern": "(a+)+$" * 200}, "group_pattern:"),
+    ({"topic": "a topic"}, "topic: 'a topic' is not a Kafka topic name"),
+    ({"window_minutes": 0}, "window_minutes: must be at least 1"),
+    ({"window_minutes": 10081}, "window_minutes: must be at most 10080"),
+    ({"samples": 60, "interval_seconds": 300}, "samples x interval_seconds: 60 x 300 s is more than"),
+    ({"thresholds": {"warning_lag": "abc"}}, "thresholds.warning_lag: expected a number, got 'abc'"),
+])
+def test_a_bad_form_fails_with_one_line_naming_the_field(kafka_conn, change, message):
+    with pytest.raises(orchestration.FormError) as err:
+        orchestration.validate_params(_form(**change))
+    assert str(err.value).startswith(message), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_the_default_cluster_falls_back_to_the_environment_but_no_other_does(monkeypatch):
+    monkeypatch.delenv("AIRFLOW_CONN_KAFKA_DEFAULT", raising=False)
+    env = {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9092"}
+    assert orchestration.check_cluster("kafka_default", env) == "kafka_default"
+    with pytest.raises(orchestration.FormError, match="KAFKA_BOOTSTRAP_SERVERS is not set"):
+        orchestration.check_cluster("kafka_default", {})
+    with pytest.raises(orchestration.FormError, match="^cluster: no Airflow connection 'other' of type kafka$"):
+        orchestration.check_cluster("other", env)
+
+
+def test_a_connection_of_another_type_is_named(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_PROD", json.dumps({"conn_type": "postgres", "host": "db", "password": "s3cret!"}))
+    with pytest.raises(orchestration.FormError) as err:
+        orchestration.check_cluster("prod")
+    assert str(err.value) == "cluster: connection 'prod' is of type 'postgres', expected kafka"
+
+
+@pytest.mark.parametrize("message, code, line", [
+    ("Cannot execute: spark-submit ... Error code is: 3.\n... diagnose_lag: error: cannot diagnose /s: "
+     "CANNOT_MERGE_SCHEMAS in /s/x.parquet column partition\nmore", 3,
+     "diagnosis: cannot diagnose /s: CANNOT_MERGE_SCHEMAS in /s/x.parquet column partition"),
+    ("Cannot execute: spark-submit ... Error code is: 1.", 1, "diagnosis: spark-submit failed (exit code 1)"),
+])
+def test_the_jobs_own_failure_line_is_what_the_task_says(message, code, line):
+    assert orchestration.diagnosis_failure_line(message) == (code, line)

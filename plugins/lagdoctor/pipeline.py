@@ -263,11 +263,10 @@ def _remediation_group(action: str, branches, *, approvals: bool) -> None:
             summary = ctx["ti"].xcom_pull(task_ids=PLAN_TASK_ID)
             approval = ctx["ti"].xcom_pull(task_ids=f"{group_id}.approve") if asks else None
             # approved=None where approval is needed: the runner records it awaiting_approval.
-            with no_retry(orchestration.SlackUndelivered):
-                return orchestration.remediate(
-                    action, summary["plans"], _run_id(), dry_run=bool(ctx["params"]["dry_run"]),
-                    approved=approved_from_hitl(approval) if approval else None,
-                )
+            return orchestration.remediate(
+                action, summary["plans"], _run_id(), dry_run=bool(ctx["params"]["dry_run"]),
+                approved=approved_from_hitl(approval) if approval else None,
+            )
 
         r = run()
         if not asks:
