@@ -1,7 +1,8 @@
 """Remediation without a broker: guardrails, dry runs, approval, audit, Kubernetes actions.
 
 Kubernetes actions run the real ``kubernetes`` client against the loopback
-API server of tests/fixtures/k8s.py.
+API server of tests/fixtures/k8s.py. Every test that keeps state runs against
+SQLite and against PostgreSQL (the ``state_url`` fixture).
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 
@@ -42,7 +42,7 @@ def finding(diagnosis="slow_consumer", group="orders", **evidence):
 
 
 @pytest.fixture
-def settings(tmp_path, monkeypatch):
+def settings(tmp_path, monkeypatch, state_url):
     monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", str(tmp_path / "data"))
     monkeypatch.delenv("LAGDOCTOR_REMEDIATION_CONFIG", raising=False)
     return Settings.from_env()
@@ -61,8 +61,13 @@ def config_for(server, **kw):
 
 
 def audit(settings):
-    path = Path(settings.actions_log)
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    from lagdoctor.remediation.audit import ActionLog
+
+    return list(ActionLog.from_settings(settings).records())
+
+
+def audit_text(settings):
+    return json.dumps(audit(settings))
 
 
 # ------------------------------------------------------------ guardrail rules
@@ -316,7 +321,7 @@ def test_kubeconfig_token_is_used_but_never_logged_or_recorded(settings, k8s, tm
         run_action("restart_consumers", finding(), run_id="r2", dry_run=False, config=cfg, now=T0)
     assert "401" in str(err.value)
     out, errout = capfd.readouterr()
-    for text in (str(err.value), caplog.text, out, errout, Path(settings.actions_log).read_text()):
+    for text in (str(err.value), caplog.text, out, errout, audit_text(settings)):
         assert token not in text
 
 
@@ -378,7 +383,7 @@ def test_kafka_failure_is_one_line_without_the_sasl_password(settings, monkeypat
                    params={"add": 2}, kafka_config=config, now=T0)
     assert "\n" not in str(err.value)
     out, errout = capfd.readouterr()
-    for text in (str(err.value), caplog.text, out, errout, Path(settings.actions_log).read_text()):
+    for text in (str(err.value), caplog.text, out, errout, audit_text(settings)):
         assert secret not in text
 
 

@@ -11,7 +11,11 @@ dry runs, approvals, guardrails and retries in one place:
                           repeats the same absolute change instead of a new one.
   apply(ctx, plan)        make the change; idempotent for the same plan.
 
-Raise ``ActionBlocked`` from any step when the action must not go ahead.
+Raise ``ActionBlocked`` from any step when the action must not go ahead, and
+``OutcomeUnknown`` from ``apply`` when a request went out but its answer did
+not come back (the change may have been made; it counts as if it had).
+``target(ctx)`` names what the action changes: runs acting on one target are
+serialized by a lease and share its cooldown.
 This module imports no client library: they are imported inside the steps.
 """
 
@@ -26,6 +30,10 @@ from lagdoctor.remediation.config import RemediationConfig
 
 class ActionBlocked(Exception):
     """The action must not run; the message says why (one line, no secret)."""
+
+
+class OutcomeUnknown(RuntimeError):
+    """A change was sent but no answer came back: it may have been applied (one line, no secret)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,10 @@ class Action:
     def describe(self, plan: Mapping[str, Any]) -> str:
         """One line: what the action does or would do with this plan."""
         return self.summary
+
+    def target(self, ctx: ActionContext) -> str | None:
+        """What this action changes, as people name it; None: the group itself (per action)."""
+        return None
 
     def resolve(self, ctx: ActionContext, plan: dict[str, Any]) -> dict[str, Any]:
         return plan

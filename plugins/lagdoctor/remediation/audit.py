@@ -1,19 +1,27 @@
-"""The remediation audit log: one JSON object per line at Settings.actions_log.
+"""The remediation audit log: the ``action_log`` table of lagdoctor's state database.
 
-Every decision is appended (dry run, blocked, awaiting approval, executed,
-failed...), so the log answers "what did lagdoctor do to this group and why".
-Guardrails read it back: cooldowns and the hourly cap count ``executed``
-records only, so dry runs never use up a real action's budget.
+Every decision is appended (dry run, blocked, awaiting approval, started,
+executed, failed...), so the log answers "what did lagdoctor do to this group
+and why", on every worker alike. Each row keeps the record's JSON as it was
+returned to the DAG, plus indexed columns for the questions asked of it.
+
+Guardrails read it back through ``attempts_since``: a real change counts
+against cooldowns and the hourly cap from the moment its ``started`` record is
+written, and keeps counting unless its outcome proves nothing changed. Dry
+runs never count.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
+from collections import defaultdict
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Iterator
+
+import sqlalchemy as sa
+
+from lagdoctor.state import StateDB, action_log, as_utc, state_db
 
 log = logging.getLogger(__name__)
 
@@ -32,61 +40,102 @@ STATUSES = (
 )
 # A record with one of these ends its idempotency key: a retry returns it.
 FINAL_STATUSES = frozenset({"dry_run", "blocked", "rejected", "executed", "noop", "recommended"})
+# Outcomes of a started attempt that prove it changed nothing: it does not count.
+NOTHING_CHANGED = frozenset({"noop", "blocked"})
+_OUTCOMES = frozenset({"executed", "noop", "blocked", "failed"})
 
 
-def _local(path: str) -> Path:
-    return Path(path[len("file://"):] if path.startswith("file://") else path)
+def _jsonable(record: dict[str, Any]) -> dict[str, Any]:
+    # As the JSONL log did: anything not JSON (a datetime in a plan) becomes its text.
+    return json.loads(json.dumps(record, sort_keys=True, default=str))
+
+
+def _ts(record: dict[str, Any]) -> datetime:
+    return as_utc(datetime.fromisoformat(str(record["ts"])))
 
 
 class ActionLog:
-    """Append-only JSONL file; appends are locked so parallel tasks don't interleave."""
+    """Append-only rows in ``action_log``; every method may join a caller's transaction (``conn``)."""
 
-    def __init__(self, path: str) -> None:
-        if "://" in path and not path.startswith("file://"):
-            # Appends and locks need a local (or mounted) filesystem.
-            raise ValueError(f"action log must be a local path, got {path.split('://')[0]}:// URI")
-        self.path = _local(path)
+    def __init__(self, db: StateDB) -> None:
+        self.db = db
 
-    def append(self, record: dict[str, Any]) -> None:
-        import fcntl
+    @classmethod
+    def from_settings(cls, settings: Any = None) -> "ActionLog":
+        return cls(state_db(settings))
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps(record, sort_keys=True, default=str) + "\n"
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                fh.write(line)
-                fh.flush()
-                os.fsync(fh.fileno())
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+    def _read(self, stmt: Any, conn: sa.Connection | None) -> list[dict[str, Any]]:
+        stmt = stmt.order_by(action_log.c.id)
+        if conn is not None:
+            return [dict(r) for r in conn.execute(stmt).scalars()]
+        with self.db.engine.connect() as c:
+            return [dict(r) for r in c.execute(stmt).scalars()]
 
-    def records(self) -> Iterator[dict[str, Any]]:
-        if not self.path.exists():
-            return
-        with open(self.path, encoding="utf-8") as fh:
-            for number, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError:
-                    # A torn last line after a crash must not stop remediation.
-                    log.warning("%s:%d: skipping a line that is not JSON", self.path, number)
+    def append(self, record: dict[str, Any], *, conn: sa.Connection | None = None) -> None:
+        if conn is None:
+            with self.db.transaction() as c:
+                return self.append(record, conn=c)
+        data = _jsonable(record)
+        conn.execute(sa.insert(action_log).values(
+            ts=_ts(data),
+            idempotency_key=str(data["idempotency_key"]),
+            run_id=str(data.get("run_id", ""))[:255],
+            action=str(data.get("action", "")),
+            cluster=str(data.get("cluster", ""))[:255],
+            group_id=str(data.get("group_id", ""))[:512],
+            topic=str(data.get("topic", ""))[:512],
+            target=(str(data["target"])[:512] if data.get("target") else None),
+            status=str(data["status"]),
+            dry_run=bool(data.get("dry_run")),
+            record=data,
+        ))
 
-    def for_key(self, idempotency_key: str) -> list[dict[str, Any]]:
-        return [r for r in self.records() if r.get("idempotency_key") == idempotency_key]
+    def records(self, *, conn: sa.Connection | None = None) -> Iterator[dict[str, Any]]:
+        """Every record, oldest first."""
+        yield from self._read(sa.select(action_log.c.record), conn)
 
-    def executed_since(self, since: datetime) -> list[dict[str, Any]]:
-        """Real changes at or after ``since`` (records carry ISO-8601 UTC ``ts``)."""
-        out = []
-        for r in self.records():
-            if r.get("status") != "executed":
+    def for_key(self, idempotency_key: str, *, conn: sa.Connection | None = None) -> list[dict[str, Any]]:
+        return self._read(sa.select(action_log.c.record).where(action_log.c.idempotency_key == idempotency_key),
+                          conn)
+
+    def executed_since(self, since: datetime, *, conn: sa.Connection | None = None) -> list[dict[str, Any]]:
+        """``executed`` records at or after ``since``."""
+        return self._read(sa.select(action_log.c.record).where(
+            action_log.c.status == "executed", action_log.c.ts >= since), conn)
+
+    def attempts_since(self, since: datetime, *, conn: sa.Connection | None = None) -> list[dict[str, Any]]:
+        """Real changes that count against cooldowns and the hourly cap: one per
+        idempotency key with a record at or after ``since``.
+
+        Counted: an ``executed`` record; a ``started`` one with no outcome yet
+        (in flight, or its worker died: it may have acted); a ``started`` one
+        whose outcome is ``failed`` unless the failure proves nothing changed
+        (a timed-out patch may have landed). Not counted: ``noop``/``blocked``
+        outcomes and dry runs. Each returned record is the latest ``started``
+        or ``executed`` one of its key, with ``outcome`` (the status that
+        decided, ``started`` while unresolved).
+        """
+        rows = self._read(sa.select(action_log.c.record).where(
+            action_log.c.dry_run.is_(False),
+            action_log.c.status.in_(("started", *_OUTCOMES)),
+            action_log.c.ts >= since,
+        ), conn)
+        by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in rows:
+            by_key[r["idempotency_key"]].append(r)
+        counted = []
+        for records in by_key.values():
+            executed = [r for r in records if r["status"] == "executed"]
+            if executed:
+                counted.append({**executed[-1], "outcome": "executed"})
                 continue
-            try:
-                ts = datetime.fromisoformat(r["ts"])
-            except (KeyError, ValueError):
+            started = [i for i, r in enumerate(records) if r["status"] == "started"]
+            if not started:
                 continue
-            if ts >= since:
-                out.append(r)
-        return out
+            last = started[-1]
+            outcome = next((r for r in records[last + 1:] if r["status"] in _OUTCOMES), None)
+            if outcome is None:
+                counted.append({**records[last], "outcome": "started"})
+            elif outcome["status"] == "failed" and outcome.get("may_have_changed", True):
+                counted.append({**records[last], "outcome": "failed"})
+        return counted

@@ -16,11 +16,12 @@ Example (YAML)::
     deny_groups: ["payments-*"]
     require_approval: [restart_consumers]
     dead_letter_topic: "{topic}.dlq"
-    max_replicas: 24
+    max_replicas: 24          # 0 switches scaling off (scale_consumers is blocked, with that reason)
+    lease_minutes: 15         # how long a run that died mid-action keeps others off its target
     deployments:
       orders-consumer: {namespace: shop, name: orders-consumer}
       prod/billing: {namespace: billing, name: billing-worker}
-    kubernetes: {host: "https://10.0.0.1:6443"}   # else in-cluster, else kubeconfig
+    kubernetes: {host: "https://10.0.0.1:6443", request_timeout_seconds: 30}   # else in-cluster, else kubeconfig
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class KubernetesSettings:
     in_cluster: bool | None = None  # None: try in-cluster, then kubeconfig
     context: str | None = None
     verify_ssl: bool = True
+    # Every API call's limit; a patch whose answer does not come in time may
+    # still have landed, and is counted as if it had.
+    request_timeout_seconds: float = 30
 
 
 @dataclass(frozen=True)
@@ -61,12 +65,15 @@ class RemediationConfig:
     deny_groups: tuple[str, ...] = ()
     require_approval: tuple[str, ...] = ()  # reversible actions that still need a human
     deployments: Mapping[str, Deployment] = field(default_factory=lambda: MappingProxyType({}))
-    max_replicas: int | None = None  # absolute cap on top of the partition count
+    max_replicas: int | None = None  # absolute cap on top of the partition count; 0: never scale
     scale_step: int = 1
     dead_letter_topic: str = "{topic}.dlq"
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
     # recommend_consumer_config: wanted ratio of max.poll.interval.ms to one batch's processing time
     poll_headroom: float = 2.0
+    # A real action holds a lease on its target while it runs; a worker that
+    # died mid-action keeps others off the target this long.
+    lease_minutes: float = 15
 
     def deployment_for(self, cluster: str, group_id: str) -> Deployment | None:
         """``cluster/group`` beats ``group``: the same group id can live on two clusters."""
@@ -81,7 +88,7 @@ class RemediationConfig:
         if unknown:
             raise ConfigError(f"{source}: {unknown[0]}: unknown field (known: {', '.join(sorted(known))})")
         kw: dict[str, Any] = {}
-        for name in ("cooldown_minutes", "poll_headroom"):
+        for name in ("cooldown_minutes", "poll_headroom", "lease_minutes"):
             if name in data:
                 kw[name] = _number(data[name], source, name)
         for name in ("max_actions_per_hour", "scale_step"):
@@ -116,10 +123,17 @@ class RemediationConfig:
             kfields = {f.name for f in fields(KubernetesSettings)}
             if not isinstance(k, Mapping) or set(k) - kfields:
                 raise ConfigError(f"{source}: kubernetes: expected keys among {', '.join(sorted(kfields))}")
+            if "request_timeout_seconds" in k and not _number(
+                    k["request_timeout_seconds"], source, "kubernetes.request_timeout_seconds") > 0:
+                raise ConfigError(f"{source}: kubernetes.request_timeout_seconds: must be above 0")
             kw["kubernetes"] = KubernetesSettings(**k)
         config = cls(**kw)
         if config.cooldown_minutes < 0 or config.max_actions_per_hour < 0 or config.scale_step < 1:
             raise ConfigError(f"{source}: cooldown_minutes, max_actions_per_hour must be >= 0, scale_step >= 1")
+        if config.max_replicas is not None and config.max_replicas < 0:
+            raise ConfigError(f"{source}: max_replicas: must be >= 0 (0 switches scaling off), got {config.max_replicas}")
+        if config.lease_minutes <= 0:
+            raise ConfigError(f"{source}: lease_minutes: must be above 0, got {config.lease_minutes}")
         return config
 
     @classmethod

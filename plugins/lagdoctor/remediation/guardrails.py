@@ -5,14 +5,18 @@ tests/test_remediation.py):
 
   1. deny_list    a group matching ``deny_groups`` is never touched.
   2. allow_list   when ``allow_groups`` is set, only matching groups are touched.
-  3. cooldown     one real run of (cluster, group, action) per ``cooldown_minutes``:
-                  let the last change take effect before judging it.
-  4. hourly_cap   at most ``max_actions_per_hour`` real changes across all groups:
-                  a bad sweep must not restart the whole fleet.
+  3. cooldown     one real run of an action per target per ``cooldown_minutes``:
+                  let the last change take effect before judging it. The target
+                  is what the action changes (a Deployment, so two groups
+                  sharing one share its cooldown; else the group).
+  4. hourly_cap   at most ``max_actions_per_hour`` real changes across all
+                  targets: a bad sweep must not restart the whole fleet.
 
-The scale cap (never more consumers than partitions) depends on the action and
-lives in ``scale_consumers``. ``now`` is always a parameter; history is the
-list of ``executed`` audit records.
+The scale cap (never more consumers than partitions, ``max_replicas``)
+depends on the action and lives in ``scale_consumers``. ``now`` is always a
+parameter; history is what ``ActionLog.attempts_since`` counts: executed
+changes and started ones whose outcome is unknown (a patch whose answer timed
+out may have landed, so it counts).
 """
 
 from __future__ import annotations
@@ -35,6 +39,16 @@ class Verdict:
 ALLOW = Verdict(True)
 
 
+def group_target(cluster: str, group_id: str, action: str) -> str:
+    """The target of an action that changes the group itself (offsets, its topic)."""
+    return f"group {group_id} on {cluster} ({action})"
+
+
+def target_of(record: dict[str, Any]) -> str:
+    return record.get("target") or group_target(
+        str(record.get("cluster", "")), str(record.get("group_id", "")), str(record.get("action", "")))
+
+
 def deny_list(group_id: str, config: RemediationConfig) -> Verdict:
     for pattern in config.deny_groups:
         if fnmatchcase(group_id, pattern):
@@ -48,27 +62,38 @@ def allow_list(group_id: str, config: RemediationConfig) -> Verdict:
     return ALLOW
 
 
+def _when(record: dict[str, Any]) -> datetime:
+    return datetime.fromisoformat(record["ts"])
+
+
+def _what(record: dict[str, Any]) -> str:
+    run = f" by run {record['run_id']}" if record.get("run_id") else ""
+    if record.get("outcome") == "started":
+        return f"started at {record['ts']}{run} and has no outcome yet"
+    if record.get("outcome") == "failed":
+        return f"started at {record['ts']}{run} and may have taken effect before it failed"
+    return f"ran at {record['ts']}{run}"
+
+
 def cooldown(
-    cluster: str, group_id: str, action: str, config: RemediationConfig,
-    history: Iterable[dict[str, Any]], now: datetime,
+    target: str, action: str, config: RemediationConfig, history: Iterable[dict[str, Any]], now: datetime,
 ) -> Verdict:
     window = timedelta(minutes=config.cooldown_minutes)
-    for r in history:
-        if (r.get("cluster"), r.get("group_id"), r.get("action")) != (cluster, group_id, action):
+    for r in sorted(history, key=_when, reverse=True):
+        if (target_of(r), r.get("action")) != (target, action):
             continue
-        ts = datetime.fromisoformat(r["ts"])
-        if now - ts < window:
-            left = window - (now - ts)
+        if now - _when(r) < window:
+            left = window - (now - _when(r))
             return Verdict(
                 False, "cooldown",
-                f"{action} ran for this group at {r['ts']}; cooldown ends in {int(left.total_seconds() // 60) + 1} min",
+                f"{action} on {target} {_what(r)}; cooldown ends in {int(left.total_seconds() // 60) + 1} min",
             )
     return ALLOW
 
 
 def hourly_cap(config: RemediationConfig, history: Iterable[dict[str, Any]], now: datetime) -> Verdict:
     since = now - timedelta(hours=1)
-    count = sum(1 for r in history if datetime.fromisoformat(r["ts"]) > since)
+    count = sum(1 for r in history if _when(r) > since)
     if count >= config.max_actions_per_hour:
         return Verdict(False, "hourly_cap", f"{count} actions in the last hour (cap {config.max_actions_per_hour})")
     return ALLOW
@@ -76,14 +101,15 @@ def hourly_cap(config: RemediationConfig, history: Iterable[dict[str, Any]], now
 
 def check_guardrails(
     *, cluster: str, group_id: str, action: str, config: RemediationConfig,
-    history: Iterable[dict[str, Any]], now: datetime,
+    history: Iterable[dict[str, Any]], now: datetime, target: str | None = None,
 ) -> Verdict:
     """The first rule that says no, in table order; ALLOW otherwise."""
     history = list(history)
+    target = target or group_target(cluster, group_id, action)
     for verdict in (
         deny_list(group_id, config),
         allow_list(group_id, config),
-        cooldown(cluster, group_id, action, config, history, now),
+        cooldown(target, action, config, history, now),
         hourly_cap(config, history, now),
     ):
         if not verdict.allowed:

@@ -4,6 +4,12 @@ Both go through the official ``kubernetes`` client (apps/v1), imported inside
 the functions. The group -> Deployment mapping is ``deployments`` in the
 remediation config; credentials come from the pod's service account or the
 kubeconfig, never from lagdoctor's own config.
+
+Both act on a Deployment, which is their target: two groups served by one
+Deployment share its lease and cooldown. Every API call has a time limit
+(``kubernetes.request_timeout_seconds``); a patch whose answer does not come
+back in time raises ``OutcomeUnknown``, because the API server may have
+applied it.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import contextlib
 import os
 from typing import Any, Iterator, Mapping
 
-from lagdoctor.remediation.actions import Action, ActionBlocked, ActionContext, Outcome, register
+from lagdoctor.remediation.actions import Action, ActionBlocked, ActionContext, Outcome, OutcomeUnknown, register
 from lagdoctor.remediation.config import KubernetesSettings
 
 RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
@@ -47,6 +53,23 @@ def apps_v1(settings: KubernetesSettings) -> Iterator[Any]:
         api_client.close()
 
 
+def deployment_target(ctx: ActionContext) -> str | None:
+    dep = ctx.config.deployment_for(ctx.cluster, ctx.group_id)
+    return f"Deployment {dep.namespace}/{dep.name}" if dep else None
+
+
+@contextlib.contextmanager
+def answer_in_time(settings: KubernetesSettings, what: str) -> Iterator[None]:
+    """A change request whose answer timed out may have landed: say so, in one line."""
+    import urllib3
+
+    try:
+        yield
+    except urllib3.exceptions.TimeoutError:
+        raise OutcomeUnknown(f"no answer from the Kubernetes API within {settings.request_timeout_seconds:g} s; "
+                             f"{what} may have been applied") from None
+
+
 def _deployment(ctx: ActionContext) -> dict[str, str]:
     dep = ctx.config.deployment_for(ctx.cluster, ctx.group_id)
     if dep is None:
@@ -74,8 +97,13 @@ class ScaleConsumers(Action):
     summary = "scale the group's Deployment up, never above the partition count"
     params = {"step": int, "partition_count": int}
 
+    def target(self, ctx: ActionContext) -> str | None:
+        return deployment_target(ctx)
+
     def prepare(self, ctx: ActionContext) -> dict[str, Any]:
         plan = _deployment(ctx)
+        if ctx.config.max_replicas == 0:
+            raise ActionBlocked("max_replicas is 0 in the remediation config: scaling is switched off")
         step = int(ctx.params.get("step", ctx.config.scale_step))
         if step < 1:
             raise ActionBlocked("step must be at least 1")
@@ -102,16 +130,22 @@ class ScaleConsumers(Action):
         partitions = plan.get("partition_count")
         if not partitions:
             try:
-                partitions = partition_count_from_kafka(ctx.kafka_config(), ctx.topic)
+                kafka_config = ctx.kafka_config()
+            except ActionBlocked as exc:  # no usable connection
+                raise ActionBlocked(f"partition count unknown ({exc}); refusing to scale without the cap") from None
+            try:
+                partitions = partition_count_from_kafka(kafka_config, ctx.topic)
             except ActionBlocked:
                 raise
             except Exception as exc:  # no connection, unreachable cluster...
                 raise ActionBlocked(
                     f"partition count unknown ({type(exc).__name__}); refusing to scale without the cap"
                 ) from None
-        cap = min(partitions, plan["max_replicas"]) if plan.get("max_replicas") else partitions
+        cap = min(partitions, plan["max_replicas"]) if plan.get("max_replicas") is not None else partitions
+        timeout = ctx.config.kubernetes.request_timeout_seconds
         with apps_v1(ctx.config.kubernetes) as api:
-            scale = api.read_namespaced_deployment_scale(plan["deployment"], plan["namespace"])
+            scale = api.read_namespaced_deployment_scale(plan["deployment"], plan["namespace"],
+                                                         _request_timeout=timeout)
         current = int(scale.spec.replicas or 0)
         return {**plan, "partition_count": partitions, "cap": cap,
                 "current_replicas": current, "target_replicas": min(current + plan["step"], cap)}
@@ -119,16 +153,21 @@ class ScaleConsumers(Action):
     def apply(self, ctx: ActionContext, plan: Mapping[str, Any]) -> Outcome:
         target = plan["target_replicas"]
         where = f"{plan['namespace']}/{plan['deployment']}"
-        with apps_v1(ctx.config.kubernetes) as api:
-            current = int(api.read_namespaced_deployment_scale(plan["deployment"], plan["namespace"]).spec.replicas or 0)
+        settings = ctx.config.kubernetes
+        with apps_v1(settings) as api:
+            current = int(api.read_namespaced_deployment_scale(
+                plan["deployment"], plan["namespace"], _request_timeout=settings.request_timeout_seconds,
+            ).spec.replicas or 0)
             if current >= target:
                 # Already there (a retry, or someone scaled by hand): never scale down here.
                 why = "the partition count: more consumers would sit idle" if target >= plan["cap"] else "the target"
                 return Outcome("noop", f"{where} already has {current} replicas, at or above {why}",
                                {"replicas": current})
-            api.patch_namespaced_deployment_scale(
-                plan["deployment"], plan["namespace"], {"spec": {"replicas": target}}
-            )
+            with answer_in_time(settings, f"scaling {where} to {target} replicas"):
+                api.patch_namespaced_deployment_scale(
+                    plan["deployment"], plan["namespace"], {"spec": {"replicas": target}},
+                    _request_timeout=settings.request_timeout_seconds,
+                )
         return Outcome("executed", f"scaled {where} from {current} to {target} replicas", {"replicas": target})
 
 
@@ -136,6 +175,9 @@ class ScaleConsumers(Action):
 class RestartConsumers(Action):
     name = "restart_consumers"
     summary = "rollout restart of the group's Deployment (like kubectl rollout restart)"
+
+    def target(self, ctx: ActionContext) -> str | None:
+        return deployment_target(ctx)
 
     def prepare(self, ctx: ActionContext) -> dict[str, Any]:
         return _deployment(ctx)
@@ -149,7 +191,10 @@ class RestartConsumers(Action):
 
     def apply(self, ctx: ActionContext, plan: Mapping[str, Any]) -> Outcome:
         body = {"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: plan["restarted_at"]}}}}}
-        with apps_v1(ctx.config.kubernetes) as api:
-            api.patch_namespaced_deployment(plan["deployment"], plan["namespace"], body)
+        settings = ctx.config.kubernetes
+        where = f"{plan['namespace']}/{plan['deployment']}"
+        with apps_v1(settings) as api, answer_in_time(settings, f"the rollout restart of {where}"):
+            api.patch_namespaced_deployment(plan["deployment"], plan["namespace"], body,
+                                            _request_timeout=settings.request_timeout_seconds)
         return Outcome("executed", f"rollout restart of {plan['namespace']}/{plan['deployment']} "
                        f"(restartedAt {plan['restarted_at']})", {"restarted_at": plan["restarted_at"]})

@@ -1,8 +1,10 @@
 """Kafka actions: skip a poison pill, add partitions. Both are irreversible.
 
 confluent-kafka is imported inside the functions. The cluster's client config
-is the extra of its Airflow ``kafka`` connection (contract 5). AdminClient
-calls use the futures-map idiom; every client is closed when done.
+comes from its Airflow ``kafka`` connection (contract 5) through the
+apache-kafka provider's hook (``kafka_config_for``), so SASL, OAuth and MSK IAM
+work as they do for collection. AdminClient calls use the futures-map idiom;
+every client is closed when done.
 """
 
 from __future__ import annotations
@@ -15,17 +17,53 @@ from lagdoctor.remediation.actions import Action, ActionBlocked, ActionContext, 
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 15
+DEFAULT_KAFKA_CONN_ID = "kafka_default"  # the provider's default connection (contract 5)
 
 
-def kafka_config_for(conn_id: str) -> dict[str, Any]:
-    """The librdkafka config of a ``kafka`` Airflow connection (its extra)."""
-    from airflow.sdk.bases.hook import BaseHook
+def kafka_config_for(conn_id: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The librdkafka config for a cluster, built as the apache-kafka provider builds it.
 
-    conn = BaseHook.get_connection(conn_id)
-    config = dict(conn.extra_dejson)
-    if not config.get("bootstrap.servers"):
-        raise ActionBlocked(f"connection {conn_id!r} has no bootstrap.servers in its extra")
-    return config
+    The provider's hook reads the ``kafka`` connection's extra, resolves
+    callbacks named there (``oauth_cb``... within ``[apache_kafka]
+    callback_allowlist``) and adds the managed-OAuth token callback (Amazon
+    MSK IAM, Google Managed Kafka): the same clients collection gets. With
+    no ``kafka_default`` connection, ``KAFKA_BOOTSTRAP_SERVERS`` is used.
+    """
+    import os
+
+    from lagdoctor.connections import connection_exists
+    from lagdoctor.kafka_clients import BOOTSTRAP_ENV
+
+    if not connection_exists(conn_id):
+        env = os.environ if environ is None else environ
+        if conn_id == DEFAULT_KAFKA_CONN_ID and env.get(BOOTSTRAP_ENV):
+            return {"bootstrap.servers": env[BOOTSTRAP_ENV].strip()}
+        hint = f", and {BOOTSTRAP_ENV} is not set" if conn_id == DEFAULT_KAFKA_CONN_ID else ""
+        raise ActionBlocked(f"no Airflow connection {conn_id!r} of type kafka{hint}")
+    try:
+        return _provider_config_hook()(kafka_config_id=conn_id).get_conn
+    except ValueError as exc:  # no bootstrap.servers, a callback outside the allowlist
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "bootstrap.servers" in message:
+            message = "no bootstrap.servers in its extra"
+        raise ActionBlocked(f"connection {conn_id!r}: {message}") from None
+
+
+_HOOK: Any = None
+
+
+def _provider_config_hook() -> Any:
+    """A KafkaBaseHook whose "client" is the config the provider would build it from."""
+    global _HOOK
+    if _HOOK is None:
+        from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
+
+        class ProviderKafkaConfig(KafkaBaseHook):
+            def _get_client(self, config: dict[str, Any]) -> dict[str, Any]:
+                return dict(config)
+
+        _HOOK = ProviderKafkaConfig
+    return _HOOK
 
 
 def _client_config(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,15 +7,29 @@ Order of checks for a call (a DAG task calls this; nothing else runs actions):
   2. guardrails    deny/allow lists, cooldown, hourly cap (guardrails.py),
                    also in dry runs so a dry run says what a real run would meet.
   3. prepare       what the action would do (pure).
-  4. dry run       stop here: record ``dry_run``. A dry run never waits for a human.
+  4. dry run       stop here: record ``dry_run``. A dry run never waits for a
+                   human, takes no lease and counts against nothing.
   5. approval      irreversible actions (and those the config or runbook marks)
                    need ``approved=True``: ``None`` records ``awaiting_approval``
                    (the DAG then asks through a HITL ApprovalOperator and calls
                    again), ``False`` records ``rejected``.
-  6. resolve       read live state, fix absolute targets, record ``started``.
-  7. apply         ``executed`` / ``noop``; a failure is ``failed`` with a one-line,
+  6. resolve       read live state, fix absolute targets.
+  7. claim         ONE transaction in the state database: take the lease on the
+                   action's target, check idempotency and the guardrails again,
+                   record ``started``. Another run holding the lease gets
+                   ``blocked`` ("another run (<run id>) is acting on <target>");
+                   from here on the attempt counts against cooldown and cap.
+  8. apply         ``executed`` / ``noop``; a failure is ``failed`` with a one-line,
                    secret-free reason and re-raised as RemediationFailed so the
-                   task fails and Airflow may retry it (step 1 then reuses step 6).
+                   task fails and Airflow may retry it (a retry of the same run
+                   resumes the ``started`` plan: same restartedAt, same offset).
+                   The outcome is written and the lease released together.
+
+Claims are serialized (SQLite: BEGIN IMMEDIATE; PostgreSQL: a transaction-level
+advisory lock), so N runs on N workers cannot all pass the hourly cap. A
+worker that dies after 7 leaves ``started`` without an outcome: it keeps
+counting, and its lease keeps other runs off the target for
+``lease_minutes``.
 
 Remediation never notifies: the returned record (a small JSON-able dict) is what
 the DAG hands to ``lagdoctor.notify.post_action_result``.
@@ -26,16 +40,23 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from datetime import datetime, timezone
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping
 
+import sqlalchemy as sa
+
 from lagdoctor.notify.redact import one_line, secret_values
-from lagdoctor.remediation.actions import ActionBlocked, ActionContext, get_action
+from lagdoctor.remediation.actions import ActionBlocked, ActionContext, OutcomeUnknown, get_action
 from lagdoctor.remediation.audit import FINAL_STATUSES, ActionLog
 from lagdoctor.remediation.config import RemediationConfig
-from lagdoctor.remediation.guardrails import check_guardrails
+from lagdoctor.remediation.guardrails import check_guardrails, group_target
+from lagdoctor.state import leases
 
 log = logging.getLogger(__name__)
+
+# pg_advisory_xact_lock key (a bigint) serializing claims across workers: "lagdclai".
+CLAIM_LOCK_ID = 0x6C61_6764_636C_6169
 
 
 class RemediationFailed(RuntimeError):
@@ -46,6 +67,10 @@ def idempotency_key(run_id: str, finding: Mapping[str, Any], action: str) -> str
     incident = [finding.get(k, "") for k in ("cluster", "group_id", "topic", "diagnosis")]
     raw = json.dumps([run_id, incident, action], separators=(",", ":"))
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+
+def lease_key(target: str) -> str:
+    return f"remediation: {target}"[:768]
 
 
 def needs_approval(name: str, *, dry_run: bool, config: RemediationConfig | None = None,
@@ -78,17 +103,15 @@ def run_action(
     """Run (or dry-run) one registered action for one finding; returns its audit record.
 
     ``params``/``guardrails`` come from the runbook's plan; ``kafka_config``
-    overrides the cluster connection's extra (tests); ``now`` defaults to UTC now.
+    overrides the cluster connection's client config (tests); ``now`` defaults
+    to UTC now and also times the lease.
     """
-    from lagdoctor.settings import Settings
-
     action = get_action(name)
-    settings = settings or Settings.from_env()
     config = config or RemediationConfig.from_env()
     now = now or datetime.now(timezone.utc)
     params = dict(params or {})
     guardrails = dict(guardrails or {})
-    audit = ActionLog(settings.actions_log)
+    audit = ActionLog.from_settings(settings)
     key = idempotency_key(run_id, finding, name)
 
     _kafka: dict[str, Any] = {}
@@ -105,20 +128,32 @@ def run_action(
 
     ctx = ActionContext(finding=finding, config=config, params=params, now=now, kafka_config=resolve_kafka)
     approval = needs_approval(name, dry_run=False, config=config, guardrails=guardrails)
+    target = action.target(ctx) or group_target(ctx.cluster, ctx.group_id, name)
     base = {
         "run_id": run_id, "idempotency_key": key, "action": name,
         "cluster": ctx.cluster, "group_id": ctx.group_id, "topic": ctx.topic,
         "diagnosis": finding.get("diagnosis"), "dry_run": dry_run,
         "irreversible": action.irreversible, "requires_approval": approval and not dry_run,
-        "warning": action.warning,
+        "warning": action.warning, "target": target,
     }
+    # Runbooks may only lengthen the cooldown, never shorten it.
+    effective = config
+    if guardrails.get("cooldown_minutes") is not None:
+        effective = replace(config, cooldown_minutes=max(config.cooldown_minutes,
+                                                          float(guardrails["cooldown_minutes"])))
 
-    def record(status: str, message: str, plan: Mapping[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    def record(status: str, message: str, plan: Mapping[str, Any] | None = None, *,
+               conn: sa.Connection | None = None, **extra: Any) -> dict[str, Any]:
         rec = {**base, "ts": now.isoformat(), "status": status, "message": message,
                "plan": dict(plan or {}), **extra}
-        audit.append(rec)
+        audit.append(rec, conn=conn)
         log.info("remediation %s %s for group %s: %s", name, status, ctx.group_id, message)
         return rec
+
+    def guardrail_verdict(conn: sa.Connection | None = None):
+        history = audit.attempts_since(now - _max_window(effective), conn=conn)
+        return check_guardrails(cluster=ctx.cluster, group_id=ctx.group_id, action=name, config=effective,
+                                history=history, now=now, target=target)
 
     # 1. idempotency
     earlier = [r for r in audit.for_key(key) if r.get("dry_run") == dry_run]
@@ -127,20 +162,13 @@ def run_action(
             return r
     started = next((r for r in reversed(earlier) if r.get("status") == "started"), None)
 
+    claimed = False
+    holder = f"{key}|{run_id}"[:255]
     try:
-        # 2. guardrails (advice changes nothing, so it is not rationed)
+        # 2. guardrails (advice changes nothing, so it is not rationed). For a
+        # real run this is an early answer; the claim checks again under lock.
         if action.changes_state and started is None:
-            effective = config
-            if guardrails.get("cooldown_minutes") is not None:
-                from dataclasses import replace
-
-                # A runbook may only lengthen the cooldown, never shorten it.
-                effective = replace(config, cooldown_minutes=max(config.cooldown_minutes,
-                                                                  float(guardrails["cooldown_minutes"])))
-            verdict = check_guardrails(
-                cluster=ctx.cluster, group_id=ctx.group_id, action=name, config=effective,
-                history=audit.executed_since(now - _max_window(effective)), now=now,
-            )
+            verdict = guardrail_verdict()
             if not verdict.allowed:
                 return record("blocked", f"{verdict.rule}: {verdict.reason}", rule=verdict.rule)
 
@@ -160,25 +188,89 @@ def run_action(
         # 6. resolve
         if started is None:
             plan = action.resolve(ctx, dict(plan))
-            record("started", action.describe(plan), plan)
-        # 7. apply
+        # 7. claim: lease, idempotency, guardrails and `started` in one transaction
+        with audit.db.transaction() as conn:
+            _serialize_claims(audit, conn)
+            ttl = timedelta(minutes=config.lease_minutes)
+            if not audit.db.acquire_lease(lease_key(target), holder, ttl, now=now, conn=conn):
+                reason = _lease_reason(audit, conn, target, run_id, now)
+                return record("blocked", f"lease: {reason}", plan, conn=conn, rule="lease")
+            claimed = True
+            mine = [r for r in audit.for_key(key, conn=conn) if not r.get("dry_run")]
+            final = next((r for r in reversed(mine) if r.get("status") in FINAL_STATUSES), None)
+            if final is not None:  # the same run finished meanwhile (a duplicate attempt)
+                audit.db.release_lease(lease_key(target), holder, conn=conn)
+                claimed = False
+                return final
+            own = next((r for r in reversed(mine) if r.get("status") == "started"), None)
+            if own is not None:
+                plan = own["plan"]  # resume this run's plan, never a new one
+            else:
+                verdict = guardrail_verdict(conn)
+                if not verdict.allowed:
+                    audit.db.release_lease(lease_key(target), holder, conn=conn)
+                    claimed = False
+                    return record("blocked", f"{verdict.rule}: {verdict.reason}", plan, conn=conn,
+                                  rule=verdict.rule)
+                record("started", action.describe(plan), plan, conn=conn)
+        # 8. apply
         outcome = action.apply(ctx, plan)
-        return record(outcome.status, outcome.message, plan, detail=dict(outcome.detail))
+        return _finish(audit, target, holder, claimed, record, outcome.status, outcome.message, plan,
+                       detail=dict(outcome.detail))
     except ActionBlocked as exc:
-        return record("blocked", one_line(str(exc), secret_values(_kafka)), rule="action")
+        return _finish(audit, target, holder, claimed, record, "blocked",
+                       one_line(str(exc), secret_values(_kafka)), rule="action")
     except Exception as exc:
         message = one_line(_describe_error(exc), secret_values(_kafka))
-        record("failed", message)
+        _finish(audit, target, holder, claimed, record, "failed", message,
+                may_have_changed=_may_have_changed(exc))
         raise RemediationFailed(f"{name} failed for group {ctx.group_id}: {message}") from None
 
 
-def _max_window(config: RemediationConfig):
-    from datetime import timedelta
+def _finish(audit: ActionLog, target: str, holder: str, claimed: bool, record: Any, status: str,
+            message: str, plan: Mapping[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    """Write the outcome and give the target back, together."""
+    if not claimed:
+        return record(status, message, plan, **extra)
+    with audit.db.transaction() as conn:
+        rec = record(status, message, plan, conn=conn, **extra)
+        audit.db.release_lease(lease_key(target), holder, conn=conn)
+    return rec
 
+
+def _serialize_claims(audit: ActionLog, conn: sa.Connection) -> None:
+    """One claim at a time across workers: the hourly cap spans every target.
+    SQLite's BEGIN IMMEDIATE already holds the database's write lock."""
+    if audit.db.dialect == "postgresql":
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": CLAIM_LOCK_ID})
+
+
+def _lease_reason(audit: ActionLog, conn: sa.Connection, target: str, run_id: str, now: datetime) -> str:
+    row = conn.execute(sa.select(leases.c.holder, leases.c.expires_at)
+                       .where(leases.c.key == lease_key(target))).first()
+    other_key, _, other_run = (row.holder if row else "").partition("|")
+    if other_run and other_run != run_id:
+        return f"another run ({other_run}) is acting on {target}"
+    other = next(iter(audit.for_key(other_key, conn=conn)), {}) if other_key else {}
+    if other:
+        return (f"another action of this run ({other.get('action')} for group {other.get('group_id')}) "
+                f"is acting on {target}")
+    return f"another run is acting on {target}"
+
+
+def _may_have_changed(exc: Exception) -> bool:
+    """False only when the failure proves nothing changed: the API answered with a refusal."""
+    status = getattr(exc, "status", None)
+    return not (isinstance(status, int) and 400 <= status < 500)
+
+
+def _max_window(config: RemediationConfig) -> timedelta:
     return max(timedelta(hours=1), timedelta(minutes=config.cooldown_minutes))
 
 
 def _describe_error(exc: Exception) -> str:
+    if isinstance(exc, OutcomeUnknown):
+        return str(exc)
     # kubernetes' ApiException prints headers and the whole body over many lines.
     status = getattr(exc, "status", None)
     if status is not None and hasattr(exc, "reason") and hasattr(exc, "body"):
