@@ -128,8 +128,8 @@ def test_commit_below_log_start_keeps_the_row(kafka_bootstrap, unique, monkeypat
     real = collector.log_offsets
 
     def retention_deleted_up_to_6(admin, partitions, timeout_s):
-        starts, ends = real(admin, partitions, timeout_s)
-        return {k: (6 if k == (topic, 0) else v) for k, v in starts.items()}, ends
+        starts, ends, errors = real(admin, partitions, timeout_s)
+        return {k: (6 if k == (topic, 0) else v) for k, v in starts.items()}, ends, errors
 
     monkeypatch.setattr(collector, "log_offsets", retention_deleted_up_to_6)
     (row,) = collect_snapshot(admin_client(kafka_bootstrap), "local", re.escape(group), NOW).to_pylist()

@@ -11,34 +11,58 @@ with groups and brokers, never with partitions:
        request), all in flight at once
     2  ListOffsets, earliest and latest, each for every partition at once
        (librdkafka fans each out per partition leader)
+
+Unknown is never zero. A read that fails for one group or partition does not
+fail the snapshot and does not drop the row: the row's `read_error` says what
+failed, and the values that read would have given are null ("unknown"):
+
+    committed offsets fail   committed_offset, lag null; read_error "committed offsets: ..."
+                             (a group whose topics are then unknown, e.g. an EMPTY
+                             group, is one row: topic "", partition -1)
+    ListOffsets fails        log_start_offset / log_end_offset (and lag) null;
+                             read_error "log start offset: ..." / "log end offset: ..."
+    describe fails           group_state UNKNOWN, group_members null;
+                             read_error "group description: ..."
+
+So the Parquet fields log_start_offset and log_end_offset are written as
+nullable; they are null only on rows whose read_error says so. Only a cluster
+that cannot be reached at all (metadata or group listing fails) raises
+CollectionError.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from lagdoctor.contracts import snapshot_arrow_schema
+from lagdoctor.contracts import GROUP_ROW_PARTITION, GROUP_ROW_TOPIC, snapshot_writer_schema
+from lagdoctor.kafka_clients import error_text, failure_message, forget_errors
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 10.0
+# Longer patterns are refused: a group pattern is a name filter, not a program.
+MAX_GROUP_PATTERN_LENGTH = 1000
+WRITTEN_OPTIONAL_COLUMNS = ("leader_broker", "read_error")
 
-# confluent-kafka's ConsumerGroupState names -> contract 1's upper snake case.
+# Group state names as confluent-kafka's ConsumerGroupState (PREPARING_REBALANCING),
+# as Kafka sends them (PreparingRebalance, and KIP-848's Assigning, Reconciling),
+# or as contract 1 spells them, compared without case or separators.
 _STATE_NAMES = {
     "STABLE": "STABLE",
-    "PREPARING_REBALANCING": "PREPARING_REBALANCE",
-    "PREPARING_REBALANCE": "PREPARING_REBALANCE",
-    "COMPLETING_REBALANCING": "COMPLETING_REBALANCE",
-    "COMPLETING_REBALANCE": "COMPLETING_REBALANCE",
+    "PREPARINGREBALANCE": "PREPARING_REBALANCE",
+    "PREPARINGREBALANCING": "PREPARING_REBALANCE",
+    "COMPLETINGREBALANCE": "COMPLETING_REBALANCE",
+    "COMPLETINGREBALANCING": "COMPLETING_REBALANCE",
     "EMPTY": "EMPTY",
     "DEAD": "DEAD",
     "ASSIGNING": "ASSIGNING",
     "RECONCILING": "RECONCILING",
+    "UNKNOWN": "UNKNOWN",
 }
 _NO_MEMBER_STATES = frozenset({"EMPTY", "DEAD"})
 
@@ -55,57 +79,101 @@ class Owner:
 
 
 @dataclass(frozen=True)
-class GroupView:
-    group_id: str
+class Description:
+    """What DescribeConsumerGroups said about one group (or why it could not)."""
+
     state: str
     members: int | None
     owners: Mapping[tuple[str, int], Owner]
-    committed: Mapping[tuple[str, int], int | None]
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class CommitRead:
+    """One group's committed offsets: `error` set when the whole read failed, and
+    `partition_errors` for partitions the broker answered with an error."""
+
+    commits: Mapping[tuple[str, int], int | None] = field(default_factory=dict)
+    partition_errors: Mapping[tuple[str, int], str] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class GroupView:
+    group_id: str
+    description: Description
+    commits: CommitRead
+
+    def topics(self) -> set[str]:
+        keys = set(self.commits.commits) | set(self.commits.partition_errors) | set(self.description.owners)
+        return {t for t, _ in keys}
 
 
 def group_state_name(state: Any) -> str:
-    """Contract 1 state name for a confluent-kafka ConsumerGroupState (or None)."""
+    """Contract 1 state name for a confluent-kafka ConsumerGroupState, a Kafka state
+    string, or None; only a state nobody can name becomes UNKNOWN."""
     name = getattr(state, "name", None) or (str(state) if state is not None else "")
-    return _STATE_NAMES.get(name.upper(), "UNKNOWN")
+    return _STATE_NAMES.get(re.sub(r"[^A-Z]", "", name.upper()), "UNKNOWN")
 
 
-def compile_group_pattern(pattern: str | None) -> re.Pattern[str]:
-    """Group ids are matched in full: `orders-.*` matches orders-eu, not legacy-orders-eu."""
+def compile_group_pattern(pattern: str | None, what: str = "group_pattern"):
+    """A group-id filter matched in full (`orders-.*` matches orders-eu, not
+    legacy-orders-eu), in Google RE2: linear time whatever the pattern, so a
+    pattern like `(a+)+$` cannot stall a sample on a long group id.
+
+    Returns an object with `.fullmatch(text)`. Raises ValueError, one line
+    naming `what` (the option or field the pattern came from) and the problem.
+    """
+    import re2
+
+    text = pattern if pattern else ".*"
+    shown = text if len(text) <= 60 else text[:57] + "..."
+    if len(text) > MAX_GROUP_PATTERN_LENGTH:
+        raise ValueError(
+            f"invalid {what} regex {shown!r}: {len(text)} characters, at most {MAX_GROUP_PATTERN_LENGTH}"
+        )
+    options = re2.Options()
+    options.log_errors = False  # RE2 would print its own line to stderr
     try:
-        return re.compile(pattern or ".*")
-    except re.error as exc:
-        raise ValueError(f"invalid --groups regex {pattern!r}: {exc}") from None
+        return re2.compile(text, options)
+    except re2.error as exc:
+        reason = exc.args[0] if exc.args else exc
+        reason = reason.decode("utf-8", "replace") if isinstance(reason, bytes) else str(reason)
+        hint = ""
+        if "perl operator" in reason or "escape sequence" in reason:
+            hint = " (RE2 syntax: no backreferences or lookaround)"
+        raise ValueError(f"invalid {what} regex {shown!r}: {' '.join(reason.split())}{hint}") from None
 
 
-def _one_line(exc: BaseException) -> str:
-    first = exc.args[0] if getattr(exc, "args", None) else exc
-    # KafkaException wraps a KafkaError whose str() is the readable part.
-    text = first.str() if hasattr(first, "str") else str(first)
-    return " ".join(text.split())
+def _reason(exc: BaseException) -> str:
+    """One line for a failed future: librdkafka's text and, when it has one, the error name."""
+    first = exc.args[0] if exc.args else None
+    text = error_text(exc) or type(exc).__name__
+    name = first.name() if hasattr(first, "name") else None
+    return f"{text} ({name})" if name and name not in text else text
 
 
-def list_group_ids(admin: Any, pattern: re.Pattern[str], timeout_s: float) -> list[str]:
+def list_group_ids(admin: Any, pattern: Any, timeout_s: float) -> list[str]:
     result = admin.list_consumer_groups(request_timeout=timeout_s).result()
     for err in getattr(result, "errors", None) or []:
-        log.warning("listing consumer groups on one broker failed: %s", _one_line(err))
+        log.warning("listing consumer groups on one broker failed: %s", error_text(err))
     return sorted({g.group_id for g in result.valid if pattern.fullmatch(g.group_id)})
 
 
-def describe_groups(
-    admin: Any, group_ids: list[str], timeout_s: float
-) -> dict[str, tuple[str, int | None, dict[tuple[str, int], Owner]]]:
+def describe_groups(admin: Any, group_ids: list[str], timeout_s: float) -> dict[str, Description]:
     """State, member count and partition owners per group, in one batched call."""
-    described: dict[str, tuple[str, int | None, dict[tuple[str, int], Owner]]] = {}
+    described: dict[str, Description] = {}
     if not group_ids:
         return described
     for group_id, fut in admin.describe_consumer_groups(group_ids, request_timeout=timeout_s).items():
         try:
             desc = fut.result()
         except Exception as exc:  # e.g. missing DESCRIBE rights on one group
-            log.warning("describing group %s failed: %s", group_id, _one_line(exc))
-            described[group_id] = ("UNKNOWN", None, {})
+            reason = _reason(exc)
+            log.warning("describing group %s failed: %s", group_id, reason)
+            described[group_id] = Description("UNKNOWN", None, {}, f"group description: {reason}")
             continue
-        state = group_state_name(desc.state)
+        state = group_state_name(getattr(desc, "state", None))
         members = list(desc.members or [])
         owners: dict[tuple[str, int], Owner] = {}
         for m in members:
@@ -114,13 +182,11 @@ def describe_groups(
         # An active state with no member list means membership unknown (Tansu,
         # or no DESCRIBE rights), which is not the same as zero members.
         count = len(members) if members or state in _NO_MEMBER_STATES else None
-        described[group_id] = (state, count, owners)
+        described[group_id] = Description(state, count, owners)
     return described
 
 
-def committed_offsets(
-    admin: Any, group_ids: list[str], timeout_s: float
-) -> dict[str, dict[tuple[str, int], int | None]]:
+def committed_offsets(admin: Any, group_ids: list[str], timeout_s: float) -> dict[str, CommitRead]:
     """Every group's committed offsets; requests for all groups are in flight at once."""
     from confluent_kafka import ConsumerGroupTopicPartitions
 
@@ -131,43 +197,67 @@ def committed_offsets(
                 [ConsumerGroupTopicPartitions(group_id)], request_timeout=timeout_s
             )
         )
-    out: dict[str, dict[tuple[str, int], int | None]] = {}
-    for group_id, fut in futures.items():
+    out: dict[str, CommitRead] = {}
+    for group_id in group_ids:
+        fut = futures.get(group_id)
         try:
+            if fut is None:
+                raise RuntimeError("no answer for this group")
             result = fut.result()
-        except Exception as exc:
-            log.warning("reading committed offsets of %s failed: %s", group_id, _one_line(exc))
-            out[group_id] = {}
+        except Exception as exc:  # coordinator loading or moving, a timeout: unknown, not "no commit"
+            reason = _reason(exc)
+            log.warning("reading committed offsets of %s failed: %s", group_id, reason)
+            out[group_id] = CommitRead(error=f"committed offsets: {reason}")
             continue
         commits: dict[tuple[str, int], int | None] = {}
+        errors: dict[tuple[str, int], str] = {}
         for tp in result.topic_partitions or []:
+            key = (tp.topic, tp.partition)
+            if tp.error is not None:
+                errors[key] = f"committed offsets: {_reason(Exception(tp.error))}"
+                continue
             # A negative offset (OFFSET_INVALID) means no commit for this partition.
-            ok = tp.error is None and tp.offset is not None and tp.offset >= 0
-            commits[(tp.topic, tp.partition)] = tp.offset if ok else None
-        out[group_id] = commits
+            commits[key] = tp.offset if tp.offset is not None and tp.offset >= 0 else None
+        out[group_id] = CommitRead(commits, errors)
     return out
 
 
 def log_offsets(
     admin: Any, partitions: Iterable[tuple[str, int]], timeout_s: float
-) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], int]]:
-    """(log start offsets, log end offsets) for the given partitions: two ListOffsets calls."""
-    from confluent_kafka import TopicPartition
+) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], int], dict[tuple[str, int], list[str]]]:
+    """(log start offsets, log end offsets, read errors) for the given partitions: two
+    ListOffsets calls. A partition whose read failed is absent from the first two
+    dicts and has a "log start offset: ..." / "log end offset: ..." line in the third."""
+    from confluent_kafka import IsolationLevel, TopicPartition
     from confluent_kafka.admin import OffsetSpec
 
     parts = sorted(set(partitions))
-    results: list[dict[tuple[str, int], int]] = []
-    for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):
-        found: dict[tuple[str, int], int] = {}
-        if parts:
-            request = {TopicPartition(t, p): spec for t, p in parts}
-            for tp, fut in admin.list_offsets(request, request_timeout=timeout_s).items():
-                try:
-                    found[(tp.topic, tp.partition)] = fut.result().offset
-                except Exception as exc:  # partition vanished between the two reads
-                    log.warning("no offsets for %s[%d]: %s", tp.topic, tp.partition, _one_line(exc))
-        results.append(found)
-    return results[0], results[1]
+    starts: dict[tuple[str, int], int] = {}
+    ends: dict[tuple[str, int], int] = {}
+    errors: dict[tuple[str, int], list[str]] = {}
+    if not parts:
+        return starts, ends, errors
+    for spec, found, what in ((OffsetSpec.earliest(), starts, "log start offset"),
+                              (OffsetSpec.latest(), ends, "log end offset")):
+        request = {TopicPartition(t, p): spec for t, p in parts}
+        # READ_COMMITTED: the end offset is the last stable offset, the most a
+        # read_committed consumer of a transactional topic can ever reach; the
+        # high watermark beyond an open transaction would read as a stall.
+        # For topics without transactions the two are equal.
+        futures = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED,
+                                     request_timeout=timeout_s)
+        answered = {(tp.topic, tp.partition): fut for tp, fut in futures.items()}
+        for key in parts:
+            fut = answered.get(key)
+            try:
+                if fut is None:
+                    raise RuntimeError("no answer for this partition")
+                found[key] = fut.result().offset
+            except Exception as exc:  # leader moving, a timeout, the partition vanished between reads
+                reason = _reason(exc)
+                log.warning("%s of %s[%d] unknown: %s", what, key[0], key[1], reason)
+                errors.setdefault(key, []).append(f"{what}: {reason}")
+    return starts, ends, errors
 
 
 def collect_snapshot(
@@ -178,101 +268,131 @@ def collect_snapshot(
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     bootstrap: str | None = None,
+    group_ids: Collection[str] | None = None,
 ):
-    """Read one snapshot of all groups whose id matches `group_pattern` in full.
+    """Read one snapshot of all groups whose id matches `group_pattern` in full
+    (or, with `group_ids`, exactly those groups).
 
-    Returns a pyarrow Table in contract 1 (plus `leader_broker`). A pattern that
-    matches nothing gives an empty table, not an error. Raises CollectionError
-    with a one-line message when the cluster cannot be reached.
+    Returns a pyarrow Table in contract 1 plus `leader_broker` and `read_error`.
+    A pattern that matches nothing gives an empty table, not an error. A read
+    that fails for one group or partition is recorded in `read_error` (see the
+    module docstring); CollectionError (one line naming the address) only when
+    the cluster cannot be read at all.
     """
     import pyarrow as pa
     from confluent_kafka import KafkaException
 
     pattern = compile_group_pattern(group_pattern)
+    exact = frozenset(group_ids) if group_ids is not None else None
     snapshot_ts = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
     where = bootstrap or "the cluster"
+    forget_errors(admin)
     try:
         metadata = admin.list_topics(timeout=timeout_s)
-        group_ids = list_group_ids(admin, pattern, timeout_s)
+        ids = list_group_ids(admin, pattern, timeout_s)
     except KafkaException as exc:
-        raise CollectionError(f"cannot reach Kafka at {where}: {_one_line(exc)}") from None
+        raise CollectionError(failure_message(exc, admin, where)) from None
+    if exact is not None:
+        ids = [g for g in ids if g in exact]
 
     partitions_of: dict[str, list[int]] = {}
     leader_of: dict[tuple[str, int], int] = {}
+    topic_errors: dict[str, str] = {}
     for name, topic in metadata.topics.items():
         if topic.error is not None:
-            continue
-        partitions_of[name] = sorted(topic.partitions)
-        for pid, pmeta in topic.partitions.items():
+            # Listed but not readable now (leader election, no DESCRIBE right).
+            topic_errors[name] = f"topic metadata: {_reason(Exception(topic.error))}"
+        partitions_of[name] = sorted(topic.partitions or {})
+        for pid, pmeta in (topic.partitions or {}).items():
             leader_of[(name, pid)] = pmeta.leader
 
     try:
-        described = describe_groups(admin, group_ids, timeout_s)
-        commits = committed_offsets(admin, group_ids, timeout_s)
+        described = describe_groups(admin, ids, timeout_s)
+        commits = committed_offsets(admin, ids, timeout_s)
     except KafkaException as exc:
-        raise CollectionError(f"cannot read consumer groups at {where}: {_one_line(exc)}") from None
+        raise CollectionError(failure_message(exc, admin, where, "cannot read consumer groups")) from None
 
     views: list[GroupView] = []
+    rows_of: dict[str, dict[str, list[int]]] = {}
     wanted: set[tuple[str, int]] = set()
-    for group_id in group_ids:
-        state, members, owners = described.get(group_id, ("UNKNOWN", None, {}))
-        group_commits = commits.get(group_id, {})
-        topics = {t for t, _ in group_commits} | {t for t, _ in owners}
-        for gone in sorted(topics - partitions_of.keys()):
-            # The offsets outlive a deleted topic; without a log there is no lag to report.
-            log.warning("group %s has offsets for topic %s, which no longer exists", group_id, gone)
-        for topic in topics & partitions_of.keys():
-            wanted.update((topic, p) for p in partitions_of[topic])
-        views.append(GroupView(group_id, state, members, owners, group_commits))
+    for group_id in ids:
+        view = GroupView(
+            group_id,
+            described.get(group_id, Description("UNKNOWN", None, {}, "group description: no answer for this group")),
+            commits.get(group_id, CommitRead(error="committed offsets: no answer for this group")),
+        )
+        views.append(view)
+        topics: dict[str, list[int]] = {}
+        for topic in sorted(view.topics()):
+            if topic not in partitions_of:
+                # The offsets outlive a deleted topic; without a log there is no lag to report.
+                log.warning("group %s has offsets for topic %s, which no longer exists", group_id, topic)
+                continue
+            known = {p for t, p in (*view.commits.commits, *view.commits.partition_errors, *view.description.owners)
+                     if t == topic}
+            # Metadata lists every partition; a topic whose metadata failed falls back to those the group names.
+            topics[topic] = partitions_of[topic] or sorted(known)
+            wanted.update((topic, p) for p in topics[topic])
+        rows_of[group_id] = topics
 
     try:
-        starts, ends = log_offsets(admin, wanted, timeout_s)
+        starts, ends, offset_errors = log_offsets(admin, wanted, timeout_s)
     except KafkaException as exc:
-        raise CollectionError(f"cannot list offsets at {where}: {_one_line(exc)}") from None
+        raise CollectionError(failure_message(exc, admin, where, "cannot list offsets")) from None
 
-    rows: dict[str, list[Any]] = {f.name: [] for f in _schema()}
+    rows: dict[str, list[Any]] = {f.name: [] for f in snapshot_schema()}
     for view in views:
-        topics = sorted({t for t, _ in view.committed} | {t for t, _ in view.owners})
-        for topic in topics:
-            for partition in partitions_of.get(topic, []):
+        desc, read = view.description, view.commits
+        group = dict(snapshot_ts=snapshot_ts, cluster=cluster, group_id=view.group_id,
+                     group_state=desc.state, group_members=desc.members)
+        group_errors = [e for e in (desc.error, read.error) if e]
+        if not rows_of[view.group_id]:
+            if read.error:
+                # Topics unknown because the read that names them failed: one row keeps
+                # the group (and its failure) in the snapshot instead of letting it vanish.
+                _append(rows, **group, topic=GROUP_ROW_TOPIC, partition=GROUP_ROW_PARTITION,
+                        read_error="; ".join(group_errors))
+            continue
+        for topic, partitions in rows_of[view.group_id].items():
+            for partition in partitions:
                 key = (topic, partition)
-                if key not in ends or key not in starts:
-                    continue
-                committed = view.committed.get(key)
-                end = ends[key]
-                owner = view.owners.get(key)
-                if committed is not None and committed < starts[key]:
+                errors = list(group_errors)
+                if topic in topic_errors:
+                    errors.append(topic_errors[topic])
+                if not read.error and key in read.partition_errors:
+                    errors.append(read.partition_errors[key])
+                errors.extend(offset_errors.get(key, []))
+                commit_known = not read.error and key not in read.partition_errors
+                committed = read.commits.get(key) if commit_known else None
+                start, end = starts.get(key), ends.get(key)
+                if committed is not None and start is not None and committed < start:
                     log.warning(
                         "group %s is behind log start on %s[%d]: committed %d < %d (retention deleted unread data)",
-                        view.group_id, topic, partition, committed, starts[key],
+                        view.group_id, topic, partition, committed, start,
                     )
+                owner = desc.owners.get(key)
                 _append(
                     rows,
-                    snapshot_ts=snapshot_ts,
-                    cluster=cluster,
-                    group_id=view.group_id,
-                    group_state=view.state,
+                    **group,
                     topic=topic,
                     partition=partition,
-                    log_start_offset=starts[key],
+                    log_start_offset=start,
                     log_end_offset=end,
                     committed_offset=committed,
                     # A commit a little above the end offset is a race between reads: lag 0.
-                    lag=None if committed is None else max(0, end - committed),
+                    lag=None if committed is None or end is None else max(0, end - committed),
                     member_id=owner.member_id if owner else None,
                     client_id=owner.client_id if owner else None,
                     host=owner.host if owner else None,
-                    group_members=view.members,
                     leader_broker=leader_of.get(key),
+                    read_error="; ".join(errors) or None,
                 )
-    return pa.Table.from_pydict(rows, schema=_schema())
+    return pa.Table.from_pydict(rows, schema=snapshot_schema())
 
 
-def _schema():
-    import pyarrow as pa
-
-    base = snapshot_arrow_schema()
-    return base.append(pa.field("leader_broker", pa.int32(), nullable=True))
+def snapshot_schema():
+    """The schema collect_snapshot returns and the store writes."""
+    return snapshot_writer_schema(*WRITTEN_OPTIONAL_COLUMNS)
 
 
 def _append(rows: dict[str, list[Any]], **values: Any) -> None:

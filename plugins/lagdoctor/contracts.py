@@ -27,11 +27,25 @@ SNAPSHOT_COLUMNS: Final[tuple[tuple[str, str, bool], ...]] = (
     ("group_members", "int32", True),
 )
 # Optional columns a reader must tolerate being absent or null.
+# read_error: null when every read behind the row succeeded; otherwise one line
+# prefixed by what failed ("committed offsets: ...", "log end offset: ...",
+# "group description: ..."). Values that read could not give are null and mean
+# "unknown": committed_offset/lag after a failed committed-offset read (not "no
+# commit"), log_start_offset/log_end_offset/lag after a failed ListOffsets.
 SNAPSHOT_OPTIONAL_COLUMNS: Final[tuple[tuple[str, str, bool], ...]] = (
     ("committed_record_ts", "timestamp[us, UTC]", True),
     ("leader_broker", "int32", True),
+    ("read_error", "string", True),
 )
 SNAPSHOT_COLUMN_NAMES: Final[tuple[str, ...]] = tuple(c[0] for c in SNAPSHOT_COLUMNS)
+# Contract columns that are null on a row whose read_error says their read
+# failed; the writer's Parquet schema declares them nullable for that reason.
+SNAPSHOT_NULL_ON_READ_ERROR: Final[tuple[str, ...]] = ("log_start_offset", "log_end_offset")
+# A group whose committed offsets could not be read and whose topics are unknown
+# (an EMPTY group has no assignment to learn them from) is kept as one row with
+# this topic and partition, so it never vanishes from a snapshot.
+GROUP_ROW_TOPIC: Final[str] = ""
+GROUP_ROW_PARTITION: Final[int] = -1
 
 GROUP_STATES: Final[tuple[str, ...]] = (
     "STABLE",
@@ -118,6 +132,23 @@ def snapshot_arrow_schema(include_optional: bool = False):
     }
     cols = SNAPSHOT_COLUMNS + (SNAPSHOT_OPTIONAL_COLUMNS if include_optional else ())
     return pa.schema([pa.field(name, types[t], nullable=n) for name, t, n in cols])
+
+
+def snapshot_writer_schema(*optional: str):
+    """The Parquet schema the collector writes: contract 1, then the named optional
+    columns, with SNAPSHOT_NULL_ON_READ_ERROR nullable (null only beside a read_error)."""
+    import pyarrow as pa
+
+    base = snapshot_arrow_schema(include_optional=True)
+    fields = [
+        f.with_nullable(True) if f.name in SNAPSHOT_NULL_ON_READ_ERROR else f
+        for f in base
+        if f.name in SNAPSHOT_COLUMN_NAMES or f.name in optional
+    ]
+    unknown = set(optional) - {c[0] for c in SNAPSHOT_OPTIONAL_COLUMNS}
+    if unknown:
+        raise ValueError(f"not an optional column of contract 1: {', '.join(sorted(unknown))}")
+    return pa.schema(fields)
 
 
 def snapshot_spark_schema(include_optional: bool = False):
