@@ -99,3 +99,54 @@ def test_retention_prunes_old_days_only(tmp_path):
     removed = store.prune_snapshots(str(tmp_path), keep_days=7, today=T0)
     assert [r.rsplit("/", 1)[-1] for r in removed] == ["date=2026-11-11"]
     assert len(store.list_snapshot_files(str(tmp_path))) == 2
+
+
+def test_keyed_write_finds_the_earlier_file_whatever_its_time_or_day(tmp_path):
+    # A retried task stamps its own (later) time, possibly on the next day.
+    first = store.write_snapshot(snapshot(T0), str(tmp_path), "prod", T0, key="run-1-0")
+    later = T0 + timedelta(hours=23)
+    assert store.write_snapshot(snapshot(later, lags=(9, 9)), str(tmp_path), "prod", later, key="run-1-0") is None
+    assert store.list_snapshot_files(str(tmp_path)) == [first]
+    assert store.read_snapshots(str(tmp_path)).column("lag").to_pylist() == [5, 7]
+
+
+@pytest.mark.parametrize(
+    "written, asked",
+    [
+        ("x-run-1", "run-1"),    # a key that ends another key is not that key
+        ("run-1-10", "run-1-1"),  # nor is a longer sample index
+        ("run-1-0", "run-2-0"),
+    ],
+)
+def test_keys_are_matched_exactly(tmp_path, written, asked):
+    store.write_snapshot(snapshot(T0), str(tmp_path), "prod", T0, key=written)
+    assert store.find_keyed_snapshots(str(tmp_path), "prod", [asked]) == {}
+    assert store.write_snapshot(snapshot(T0), str(tmp_path), "prod", T0, key=asked) is not None
+    assert len(store.list_snapshot_files(str(tmp_path))) == 2
+
+
+def test_keys_are_per_cluster(tmp_path):
+    store.write_snapshot(snapshot(T0), str(tmp_path), "prod", T0, key="run-1-0")
+    assert store.write_snapshot(snapshot(T0, cluster="dr"), str(tmp_path), "dr", T0, key="run-1-0") is not None
+    found = store.find_keyed_snapshots(str(tmp_path), "prod", ["run-1-0", "run-1-1"])
+    assert list(found) == ["run-1-0"] and "/cluster=prod/" in found["run-1-0"]
+
+
+def test_read_error_rows_read_back_beside_older_files_without_the_column(tmp_path):
+    from lagdoctor.collector import snapshot_schema
+
+    # An older file first (no read_error column, offsets declared non-null) ...
+    store.write_snapshot(snapshot(T0), str(tmp_path), "prod", T0)
+    # ... then a collector file with a failed ListOffsets: the row is kept, offsets unknown.
+    later = T0 + timedelta(minutes=5)
+    row = dict(snapshot_ts=later, cluster="prod", group_id="g", group_state="STABLE", topic="t", partition=0,
+               log_start_offset=None, log_end_offset=None, committed_offset=95, lag=None, member_id=None,
+               client_id=None, host=None, group_members=None, leader_broker=1,
+               read_error="log end offset: Local: Timed out (_TIMED_OUT)")
+    store.write_snapshot(pa.Table.from_pylist([row], schema=snapshot_schema()), str(tmp_path), "prod", later)
+    rows = sorted(store.read_snapshots(str(tmp_path)).to_pylist(), key=lambda r: (r["snapshot_ts"], r["partition"]))
+    assert [(r["partition"], r["log_end_offset"], r["lag"], r["read_error"]) for r in rows] == [
+        (0, 100, 5, None),
+        (1, 100, 7, None),
+        (0, None, None, "log end offset: Local: Timed out (_TIMED_OUT)"),
+    ]
