@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -72,45 +73,64 @@ def audit_text(settings):
 
 # ------------------------------------------------------------ guardrail rules
 
-def executed(action="scale_consumers", group="orders", minutes_ago=0, cluster="prod"):
-    return {"status": "executed", "cluster": cluster, "group_id": group, "action": action,
-            "ts": (T0 - timedelta(minutes=minutes_ago)).isoformat()}
+def executed(action="scale_consumers", group="orders", minutes_ago=0, cluster="prod", target=None,
+             outcome="executed"):
+    return {"status": "executed", "cluster": cluster, "group_id": group, "action": action, "target": target,
+            "outcome": outcome, "run_id": "r0", "ts": (T0 - timedelta(minutes=minutes_ago)).isoformat()}
 
 
-# (config, history, group, action, expected rule or "" for allowed, why)
+SHARED = "Deployment shop/orders-consumer"
+
+
+# (config, history, group, action, target (None: the group itself), expected rule or "" for allowed, why)
 GUARDRAIL_CASES = [
-    (RemediationConfig(), [], "orders", "scale_consumers", "", "nothing ran: allowed"),
-    (RemediationConfig(deny_groups=("pay*",)), [], "payments", "scale_consumers", "deny_list",
+    (RemediationConfig(), [], "orders", "scale_consumers", None, "", "nothing ran: allowed"),
+    (RemediationConfig(deny_groups=("pay*",)), [], "payments", "scale_consumers", None, "deny_list",
      "1: a denied group is never touched"),
-    (RemediationConfig(deny_groups=("pay*",), allow_groups=("pay*",)), [], "payments", "scale_consumers",
+    (RemediationConfig(deny_groups=("pay*",), allow_groups=("pay*",)), [], "payments", "scale_consumers", None,
      "deny_list", "1: deny wins over allow"),
-    (RemediationConfig(allow_groups=("orders*",)), [], "billing", "scale_consumers", "allow_list",
+    (RemediationConfig(allow_groups=("orders*",)), [], "billing", "scale_consumers", None, "allow_list",
      "2: with an allow list, other groups are left alone"),
-    (RemediationConfig(allow_groups=("orders*",)), [], "orders-eu", "scale_consumers", "",
+    (RemediationConfig(allow_groups=("orders*",)), [], "orders-eu", "scale_consumers", None, "",
      "2: allow list globs match"),
-    (RemediationConfig(cooldown_minutes=30), [executed(minutes_ago=10)], "orders", "scale_consumers",
+    (RemediationConfig(cooldown_minutes=30), [executed(minutes_ago=10)], "orders", "scale_consumers", None,
      "cooldown", "3: the last scale has not taken effect yet"),
-    (RemediationConfig(cooldown_minutes=30), [executed(minutes_ago=31)], "orders", "scale_consumers",
+    (RemediationConfig(cooldown_minutes=30), [executed(minutes_ago=31)], "orders", "scale_consumers", None,
      "", "3: cooldown over"),
     (RemediationConfig(cooldown_minutes=30), [executed("restart_consumers", minutes_ago=1)], "orders",
-     "scale_consumers", "", "3: cooldown is per (group, action)"),
+     "scale_consumers", None, "", "3: cooldown is per (group, action)"),
     (RemediationConfig(cooldown_minutes=30), [executed(group="billing", minutes_ago=1)], "orders",
-     "scale_consumers", "", "3: another group's cooldown is not ours"),
+     "scale_consumers", None, "", "3: another group's cooldown is not ours"),
     (RemediationConfig(cooldown_minutes=30), [executed(cluster="dr", minutes_ago=1)], "orders",
-     "scale_consumers", "", "3: same group id on another cluster is another group"),
+     "scale_consumers", None, "", "3: same group id on another cluster is another group"),
     (RemediationConfig(max_actions_per_hour=2, cooldown_minutes=0),
-     [executed(group="a", minutes_ago=5), executed(group="b", minutes_ago=50)], "orders", "scale_consumers",
+     [executed(group="a", minutes_ago=5), executed(group="b", minutes_ago=50)], "orders", "scale_consumers", None,
      "hourly_cap", "4: cap counts every group"),
     (RemediationConfig(max_actions_per_hour=2, cooldown_minutes=0),
-     [executed(group="a", minutes_ago=5), executed(group="b", minutes_ago=61)], "orders", "scale_consumers",
+     [executed(group="a", minutes_ago=5), executed(group="b", minutes_ago=61)], "orders", "scale_consumers", None,
      "", "4: only the last hour counts"),
+    (RemediationConfig(cooldown_minutes=30), [executed(group="orders-eu", target=SHARED, minutes_ago=1)],
+     "orders", "scale_consumers", SHARED, "cooldown", "3: two groups served by one Deployment share its cooldown"),
+    (RemediationConfig(cooldown_minutes=30), [executed(outcome="started", target=SHARED, minutes_ago=1)],
+     "orders", "scale_consumers", SHARED, "cooldown", "3: a change still in flight (started, no outcome) counts"),
+    (RemediationConfig(max_actions_per_hour=1, cooldown_minutes=0), [executed(group="a", outcome="failed")],
+     "orders", "scale_consumers", None, "hourly_cap", "4: a failure that may have landed (timed out) counts"),
 ]
 
 
-@pytest.mark.parametrize("config,history,group,action,rule,why", GUARDRAIL_CASES, ids=[c[5] for c in GUARDRAIL_CASES])
-def test_guardrail_rules(config, history, group, action, rule, why):
-    verdict = check_guardrails(cluster="prod", group_id=group, action=action, config=config, history=history, now=T0)
+@pytest.mark.parametrize("config,history,group,action,target,rule,why", GUARDRAIL_CASES, ids=[c[6] for c in GUARDRAIL_CASES])
+def test_guardrail_rules(config, history, group, action, target, rule, why):
+    verdict = check_guardrails(cluster="prod", group_id=group, action=action, config=config, history=history, now=T0,
+                               target=target)
     assert verdict.allowed == (rule == "") and verdict.rule == rule
+
+
+def test_cooldown_reason_names_the_run_and_says_when_the_outcome_is_unknown():
+    history = [executed("restart_consumers", target=SHARED, outcome="failed", minutes_ago=2)]
+    verdict = check_guardrails(cluster="prod", group_id="orders", action="restart_consumers",
+                               config=RemediationConfig(cooldown_minutes=30), history=history, now=T0, target=SHARED)
+    assert verdict.reason == (f"restart_consumers on {SHARED} started at {history[0]['ts']} by run r0 and may have "
+                              "taken effect before it failed; cooldown ends in 29 min")
 
 
 # ------------------------------------------------------------ config
@@ -130,7 +150,9 @@ def test_config_from_env_inline_json_and_from_yaml_file(tmp_path):
 @pytest.mark.parametrize("text,field", [
     ("cooldown: 5", "cooldown"), ("cooldown_minutes: soon", "cooldown_minutes"),
     ("deployments: {orders: {namespace: x}}", "deployments.orders"), ("deny_groups: payments", "deny_groups"),
-    ("kubernetes: {token: abc}", "kubernetes"),
+    ("kubernetes: {token: abc}", "kubernetes"), ("max_replicas: -1", "max_replicas"),
+    ("lease_minutes: 0", "lease_minutes"),
+    ("kubernetes: {request_timeout_seconds: 0}", "kubernetes.request_timeout_seconds"),
 ])
 def test_config_errors_are_one_line_naming_file_and_field(tmp_path, text, field):
     path = tmp_path / "remediation.yaml"
@@ -225,6 +247,16 @@ def test_max_replicas_caps_below_the_partition_count(settings, k8s):
     assert k8s.deployments[("shop", "orders-consumer")]["replicas"] == 3 and rec["plan"]["cap"] == 3
 
 
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_max_replicas_zero_switches_scaling_off_with_a_reason(settings, k8s, dry_run):
+    assert RemediationConfig.from_mapping({"max_replicas": 0}).max_replicas == 0
+    rec = run_action("scale_consumers", finding(), run_id="r1", dry_run=dry_run,
+                     config=config_for(k8s, max_replicas=0), now=T0)
+    assert rec["status"] == "blocked"
+    assert rec["message"] == "max_replicas is 0 in the remediation config: scaling is switched off"
+    assert k8s.requests == []
+
+
 def test_scale_without_a_known_partition_count_is_refused(settings, k8s):
     f = finding()
     del f["evidence"]["partition_count"]
@@ -246,6 +278,21 @@ def test_retry_of_the_same_run_is_idempotent(settings, k8s):
     assert first == second and len(k8s.writes()) == 1
     assert k8s.deployments[("shop", "orders-consumer")]["replicas"] == 3
     assert [r["status"] for r in audit(settings)] == ["started", "executed"]
+    # The log lives in the state database now: nothing under <data root>/actions/.
+    assert not (Path(settings.data_root) / "actions").exists()
+
+
+def test_two_groups_on_one_deployment_share_its_cooldown(settings, k8s):
+    cfg = config_for(k8s, deployments={"orders": Deployment("shop", "orders-consumer"),
+                                       "orders-eu": Deployment("shop", "orders-consumer")})
+    first = run_action("restart_consumers", finding("crashed_consumer"), run_id="r1", dry_run=False, config=cfg, now=T0)
+    assert first["status"] == "executed" and first["target"] == "Deployment shop/orders-consumer"
+    other = run_action("restart_consumers", finding("crashed_consumer", group="orders-eu"), run_id="r2",
+                       dry_run=False, config=cfg, now=T0 + timedelta(minutes=5))
+    assert other["status"] == "blocked" and other["rule"] == "cooldown"
+    assert other["message"].startswith("cooldown: restart_consumers on Deployment shop/orders-consumer ran at "
+                                       "2026-11-21T10:00:00+00:00 by run r1")
+    assert len(k8s.writes()) == 1
 
 
 def test_cooldown_and_hourly_cap_block_real_runs_but_dry_runs_do_not_count(settings, k8s):
@@ -353,6 +400,51 @@ def test_recommendation_is_posted_never_applied_even_when_not_a_dry_run(settings
     rec = run_action("recommend_consumer_config", f, run_id="r1", dry_run=False, config=config_for(k8s), now=T0)
     assert rec["status"] == "recommended" and k8s.requests == []
     assert "max.poll.records=150 (now 500)" in rec["message"]
+
+
+# ------------------------------------------------------------ Kafka clients like the provider's
+
+def test_kafka_config_comes_from_the_providers_hook_with_callbacks_resolved(monkeypatch):
+    from lagdoctor.remediation.kafka_ops import kafka_config_for
+
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_SASL", json.dumps({"conn_type": "kafka", "extra": {
+        "bootstrap.servers": "kafka-1:9093", "security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER",
+        "oauth_cb": "tests.test_remediation.fake_oauth_cb"}}))
+    monkeypatch.setenv("AIRFLOW__APACHE_KAFKA__CALLBACK_ALLOWLIST", "tests.test_remediation.fake_oauth_cb")
+    config = kafka_config_for("kafka_sasl")
+    assert config["oauth_cb"] is fake_oauth_cb  # resolved by the provider, as for collection
+    assert config["bootstrap.servers"] == "kafka-1:9093" and config["security.protocol"] == "SASL_SSL"
+
+
+def fake_oauth_cb(_config):
+    return "token", 0.0
+
+
+@pytest.mark.parametrize("conn,environ,expected", [
+    (None, {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9092"}, {"bootstrap.servers": "127.0.0.1:9092"}),
+    (None, {}, "no Airflow connection 'kafka_default' of type kafka, and KAFKA_BOOTSTRAP_SERVERS is not set"),
+    ({"conn_type": "kafka", "extra": {"security.protocol": "SSL"}}, {},
+     "connection 'kafka_default': no bootstrap.servers in its extra"),
+    ({"conn_type": "kafka", "extra": {"bootstrap.servers": "k:9092", "oauth_cb": "os.system"}}, {},
+     "connection 'kafka_default': Refusing to resolve Kafka callback oauth_cb='os.system': the [apache_kafka] "
+     "callback_allowlist is empty."),
+], ids=["no connection: the default falls back to the env", "no connection, no env",
+        "extra without bootstrap.servers", "a callback the allowlist does not name"])
+def test_kafka_config_fallback_and_errors(monkeypatch, conn, environ, expected):
+    from lagdoctor.remediation.actions import ActionBlocked
+    from lagdoctor.remediation.kafka_ops import kafka_config_for
+
+    monkeypatch.delenv("AIRFLOW__APACHE_KAFKA__CALLBACK_ALLOWLIST", raising=False)
+    if conn is None:
+        monkeypatch.delenv("AIRFLOW_CONN_KAFKA_DEFAULT", raising=False)
+    else:
+        monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps(conn))
+    if isinstance(expected, dict):
+        assert kafka_config_for("kafka_default", environ=environ) == expected
+        return
+    with pytest.raises(ActionBlocked) as err:
+        kafka_config_for("kafka_default", environ=environ)
+    assert str(err.value) == expected
 
 
 # ------------------------------------------------------------ Kafka action guard without a broker

@@ -1,4 +1,5 @@
-"""Kafka-side actions against a real broker (embedded Tansu, or KAFKA_BOOTSTRAP_SERVERS)."""
+"""Kafka-side actions against a real broker (embedded Tansu, or KAFKA_BOOTSTRAP_SERVERS),
+with the action log on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 
 
 @pytest.fixture
-def settings(tmp_path, monkeypatch):
+def settings(tmp_path, monkeypatch, state_url):
     monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", str(tmp_path / "data"))
     monkeypatch.delenv("LAGDOCTOR_REMEDIATION_CONFIG", raising=False)
     return Settings.from_env()
@@ -169,6 +170,8 @@ def test_add_partitions_reports_the_brokers_answer_cleanly(settings, kafka_boots
     message = str(err.value)
     assert "\n" not in message and "CreatePartitions" in message and "not supported" in message
     assert message.startswith(f"add_partitions failed for group {f['group_id']}: KafkaException")
-    log = [json.loads(line) for line in open(settings.actions_log)]
+    from lagdoctor.remediation.audit import ActionLog
+
+    log = list(ActionLog.from_settings(settings).records())
     assert [r["status"] for r in log] == ["awaiting_approval", "started", "failed"]
     assert log[-1]["message"] in message
