@@ -212,33 +212,54 @@ def take_snapshots(
     samples: int = 1,
     interval_s: float = 5.0,
     settings: Settings | None = None,
+    dag_id: str | None = None,
 ) -> dict[str, Any]:
-    """Collect `samples` snapshots `interval_s` apart into the store; idempotent per run."""
+    """Collect `samples` snapshots `interval_s` apart into the store; idempotent per run.
+
+    Each sample is keyed by the run and its index only, so a retried task finds
+    the samples its earlier tries wrote (whatever time they were taken) and
+    resumes at the first missing one. A cluster that cannot be read raises
+    CollectionError (one line naming the address); samples already written stay.
+    """
     import pyarrow.compute as pc
 
     from lagdoctor.collector import collect_snapshot
-    from lagdoctor.store import write_snapshot
+    from lagdoctor.contracts import GROUP_ROW_PARTITION, GROUP_ROW_TOPIC
+    from lagdoctor.store import find_keyed_snapshots, write_snapshot
 
     settings = settings or Settings.from_env()
-    admin, bootstrap = kafka_admin(conn_id)
-    key = run_key(run_id)
+    key = run_key(run_id, dag_id)
+    keys = [f"{key}-{i}" for i in range(samples)]
+    done = find_keyed_snapshots(settings.snapshots_root, conn_id, keys)
+    missing = [i for i in range(samples) if keys[i] not in done]
+    if done:
+        log.info("run %s: %d of %d samples already written; %s", run_id, len(done), samples,
+                 f"resuming at sample {missing[0] + 1}" if missing else "nothing to sample")
     written, rows = [], 0
-    for i in range(samples):
+    if missing:
+        admin, bootstrap = kafka_admin(conn_id)
+    for n, i in enumerate(missing):
+        if n:
+            time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
         started = time.monotonic()
         now = datetime.now(timezone.utc)
         table = collect_snapshot(admin, conn_id, group_pattern, now, bootstrap=bootstrap)
         if topic:
-            table = table.filter(pc.equal(table["topic"], topic))
-        path = write_snapshot(table, settings.snapshots_root, conn_id, now, key=f"{key}-{i}")
+            # A group whose topics could not be read (topic "") may be on this topic: keep it.
+            unknown = pc.and_(pc.equal(table["topic"], GROUP_ROW_TOPIC),
+                              pc.equal(table["partition"], GROUP_ROW_PARTITION))
+            table = table.filter(pc.or_(pc.equal(table["topic"], topic), unknown))
+        path = write_snapshot(table, settings.snapshots_root, conn_id, now, key=keys[i])
         if path is None:
-            log.info("sample %d of run %s was already written; not sampling again", i, run_id)
-        else:
-            written.append(path)
-            rows += table.num_rows
-            log.info("sample %d/%d: %d rows -> %s", i + 1, samples, table.num_rows, path)
-        if i + 1 < samples:
-            time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
-    return {"cluster": conn_id, "store": settings.snapshots_root, "files": len(written), "rows": rows}
+            log.info("sample %d of run %s was written meanwhile by another try; kept that one", i + 1, run_id)
+            continue
+        written.append(path)
+        rows += table.num_rows
+        failed = sum(1 for e in table["read_error"].to_pylist() if e)
+        log.info("sample %d/%d: %d rows%s -> %s", i + 1, samples, table.num_rows,
+                 f" ({failed} with read errors)" if failed else "", path)
+    return {"cluster": conn_id, "store": settings.snapshots_root, "files": len(written), "rows": rows,
+            "already_written": len(done)}
 
 
 def prune_history(keep_days: int = SNAPSHOT_RETENTION_DAYS, settings: Settings | None = None,

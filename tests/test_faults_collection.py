@@ -1,0 +1,250 @@
+"""Collection under faults: a read that fails is recorded as unknown (never lag 0,
+never a vanished group), a retried run samples nothing twice, and a broker that
+dies between samples leaves the samples already taken intact and one clear line.
+
+Failures the embedded broker cannot be made to produce (a coordinator still
+loading, a ListOffsets timeout, a refused describe) come from `FailingAdmin`:
+the real AdminClient talking to the real broker, with the chosen futures
+replaced by failed ones, as librdkafka hands them back.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from concurrent.futures import Future
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from lagdoctor import orchestration, store
+from lagdoctor.collector import CollectionError, collect_snapshot
+from lagdoctor.kafka_clients import admin_client
+from lagdoctor.settings import Settings
+from lagdoctor.workload import commit_offsets, create_topic, produce_counts
+
+pytestmark = pytest.mark.broker
+
+NOW = datetime(2026, 11, 21, 3, 14, tzinfo=timezone.utc)
+
+
+def failed(code: int) -> Future:
+    fut: Future = Future()
+    fut.set_exception(KafkaException(KafkaError(code)))
+    return fut
+
+
+class FailingAdmin:
+    """The real AdminClient, with chosen futures failing. Everything else is delegated."""
+
+    def __init__(self, admin, *, offset_fetch=(), describe=(), end_offsets=(), description=None):
+        self._admin = admin
+        self._offset_fetch, self._describe, self._end_offsets = set(offset_fetch), set(describe), set(end_offsets)
+        self._description = description or {}
+
+    def __getattr__(self, name):
+        return getattr(self._admin, name)
+
+    def list_consumer_group_offsets(self, requests, **kwargs):
+        futures = self._admin.list_consumer_group_offsets(requests, **kwargs)
+        return {g: failed(KafkaError.COORDINATOR_LOAD_IN_PROGRESS) if g in self._offset_fetch else f
+                for g, f in futures.items()}
+
+    def describe_consumer_groups(self, group_ids, **kwargs):
+        futures = self._admin.describe_consumer_groups(group_ids, **kwargs)
+        out = {}
+        for g, f in futures.items():
+            if g in self._describe:
+                out[g] = failed(KafkaError.GROUP_AUTHORIZATION_FAILED)
+            elif g in self._description:
+                out[g] = Future()
+                out[g].set_result(self._description[g])
+            else:
+                out[g] = f
+        return out
+
+    def list_offsets(self, request, **kwargs):
+        futures = self._admin.list_offsets(request, **kwargs)
+        return {tp: failed(KafkaError._TIMED_OUT)
+                if (tp.topic, tp.partition) in self._end_offsets and type(request[tp]).__name__ == "LatestSpec"
+                else f for tp, f in futures.items()}
+
+
+def by_group(table):
+    out: dict[str, list[dict]] = {}
+    for row in sorted(table.to_pylist(), key=lambda r: (r["group_id"], r["topic"], r["partition"])):
+        out.setdefault(row["group_id"], []).append(row)
+    return out
+
+
+@pytest.fixture
+def lagging(kafka_bootstrap, unique):
+    """A 2-partition topic (5 and 5 records) and two EMPTY groups with commits: `hit` and `calm`."""
+    topic, hit, calm = unique("faulty"), unique("hit"), unique("calm")
+    create_topic(kafka_bootstrap, topic, 2)
+    produce_counts(kafka_bootstrap, topic, {0: 5, 1: 5})
+    commit_offsets(kafka_bootstrap, hit, topic, {0: 2, 1: 5})
+    commit_offsets(kafka_bootstrap, calm, topic, {0: 5, 1: 1})
+    return topic, hit, calm, f"{re.escape(hit)}|{re.escape(calm)}"
+
+
+def test_failed_offset_fetch_of_an_empty_group_is_kept_as_unknown_never_lag_0(kafka_bootstrap, lagging, tmp_path):
+    topic, hit, calm, pattern = lagging
+    admin = FailingAdmin(admin_client(kafka_bootstrap), offset_fetch={hit})
+    table = collect_snapshot(admin, "prod", pattern, NOW, bootstrap=kafka_bootstrap)
+    # Kept through the store as well: the group must not vanish from what diagnosis reads.
+    store.write_snapshot(table, str(tmp_path), "prod", NOW)
+    groups = by_group(store.read_snapshots(str(tmp_path)))
+
+    # An EMPTY group has no assignment to learn its topics from: one group row.
+    (row,) = groups[hit]
+    assert (row["topic"], row["partition"], row["group_state"], row["group_members"]) == ("", -1, "EMPTY", 0)
+    assert (row["committed_offset"], row["lag"], row["log_end_offset"]) == (None, None, None)
+    assert row["read_error"] == "committed offsets: Broker: Coordinator load in progress (COORDINATOR_LOAD_IN_PROGRESS)"
+    # The other group is read as usual, and says so.
+    assert [(r["partition"], r["lag"], r["read_error"]) for r in groups[calm]] == [(0, 0, None), (1, 4, None)]
+
+
+def test_failed_offset_fetch_with_a_known_assignment_gives_unknown_rows_per_partition(kafka_bootstrap, lagging):
+    from confluent_kafka import ConsumerGroupState, Node, TopicPartition
+    from confluent_kafka.admin import ConsumerGroupDescription, MemberAssignment, MemberDescription
+
+    topic, hit, calm, pattern = lagging
+    # Tansu lists no members (shared/STACK.md), so the description a real broker
+    # gives for a live group is supplied: one member owning both partitions.
+    member = MemberDescription("m-1", "worker-1", "/10.0.0.7",
+                               MemberAssignment([TopicPartition(topic, 0), TopicPartition(topic, 1)]))
+    live = ConsumerGroupDescription(hit, False, [member], "range", ConsumerGroupState.STABLE, Node(1, "h", 1))
+    admin = FailingAdmin(admin_client(kafka_bootstrap), offset_fetch={hit}, description={hit: live})
+    rows = by_group(collect_snapshot(admin, "prod", pattern, NOW, bootstrap=kafka_bootstrap))[hit]
+    assert [(r["topic"], r["partition"], r["log_end_offset"], r["committed_offset"], r["lag"], r["client_id"])
+            for r in rows] == [(topic, 0, 5, None, None, "worker-1"), (topic, 1, 5, None, None, "worker-1")]
+    assert {r["read_error"] for r in rows} == {
+        "committed offsets: Broker: Coordinator load in progress (COORDINATOR_LOAD_IN_PROGRESS)"}
+    assert {(r["group_state"], r["group_members"]) for r in rows} == {("STABLE", 1)}
+
+
+def test_failed_end_offset_read_keeps_the_row_with_the_offsets_unknown(kafka_bootstrap, lagging):
+    topic, hit, calm, pattern = lagging
+    admin = FailingAdmin(admin_client(kafka_bootstrap), end_offsets={(topic, 1)})
+    groups = by_group(collect_snapshot(admin, "prod", pattern, NOW, bootstrap=kafka_bootstrap))
+    for group, committed in ((hit, 5), (calm, 1)):
+        p0, p1 = groups[group]
+        assert p0["read_error"] is None and p0["log_end_offset"] == 5
+        assert (p1["partition"], p1["log_start_offset"], p1["log_end_offset"], p1["committed_offset"], p1["lag"]) == (
+            1, 0, None, committed, None)
+        assert p1["read_error"] == "log end offset: Local: Timed out (_TIMED_OUT)"
+
+
+def test_failed_describe_is_state_unknown_with_offsets_still_read(kafka_bootstrap, lagging):
+    topic, hit, calm, pattern = lagging
+    admin = FailingAdmin(admin_client(kafka_bootstrap), describe={hit})
+    rows = by_group(collect_snapshot(admin, "prod", pattern, NOW, bootstrap=kafka_bootstrap))[hit]
+    assert [(r["partition"], r["group_state"], r["group_members"], r["lag"]) for r in rows] == [
+        (0, "UNKNOWN", None, 3), (1, "UNKNOWN", None, 0)]
+    assert {r["read_error"] for r in rows} == {
+        "group description: Broker: Group authorization failed (GROUP_AUTHORIZATION_FAILED)"}
+
+
+# -- retried runs and a broker that dies -------------------------------------------
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    """Every file under the store, hidden and temporary ones included, with its bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.fixture
+def kafka_env(monkeypatch):
+    """take_snapshots reads `kafka_default`; without that connection it uses KAFKA_BOOTSTRAP_SERVERS."""
+    monkeypatch.delenv("AIRFLOW_CONN_KAFKA_DEFAULT", raising=False)
+
+    def point_at(bootstrap: str) -> None:
+        monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", bootstrap)
+
+    return point_at
+
+
+def test_a_rerun_of_the_same_run_samples_only_what_is_missing(kafka_bootstrap, lagging, kafka_env, tmp_path):
+    topic, hit, calm, pattern = lagging
+    kafka_env(kafka_bootstrap)
+    settings = Settings(data_root=str(tmp_path))
+    root = Path(settings.snapshots_root)
+
+    def run():
+        return orchestration.take_snapshots("kafka_default", "scheduled__2026-11-21T03:15:00+00:00",
+                                            group_pattern=pattern, samples=3, interval_s=0, settings=settings)
+
+    first = run()
+    files = _files(root)
+    assert (first["files"], len(files)) == (3, 3)
+
+    again = run()  # a retry after everything was written: nothing is sampled again
+    assert (again["files"], again["already_written"]) == (0, 3)
+    assert _files(root) == files
+
+    second = next(name for name in files if name.endswith("-1.parquet"))
+    (root / second).unlink()
+    resumed = run()
+    assert (resumed["files"], resumed["already_written"]) == (1, 2)
+    now = _files(root)
+    # Samples 1 and 3 are the very same files; sample 2 is new (its own time) under the same key.
+    assert {k: v for k, v in now.items() if not k.endswith("-1.parquet")} == {
+        k: v for k, v in files.items() if not k.endswith("-1.parquet")}
+    (new_second,) = [k for k in now if k.endswith("-1.parquet")]
+    assert new_second != second and new_second.rsplit("-", 2)[-2:] == second.rsplit("-", 2)[-2:]
+
+
+def test_broker_killed_between_samples(kafka_env, tmp_path, monkeypatch, unique, capfd):
+    from lagdoctor.broker import EmbeddedBroker
+
+    settings = Settings(data_root=str(tmp_path))
+    root = Path(settings.snapshots_root)
+    broker = EmbeddedBroker().start()
+    try:
+        topic, group = unique("doomed"), unique("doomed-group")
+        create_topic(broker.bootstrap, topic, 2)
+        produce_counts(broker.bootstrap, topic, {0: 4, 1: 6})
+        commit_offsets(broker.bootstrap, group, topic, {0: 1, 1: 6})
+        kafka_env(broker.bootstrap)
+
+        real_write = store.write_snapshot
+
+        def write_then_kill_the_broker(*args, **kwargs):
+            path = real_write(*args, **kwargs)
+            # Stopped from another thread, as a crash would, while the task sleeps between samples.
+            killer = threading.Thread(target=broker.stop)
+            killer.start()
+            killer.join()
+            return path
+
+        monkeypatch.setattr(store, "write_snapshot", write_then_kill_the_broker)
+
+        def run():
+            return orchestration.take_snapshots("kafka_default", "manual__outage", group_pattern=re.escape(group),
+                                                samples=3, interval_s=0, settings=settings)
+
+        with pytest.raises(CollectionError) as first:
+            run()
+        message = str(first.value)
+        assert "\n" not in message and message.startswith(f"cannot reach Kafka at {broker.bootstrap}:")
+
+        # The first sample is intact and readable; nothing partial or hidden is left.
+        files = _files(root)
+        assert len(files) == 1 and all(not Path(f).name.startswith(".") for f in files)
+        rows = store.read_snapshots(str(root)).to_pylist()
+        assert sorted((r["partition"], r["lag"], r["read_error"]) for r in rows) == [(0, 3, None), (1, 0, None)]
+
+        # Tansu keeps everything in memory, so a restarted broker would be another cluster:
+        # the retry runs with the broker still down, fails with the same line, writes nothing.
+        with pytest.raises(CollectionError) as retry:
+            run()
+        assert str(retry.value).startswith(f"cannot reach Kafka at {broker.bootstrap}:")
+        assert "\n" not in str(retry.value)
+        assert _files(root) == files
+    finally:
+        broker.stop()
+    # librdkafka's own lines (%3|FAIL|...) went to the debug logger, not to stderr.
+    assert "%3|" not in capfd.readouterr().err
