@@ -2,12 +2,16 @@
 
     spark-submit [--py-files lagdoctor.zip] spark_jobs/diagnose_lag.py \\
         --snapshots PATH --output PATH [--as-of ISO-8601] [--window-minutes N] \\
+        [--groups REGEX] [--topic NAME] \\
         [--warning-lag N --critical-lag N ...]   (every field of Thresholds)
 
 Extract -> transform -> load; the transforms live in lagdoctor.diagnosis.
+--groups (RE2, full match on group_id) and --topic limit what is diagnosed
+and written. A file that cannot be read is moved to <store>/_quarantine/,
+listed in quarantined.jsonl and named once on stderr; the rest is diagnosed.
 Exit codes: 0 outputs written (empty input -> empty outputs), 2 bad
-arguments or missing path, 3 unreadable input or a missing column, 1 any
-other failure. Failures print one line on stderr.
+arguments or missing path, 3 a missing column in every file or an
+unreadable input, 1 any other failure. Failures print one line on stderr.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ def parse_args(argv):
     parser.add_argument("--output", required=True, metavar="PATH")
     parser.add_argument("--as-of", default=None, metavar="ISO-8601")
     parser.add_argument("--window-minutes", type=float, default=None, metavar="N")
+    parser.add_argument("--groups", default=None, metavar="REGEX", help="RE2, matched in full against group_id")
+    parser.add_argument("--topic", default=None, metavar="NAME")
     for f in fields(Thresholds):
         parser.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None, dest=f.name)
     args = parser.parse_args(argv)
@@ -42,42 +48,58 @@ def fail(code: int, message: str) -> int:
 
 
 def main(argv=None) -> int:
-    from lagdoctor.diagnosis.snapshots import SnapshotInputError, check_input_path, one_line, parse_as_of
+    from datetime import datetime, timezone
+
+    from lagdoctor.diagnosis.snapshots import (
+        SnapshotInputError,
+        check_input_path,
+        compile_groups,
+        one_line,
+        parse_as_of,
+        window_days,
+    )
 
     args, thresholds = parse_args(argv)
     try:
         check_input_path(args.snapshots)  # before the JVM starts: fails in a second
         as_of = parse_as_of(args.as_of)
-    except SnapshotInputError as exc:
+        groups = compile_groups(args.groups) if args.groups is not None else None
+    except (SnapshotInputError, ValueError) as exc:
         return fail(EXIT_USAGE, str(exc))
 
     from lagdoctor.diagnosis.classify import findings
     from lagdoctor.diagnosis.features import group_features, group_series, partition_features
-    from lagdoctor.diagnosis.output import write_findings, write_partition_status
+    from lagdoctor.diagnosis.output import print_error_line, write_findings, write_partition_status, write_quarantined
     from lagdoctor.diagnosis.session import start_spark
-    from lagdoctor.diagnosis.snapshots import read_snapshots, resolve_window, select_window
+    from lagdoctor.diagnosis.snapshots import read_snapshot_store, resolve_window, scope_snapshots, select_window
     from lagdoctor.diagnosis.status_job import partition_status
 
     # FATAL: a failure is reported as the one line below, not as Spark's task logs
     spark = start_spark("lagdoctor-diagnose-lag", log_level="FATAL")
     try:
         # extract
-        snapshots = read_snapshots(spark, args.snapshots)
+        read = read_snapshot_store(spark, args.snapshots, datetime.now(timezone.utc),
+                                   days=window_days(as_of, args.window_minutes))
+        for q in read.quarantined:
+            print_error_line(f"diagnose_lag: WARNING: quarantined {q['path']} ({q['reason']}); moved to {q['moved_to']}")
+        snapshots = scope_snapshots(read.snapshots, groups, args.topic)
         window = resolve_window(snapshots, as_of, args.window_minutes)
         if window is None:
             write_findings(None, args.output)
             write_partition_status(None, args.output)
+            write_quarantined(read.quarantined, args.output)
             return EXIT_OK
         start, end = window
         # transform
         in_window = select_window(snapshots, start, end)
         partitions = partition_features(in_window, thresholds).cache()
-        groups = group_features(group_series(in_window), thresholds).cache()
-        found = findings(partitions, groups, thresholds, start, end)
-        status = partition_status(partitions, groups, int(end.timestamp() * 1000), thresholds)
+        group_feats = group_features(group_series(in_window, partitions), thresholds).cache()
+        found = findings(partitions, group_feats, thresholds, start, end)
+        status = partition_status(partitions, group_feats, int(end.timestamp() * 1000), thresholds)
         # load
         write_findings(found, args.output)
         write_partition_status(status, args.output)
+        write_quarantined(read.quarantined, args.output)
         return EXIT_OK
     except SnapshotInputError as exc:
         return fail(EXIT_BAD_INPUT, str(exc))

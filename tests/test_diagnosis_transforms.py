@@ -17,35 +17,48 @@ T0 = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
 
 
 def snap(t, partition, leo, committed, *, lag=None, state="STABLE", members=1, member="consumer-1-aaa",
-         host="10.0.0.1", group="g", topic="t", cluster="c", log_start=0, record_ts=None):
+         host="10.0.0.1", group="g", topic="t", cluster="c", log_start=0, record_ts=None, read_error=None):
     """One contract-1 row (with the optional columns) at T0 + t seconds."""
-    if lag is None and committed is not None:
+    if lag is None and committed is not None and leo is not None:
         lag = max(0, leo - committed)
     client = member.rsplit("-", 1)[0] if member else None
-    return (T0 + timedelta(seconds=t), cluster, group, state, topic, partition, log_start, leo, committed, lag,
-            member, client, host if member else None, members,
-            None if record_ts is None else T0 + timedelta(seconds=record_ts), None)
+    row = (T0 + timedelta(seconds=t), cluster, group, state, topic, partition, log_start, leo, committed, lag,
+           member, client, host if member else None, members,
+           None if record_ts is None else T0 + timedelta(seconds=record_ts), None)
+    from lagdoctor.diagnosis.snapshots import optional_columns
+
+    return row + (None,) * (len(optional_columns()) - 3) + (read_error,)  # read_error is last
 
 
 @pytest.fixture(scope="module")
 def frame(spark):
-    from lagdoctor.contracts import snapshot_spark_schema
+    from lagdoctor.diagnosis.snapshots import snapshot_schema_with_optional
+
+    from pyspark.sql import types as T
+
+    # as read from files: every column nullable (a failed read leaves offsets null)
+    schema = T.StructType([T.StructField(f.name, f.dataType, True) for f in snapshot_schema_with_optional()])
 
     def build(rows):
-        return spark.createDataFrame(rows, snapshot_spark_schema(include_optional=True))
+        return spark.createDataFrame(rows, schema)
 
     return build
 
 
-def run_findings(df, thresholds=None):
+def run_findings(df, thresholds=None, with_status=False):
     from lagdoctor.diagnosis.classify import findings
     from lagdoctor.diagnosis.features import group_features, group_series, partition_features
+    from lagdoctor.diagnosis.status_job import partition_status
     from lagdoctor.diagnosis.thresholds import Thresholds
 
     th = thresholds or Thresholds()
     pf = partition_features(df, th)
-    gf = group_features(group_series(df), th)
-    return [r.asDict(recursive=True) for r in findings(pf, gf, th).collect()]
+    gf = group_features(group_series(df, pf), th)
+    found = [r.asDict(recursive=True) for r in findings(pf, gf, th).collect()]
+    if not with_status:
+        return found
+    end_ms = int(df.agg({"snapshot_ts": "max"}).first()[0].timestamp() * 1000)
+    return found, [r.asDict() for r in partition_status(pf, gf, end_ms, th).collect()]
 
 
 # -- per-partition features -------------------------------------------------------
@@ -294,3 +307,112 @@ def test_pattern_from_lag_shape(frame, pattern):
             enumerate(_shape(pattern))]
     (row,) = lag_pattern(group_features(group_series(frame(rows)))).select("pattern").collect()
     assert row["pattern"] == pattern
+
+
+# -- unknown is never zero, offset resets (classify.py cases 7-10) -----------------------------
+
+
+def _keeping_up(group, k_max=6, partitions=2, fail_at_end=None, **kw):
+    """A group that keeps up (lag 20 per partition); `fail_at_end` = (partition, read_error)."""
+    rows = []
+    for k in range(k_max):
+        for p in range(partitions):
+            if fail_at_end and k == k_max - 1 and p == fail_at_end[0]:
+                rows.append(snap(60 * k, p, 6_000 * k + 5_000, None, lag=None, group=group,
+                                 read_error=fail_at_end[1], **kw))
+            else:
+                rows.append(snap(60 * k, p, 6_000 * k + 5_000, 6_000 * k + 4_980, group=group, **kw))
+    return rows
+
+
+def test_a_failed_read_at_the_end_is_incomplete_not_healthy_ok(frame):
+    rows = _keeping_up("fine") + _keeping_up("failed", fail_at_end=(1, "committed offsets: timed out"))
+    found, status = run_findings(frame(rows), with_status=True)
+    by_group = {f["group_id"]: f for f in found}
+    assert len(found) == 2
+    fine, failed = by_group["fine"], by_group["failed"]
+    assert (fine["diagnosis"], fine["severity"], fine["evidence"]["data_complete"]) == ("healthy", "ok", True)
+    # healthy by what is known, but never "ok": a failed read must not close an incident
+    assert (failed["diagnosis"], failed["severity"]) == ("healthy", "warning")
+    ev = failed["evidence"]
+    assert (ev["data_complete"], ev["read_errors"], ev["read_error_count"], ev["lag_unknown_partitions"]) == (
+        False, ["partition 1: committed offsets: timed out"], 1, [1])
+    assert ev["lag"] == 40  # the last known lag of partition 1 (20), not 0
+    assert failed["summary"] == ("Incomplete data: 1 read failed (partition 1: committed offsets: timed out); "
+                                 "consumers keep up: lag 40 across 2 partitions, 200 msg/s consumed of 200 produced")
+    rows_by = {(s["group_id"], s["partition"]): s for s in status}
+    assert (rows_by[("failed", 1)]["lag"], rows_by[("failed", 1)]["read_error"]) == (
+        None, "committed offsets: timed out")
+    assert (rows_by[("fine", 1)]["lag"], rows_by[("fine", 1)]["read_error"]) == (20, None)
+
+
+def test_a_log_offset_failure_keeps_the_row_and_the_known_lag(frame):
+    rows = _keeping_up("g", fail_at_end=(0, "log end offset: timed out"))
+    rows[-2] = snap(300, 0, None, 29_980, lag=None, group="g", read_error="log end offset: timed out")
+    (f,) = run_findings(frame(rows))
+    assert (f["severity"], f["evidence"]["data_complete"], f["evidence"]["read_errors"]) == (
+        "warning", False, ["partition 0: log end offset: timed out"])
+    assert f["evidence"]["produce_rate"] == pytest.approx(200.0)  # from the known end offsets only: 100 + 100
+
+
+def test_group_level_read_failures(frame):
+    marker = dict(topic="", member=None, members=None, state="UNKNOWN")
+    rows = [snap(60 * k, -1, None, None, group="lost", read_error="committed offsets: COORDINATOR_LOAD_IN_PROGRESS",
+                 **marker) for k in range(3)]
+    # topics known earlier, the whole group unreadable at the last snapshot
+    rows += [r for r in _keeping_up("gone-dark", k_max=3)]
+    rows.append(snap(180, -1, None, None, group="gone-dark", read_error="group description: timed out", **marker))
+    # a failure in the middle of the window, readable since: history, not a finding
+    rows += [r for r in _keeping_up("recovered", k_max=4) if r[0] != T0 + timedelta(seconds=60)]
+    rows.append(snap(60, -1, None, None, group="recovered", read_error="committed offsets: timed out", **marker))
+    found, status = run_findings(frame(rows), with_status=True)
+    got = {(f["group_id"], f["topic"]): f for f in found}
+    assert set(got) == {("lost", ""), ("gone-dark", "t"), ("recovered", "t")}
+    lost = got[("lost", "")]
+    assert (lost["diagnosis"], lost["severity"], lost["partitions"]) == ("healthy", "warning", [])
+    assert lost["summary"] == ("Incomplete data: 1 read failed (group: committed offsets: "
+                               "COORDINATOR_LOAD_IN_PROGRESS); the group's offsets could not be read; "
+                               "nothing is known of its lag")
+    dark = got[("gone-dark", "t")]
+    assert (dark["severity"], dark["evidence"]["data_complete"], dark["evidence"]["read_errors"]) == (
+        "warning", False, ["group: group description: timed out"])
+    recovered = got[("recovered", "t")]
+    assert (recovered["severity"], recovered["evidence"]["data_complete"]) == ("ok", True)
+    assert all(s["partition"] >= 0 for s in status)  # the group-level row is no partition
+
+
+def test_log_end_offset_going_backwards_is_a_warning_not_lag_0(frame):
+    rows = []
+    for k in range(8):
+        # partition 0: the topic is recreated after minute 3; the group's old commit (3,256) stays put
+        leo0 = 3_000 + 64 * k if k < 4 else 40 + 20 * (k - 4)
+        rows.append(snap(60 * k, 0, leo0, min(3_000 + 64 * k, 3_192), lag=max(0, leo0 - 3_192) if k < 4 else 0))
+        rows.append(snap(60 * k, 1, 6_000 * k + 5_000, 6_000 * k + 4_980))
+    found, status = run_findings(frame(rows), with_status=True)
+    (f,) = found
+    assert f["severity"] == "warning" and f["evidence"]["offset_reset_partitions"] == [0]
+    assert "log end offset went backwards on partition 0 (topic recreated or truncated?)" in f["summary"]
+    by_p = {s["partition"]: s for s in status}
+    assert by_p[0]["status"] == "REWIND" and by_p[1]["status"] == "WARN"  # p1: Burrow's constant non-zero lag
+    assert by_p[0]["produce_rate"] == pytest.approx(20 / 60, abs=1e-3)  # after the reset only
+
+
+@pytest.mark.parametrize("above, expected", [(3, []), (3_216, [0])], ids=["read-race", "recreated-before-window"])
+def test_commit_far_above_the_log_end_is_a_reset(frame, above, expected):
+    rows = [snap(60 * k, 0, 40 + 20 * k, 40 + 20 * k + above, lag=0) for k in range(5)]
+    (f,) = run_findings(frame(rows))
+    assert f["evidence"]["offset_reset_partitions"] == expected
+    assert f["severity"] == ("warning" if expected else "ok")
+
+
+def test_scoped_run_keeps_only_the_asked_groups_and_topic(frame):
+    import re2
+
+    from lagdoctor.diagnosis.snapshots import scope_snapshots
+
+    marker = snap(0, -1, None, None, group="orders-eu", topic="", member=None, read_error="committed offsets: x")
+    rows = [snap(0, 0, 10, 10, group=g, topic=t) for g in ("orders-eu", "orders-us", "legacy-orders-eu")
+            for t in ("a", "b")] + [marker]
+    got = scope_snapshots(frame(rows), re2.compile("orders-.*"), "a").select("group_id", "topic").collect()
+    assert sorted((r["group_id"], r["topic"]) for r in got) == [
+        ("orders-eu", ""), ("orders-eu", "a"), ("orders-us", "a")]  # full match; the group's failure row stays

@@ -25,10 +25,38 @@ every rule that holds yields a finding, none -> one `healthy` finding:
                          partitions consume below produce; lag climbs steadily
                          (growing, R^2 >= steady_r2) and >= warning_lag
 
+Cases that change what the rules above may conclude (the data, not the lag,
+is the problem):
+
+ #  case                 holds when                                              so
+ 7  incomplete data      a row of the topic at its last snapshot (or the group's  the finding keeps the diagnosis the
+                         topic-less row at the group's last snapshot) carries     known data supports, with
+                         read_error, or a partition's lag at the end is unknown   data_complete false, severity at
+                                                                                  least warning and a summary that
+                                                                                  starts "Incomplete data:" with the
+                                                                                  count of failed reads: a failed
+                                                                                  read never reads as "lag 0,
+                                                                                  healthy" (no false recovery)
+ 8  unknown lag           a partition's last lag is null because its read failed  its lag is the last known one; the
+                                                                                  rules never take it for caught up
+                                                                                  (null is not 0)
+ 9  group unreadable      the group is known only by its topic-less row           one finding, topic "", saying its
+                         (topic "", partition -1: the group-level read failed)    offsets could not be read; when
+                                                                                  the group has topics, the row
+                                                                                  makes their findings incomplete
+                                                                                  (7) and gets none of its own
+10  offset reset          a partition's log end offset fell within the window     rates and lag count from the last
+                         (topic recreated or truncated), or its commit is above   fall; offset_reset_partitions
+                         the log end by more than the read race explains          names them; at least warning,
+                         (reset_commit_slack, reset_race_seconds)                 the summary says so: a commit
+                                                                                  above a new log's end is lag 0
+                                                                                  by contract 1, not health
+
 "Growing": the fitted rise of lag over the window is positive and at least
 growth_fraction of the end lag. Severity: critical at critical_lag or when a
 growing lag >= warning_lag at least doubled; warning at warning_lag and
-growing; else ok. A non-healthy finding is at least warning; healthy is ok.
+growing; else ok. A non-healthy finding is at least warning; healthy is ok
+unless 7 or 10 holds (then warning).
 """
 
 from __future__ import annotations
@@ -38,7 +66,11 @@ from datetime import datetime
 from lagdoctor.contracts import INACTIVE_GROUP_STATES
 from lagdoctor.diagnosis.features import GROUP_KEY
 from lagdoctor.diagnosis.patterns import pattern_column
+from lagdoctor.diagnosis.snapshots import GROUP_MARKER_PARTITION, GROUP_MARKER_TOPIC
 from lagdoctor.diagnosis.thresholds import Thresholds
+
+# At most this many read errors are listed in a finding's evidence (all are counted).
+MAX_READ_ERRORS = 10
 
 _FOCUS_FIELDS = (
     "partition",
@@ -99,6 +131,43 @@ def partition_rollup(partition_feats, thresholds: Thresholds = Thresholds()):
         F.max_by(focus, order).alias("worst"),
         F.max_by(focus, F.when(F.col("stalled"), order)).alias("worst_stalled"),
         F.max_by(focus, F.when(F.col("in_hot") & behind, order)).alias("worst_hot"),
+        F.max("t_last").alias("topic_t_last"),
+        F.count(F.when(F.col("read_error").isNotNull(), 1)).alias("partition_read_error_count"),
+        F.array_sort(F.collect_list(F.when(F.col("read_error").isNotNull(), F.struct("partition", "read_error")))).alias(
+            "partition_read_errors"
+        ),
+        F.array_sort(F.collect_list(F.when(F.col("lag_end_unknown"), F.col("partition")))).alias(
+            "lag_unknown_partitions"
+        ),
+        F.array_sort(F.collect_list(F.when(F.col("offset_reset"), F.col("partition")))).alias(
+            "offset_reset_partitions"
+        ),
+    )
+
+
+def _is_group_marker(topic, partition):
+    from pyspark.sql import functions as F
+
+    return (topic == F.lit(GROUP_MARKER_TOPIC)) & (partition == F.lit(GROUP_MARKER_PARTITION))
+
+
+def group_read_state(partition_feats):
+    """One row per (cluster, group_id): has_topics (rows for real topics), and
+    group_read_error: the group-level failure row's error when that row is at
+    the group's last snapshot (a failure earlier in the window is history)."""
+    from pyspark.sql import functions as F
+
+    marker = _is_group_marker(F.col("topic"), F.col("partition"))
+    return partition_feats.groupBy("cluster", "group_id").agg(
+        F.max(~marker).alias("has_topics"),
+        F.max("t_last").alias("group_t_last"),
+        F.max_by(F.when(marker, F.col("read_error")), F.when(marker, F.col("t_last"))).alias("marker_error"),
+        F.max(F.when(marker, F.col("t_last"))).alias("marker_t_last"),
+    ).select(
+        "cluster",
+        "group_id",
+        "has_topics",
+        F.when(F.col("marker_t_last") >= F.col("group_t_last"), F.col("marker_error")).alias("group_read_error"),
     )
 
 
@@ -160,9 +229,36 @@ def findings(
     th = thresholds
     c = F.col
     g = group_feats.join(partition_rollup(partition_feats, th), list(GROUP_KEY), "left")
+    g = g.join(F.broadcast(group_read_state(partition_feats)), ["cluster", "group_id"], "left")
+    is_marker = c("topic") == GROUP_MARKER_TOPIC  # the group-level failure row's own key
+    # the group-level row is a finding of its own only when nothing else is known of the group
+    g = g.where(~is_marker | ~F.coalesce(c("has_topics"), F.lit(False)))
+    group_error = F.when(~is_marker, c("group_read_error"))
+    error_lines = F.transform(
+        c("partition_read_errors"),
+        lambda e: F.when(e["partition"] == GROUP_MARKER_PARTITION, F.concat(F.lit("group: "), e["read_error"]))
+        .otherwise(F.format_string("partition %d: %s", e["partition"], e["read_error"])),
+    )
+    g = g.withColumns(
+        {
+            "read_error_count": F.coalesce(c("partition_read_error_count"), F.lit(0))
+            + F.when(group_error.isNotNull(), 1).otherwise(0),
+            "read_error_lines": F.concat(
+                F.when(group_error.isNotNull(), F.array(F.concat(F.lit("group: "), group_error))).otherwise(
+                    F.array().cast("array<string>")
+                ),
+                F.coalesce(error_lines, F.array().cast("array<string>")),
+            ),
+        }
+    )
+    g = g.withColumn(
+        "data_complete",
+        (c("read_error_count") == 0) & (F.size(F.coalesce(c("lag_unknown_partitions"), F.array())) == 0),
+    )
     g = g.withColumn("pattern", pattern_column(th))
 
-    lag = c("lag_end")
+    # Incomplete: the partitions' last known lags, not a total that left the unknown ones out.
+    lag = F.when(c("data_complete"), c("lag_end")).otherwise(F.coalesce(c("partition_lag_sum"), c("lag_end")))
     growing = (c("lag_growth") > 0) & (c("lag_growth") >= th.growth_fraction * lag)
     inactive = c("group_state").isin(list(INACTIVE_GROUP_STATES)) | (F.coalesce(c("group_members"), F.lit(-1)) == 0)
     surge_ratio = F.try_divide(c("late_produce_rate"), c("early_produce_rate"))
@@ -327,12 +423,14 @@ def findings(
         "healthy",
         empty,
         w,
-        F.format_string(
-            "consumers keep up: lag %s across %d partitions, %s msg/s consumed of %s produced",
-            _num(lag),
-            F.coalesce(c("partition_count"), F.lit(0)),
-            _num(F.coalesce(c("consume_rate"), F.lit(0.0))),
-            _num(F.coalesce(c("produce_rate"), F.lit(0.0))),
+        F.when(is_marker, F.lit("the group's offsets could not be read; nothing is known of its lag")).otherwise(
+            F.format_string(
+                "consumers keep up: lag %s across %d partitions, %s msg/s consumed of %s produced",
+                _num(F.coalesce(lag, F.lit(0))),
+                F.coalesce(c("partition_count"), F.lit(0)),
+                _num(F.coalesce(c("consume_rate"), F.lit(0.0))),
+                _num(F.coalesce(c("produce_rate"), F.lit(0.0))),
+            )
         ),
     )
     present = F.filter(candidates, lambda x: x.isNotNull())
@@ -346,7 +444,9 @@ def findings(
         .when(c("is_growing") & (lag >= th.warning_lag), F.lit(1))
         .otherwise(F.lit(0))
     )
-    level = F.when(c("finding.diagnosis") == "healthy", F.lit(0)).otherwise(F.greatest(level, F.lit(1)))
+    reset_parts = F.coalesce(c("offset_reset_partitions"), F.array().cast("array<int>"))
+    doubtful = ~c("data_complete") | (F.size(reset_parts) > 0)  # rules 7 and 10
+    level = F.when((c("finding.diagnosis") == "healthy") & ~doubtful, F.lit(0)).otherwise(F.greatest(level, F.lit(1)))
     severity = F.element_at(F.array(F.lit("ok"), F.lit("warning"), F.lit("critical")), level + 1)
 
     f = c("finding.focus")
@@ -383,7 +483,30 @@ def findings(
         c("group_members").alias("group_members"),
         c("retention_loss_partitions").alias("retention_loss_partitions"),
         c("snapshots").alias("snapshots"),
+        c("data_complete").alias("data_complete"),
+        F.slice(c("read_error_lines"), 1, MAX_READ_ERRORS).alias("read_errors"),
+        c("read_error_count").alias("read_error_count"),
+        F.coalesce(c("lag_unknown_partitions"), F.array().cast("array<int>")).alias("lag_unknown_partitions"),
+        reset_parts.alias("offset_reset_partitions"),
     )
+    incomplete_note = F.when(
+        ~c("data_complete"),
+        F.format_string(
+            "Incomplete data: %s (%s)",
+            F.when(c("read_error_count") == 1, F.lit("1 read failed")).otherwise(
+                F.format_string("%d reads failed", c("read_error_count"))
+            ),
+            F.coalesce(F.element_at(c("read_error_lines"), 1), F.lit("lag unknown at the end")),
+        ),
+    )
+    reset_note = F.when(
+        F.size(reset_parts) > 0,
+        F.format_string(
+            "log end offset went backwards on %s (topic recreated or truncated?); rates and lag count from the reset",
+            _partitions_text(reset_parts),
+        ),
+    )
+    summary = F.concat_ws("; ", incomplete_note, reset_note, c("finding.summary"))
     start = F.lit(_iso(window_start)) if window_start else F.date_format(F.timestamp_seconds(c("t_first")), _ISO)
     end = F.lit(_iso(window_end)) if window_end else F.date_format(F.timestamp_seconds(c("t_last")), _ISO)
     return g.select(
@@ -392,7 +515,7 @@ def findings(
         c("finding.diagnosis").alias("diagnosis"),
         c("pattern"),
         severity.alias("severity"),
-        c("finding.summary").alias("summary"),
+        summary.alias("summary"),
         evidence.alias("evidence"),
         start.alias("window_start"),
         end.alias("window_end"),

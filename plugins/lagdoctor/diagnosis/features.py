@@ -5,6 +5,12 @@ and aggregations (no Python UDFs): one window sort per partition series, one
 shuffle for the group series. Rates are offsets per second over the actual
 time between snapshots, so gaps and jitter change nothing but precision.
 Early/late are the first and last thirds of each series' own time span.
+
+Unknown is never zero: a row whose read failed (`read_error` set) has null
+offsets and lag; features use the last known value and say the end is unknown
+(`lag_end_unknown`) instead of reading the gap as "caught up". A log end
+offset that falls (topic recreated or truncated) starts a new series: every
+feature counts from the last such reset (`offset_reset_t`).
 """
 
 from __future__ import annotations
@@ -24,6 +30,15 @@ def _ratio(num, den):
     return F.when(den > 0, F.try_divide(num, den))
 
 
+def _with_read_error(snapshots):
+    """Rows from a writer without the optional read_error column: every read succeeded."""
+    from pyspark.sql import functions as F
+
+    if "read_error" in snapshots.columns:
+        return snapshots
+    return snapshots.withColumn("read_error", F.lit(None).cast("string"))
+
+
 def _partition_hash():
     from pyspark.sql import functions as F
 
@@ -41,12 +56,18 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     advanced), max_commit_gap_seconds (longest completed gap between
     advances), stalled, slow, retention_loss, status_window (the last
     `thresholds.status_window` snapshots and commit runs, for the Burrow
-    evaluator).
+    evaluator), read_error (of the last row), lag_end_unknown (the last row's
+    lag is null because a read failed: lag_end is then the last known lag,
+    null if none), offset_reset_t (epoch s of the last fall of the log end
+    offset; the rows before it are ignored), offset_reset (that, or a commit
+    far above the log end: more than reset_commit_slack and
+    reset_race_seconds of production, which the read race cannot explain).
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     th = thresholds
+    snapshots = _with_read_error(snapshots)
     # The history is sorted once per partition. The rows that go through that
     # shuffle and sort carry a 64-bit hash of the partition key and numbers
     # only; names and owners come from a cheap map-side aggregation, joined
@@ -69,7 +90,15 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         "committed_offset",
         "lag",
         "committed_record_ts",
+        "read_error",
     )
+    # The series restarts where the log end offset last fell below the last
+    # known one (same window spec: the sort below is shared, not repeated).
+    rows = rows.withColumn(
+        "leo_fell", F.col("log_end_offset") < F.last("log_end_offset", ignorenulls=True).over(wprev)
+    )
+    rows = rows.withColumn("offset_reset_t", F.max(F.when(F.col("leo_fell"), F.col("t"))).over(wall))
+    rows = rows.where(F.col("offset_reset_t").isNull() | (F.col("t") >= F.col("offset_reset_t")))
     rows = rows.withColumns(
         {
             "prev_t": F.lag("t").over(w),
@@ -124,6 +153,8 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     # the committed offset has stood at c_end since the first row holding it
     at_end = committed == F.col("c_end")
     committed_t = F.when(F.col("committed_offset").isNotNull(), F.col("t"))
+    leo_t = F.when(F.col("log_end_offset").isNotNull(), F.col("t"))
+    lag_t = F.when(F.col("lag").isNotNull(), F.col("t"))
     status_row = F.struct(
         F.unix_micros("snapshot_ts").alias("snapshot_ts_us"),
         F.col("committed_offset").alias("committed_offset"),
@@ -135,15 +166,22 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         F.count(F.lit(1)).alias("snapshots"),
         F.min("t").alias("t_first"),
         F.max("t").alias("t_last"),
-        F.min_by("log_end_offset", "t").alias("leo_first"),
-        F.max_by("log_end_offset", "t").alias("log_end_offset_end"),
-        F.max_by("log_start_offset", "t").alias("log_start_offset_end"),
+        F.min_by("log_end_offset", leo_t).alias("leo_first"),
+        F.max_by("log_end_offset", leo_t).alias("log_end_offset_end"),
+        F.max_by("log_start_offset", F.when(F.col("log_start_offset").isNotNull(), F.col("t"))).alias(
+            "log_start_offset_end"
+        ),
+        F.min(leo_t).alias("tl_first"),
+        F.max(leo_t).alias("tl_last"),
         F.min_by("committed_offset", committed_t).alias("c_first"),
         F.max_by("committed_offset", committed_t).alias("committed_end"),
         F.min(committed_t).alias("tc_first"),
         F.max(committed_t).alias("tc_last"),
-        F.coalesce(F.min_by("lag", "t"), F.lit(0)).alias("lag_start"),
-        F.coalesce(F.max_by("lag", "t"), F.lit(0)).alias("lag_end"),
+        F.coalesce(F.min_by("lag", lag_t), F.lit(0)).alias("lag_start"),
+        F.max_by("lag", lag_t).alias("lag_known_end"),
+        F.max_by("read_error", "t").alias("read_error"),
+        F.max_by(F.col("lag").isNull(), "t").alias("lag_null_at_end"),
+        F.max("offset_reset_t").alias("offset_reset_t"),
         F.sum(F.when(F.col("late"), F.col("dleo"))).alias("late_produced"),
         F.sum(F.when(F.col("late"), F.col("dcom"))).alias("late_consumed"),
         F.sum(F.when(F.col("late"), F.col("dt"))).alias("late_seconds"),
@@ -154,7 +192,13 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         F.collect_list(F.when(keep_for_status, status_row)).alias("status_window"),
         *timelag.aggregate_columns(),
     )
-    span = F.col("t_last") - F.col("t_first")
+    # Unknown at the end: the last row's lag is missing because a read failed.
+    # Never known and no failure: the group has no commit there (lag 0, as before).
+    agg = agg.withColumn("lag_end_unknown", F.col("lag_null_at_end") & F.col("read_error").isNotNull())
+    agg = agg.withColumn(
+        "lag_end", F.coalesce(F.col("lag_known_end"), F.when(~F.col("lag_end_unknown"), F.lit(0).cast("long")))
+    )
+    span = F.col("tl_last") - F.col("tl_first")
     time_lag, lower = timelag.time_lag_expr(
         F.col("t_first"), F.col("t_last"), F.col("leo_first"), F.col("committed_end"), F.col("lag_end")
     )
@@ -171,6 +215,12 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
             "time_lag_lower_bound": lower,
             "retention_loss": F.coalesce(F.col("committed_end") < F.col("log_start_offset_end"), F.lit(False)),
         }
+    )
+    commit_above = (F.col("committed_end") - F.col("log_end_offset_end")) > F.greatest(
+        F.lit(float(th.reset_commit_slack)), F.col("produce_rate") * th.reset_race_seconds
+    )
+    feats = feats.withColumn(
+        "offset_reset", F.col("offset_reset_t").isNotNull() | F.coalesce(commit_above, F.lit(False))
     )
     waiting = (F.col("lag_end") > 0) & F.col("committed_end").isNotNull()
     frozen = (
@@ -202,16 +252,30 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     ).withColumn("pk", _partition_hash())
     feats = owners.join(feats, "pk").drop("pk")
     return feats.drop("leo_first", "c_first", "tc_first", "tc_last", "late_produced", "late_consumed",
-                      "late_seconds", "late_advances", "last_adv_t", "tl_t_at", "tl_record_t")
+                      "late_seconds", "late_advances", "last_adv_t", "tl_t_at", "tl_record_t", "tl_first", "tl_last",
+                      "lag_known_end", "lag_null_at_end")
 
 
-def group_series(snapshots):
+def group_series(snapshots, partition_feats=None):
     """One row per (cluster, group_id, topic, snapshot_ts): the group's totals.
 
     member_set is a signature of the set of owner member ids (null when
-    nobody owns anything), so churn shows as a change of it.
+    nobody owns anything), so churn shows as a change of it. total_lag is
+    null at a snapshot where a partition's lag is unknown (a failed read), and
+    total_leo where a log end offset is: a partial sum would read as a drop.
+    With `partition_feats`, a partition's rows before its offset reset are
+    left out, as they are from its features.
     """
     from pyspark.sql import functions as F
+
+    snapshots = _with_read_error(snapshots)
+    if partition_feats is not None:
+        resets = partition_feats.where(F.col("offset_reset_t").isNotNull()).select(
+            *PARTITION_KEY, "offset_reset_t"
+        )
+        snapshots = snapshots.join(F.broadcast(resets), list(PARTITION_KEY), "left").where(
+            F.col("offset_reset_t").isNull() | (F.col("snapshot_ts").cast("double") >= F.col("offset_reset_t"))
+        )
 
     # A signature of the set of owner ids that aggregates map-side (no
     # collect_set): the smallest and largest id hash plus a 64-bit Bloom
@@ -221,8 +285,11 @@ def group_series(snapshots):
     bloom = F.expr("shiftleft(1L, cast(pmod(xxhash64(member_id), 64) as int))")
     owned = F.col("member_id").isNotNull()
     agg = snapshots.groupBy(*GROUP_KEY, "snapshot_ts").agg(
-        F.sum(F.coalesce(F.col("lag"), F.lit(0))).alias("total_lag"),
-        F.sum("log_end_offset").alias("total_leo"),
+        F.when(
+            F.count(F.when(F.col("lag").isNull() & F.col("read_error").isNotNull(), 1)) == 0,
+            F.sum(F.coalesce(F.col("lag"), F.lit(0))),
+        ).alias("total_lag"),
+        F.when(F.count("log_end_offset") == F.count(F.lit(1)), F.sum("log_end_offset")).alias("total_leo"),
         F.max("group_state").alias("group_state"),
         F.max("group_members").alias("group_members"),
         F.count(F.when(owned, 1)).alias("_owned"),
@@ -264,8 +331,8 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
         {
             "s_first": F.first("t").over(wall),
             "s_last": F.last("t").over(wall),
-            "leo_first_all": F.first("total_leo").over(wall),
-            "leo_last_all": F.last("total_leo").over(wall),
+            "leo_first_all": F.first("total_leo", ignorenulls=True).over(wall),
+            "leo_last_all": F.last("total_leo", ignorenulls=True).over(wall),
             "lag_max_all": F.max("total_lag").over(wall),
             "dt": F.col("t") - F.lag("t").over(w),
             "dleo": F.col("total_leo") - F.lag("total_leo").over(w),
@@ -308,8 +375,9 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
         F.count(F.lit(1)).alias("snapshots"),
         F.min("t").alias("t_first"),
         F.max("t").alias("t_last"),
-        F.min_by("total_lag", "t").alias("lag_start"),
-        F.max_by("total_lag", "t").alias("lag_end"),
+        # the first and last known totals (null: never known)
+        F.min_by("total_lag", F.when(F.col("total_lag").isNotNull(), F.col("t"))).alias("lag_start"),
+        F.max_by("total_lag", F.when(F.col("total_lag").isNotNull(), F.col("t"))).alias("lag_end"),
         F.max("total_lag").alias("lag_max"),
         F.min("total_lag").alias("lag_min"),
         F.max_by("group_state", "t").alias("group_state"),

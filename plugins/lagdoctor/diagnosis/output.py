@@ -93,6 +93,14 @@ def write_partition_status(status_df, output: str) -> str:
     return write_jsonl(records, output, PARTITION_STATUS_FILE)
 
 
+QUARANTINED_FILE = "quarantined.jsonl"
+
+
+def write_quarantined(records: Iterable[dict], output: str) -> str:
+    """quarantined.jsonl: one {"path", "moved_to", "reason"} per file this run moved aside (empty: none)."""
+    return write_jsonl([{k: r[k] for k in ("path", "moved_to", "reason")} for r in records], output, QUARANTINED_FILE)
+
+
 def print_error_line(message: str) -> None:
     """Print the job's one-line failure reason on the process's stderr.
 

@@ -5,18 +5,24 @@ works on a handful of rows per partition, so it runs through mapInPandas on
 the per-partition features (each carries its last `status_window`
 snapshots): no shuffle, and it scales out with the partitions. Never on the
 hot path: it sees partitions x status_window rows, not the history.
+
+A partition whose lag at the end is unknown (a failed read) reports lag null
+and its `read_error`; a group-level failure row (topic "", partition -1) is
+not a partition and gets no status row (its finding says it).
 """
 
 from __future__ import annotations
 
 from lagdoctor.diagnosis.features import GROUP_KEY, PARTITION_KEY
+from lagdoctor.diagnosis.snapshots import GROUP_MARKER_PARTITION, GROUP_MARKER_TOPIC
 from lagdoctor.diagnosis.thresholds import Thresholds
 
 # Contract 2's fields, then extensions the Slack table and the exporter use.
 STATUS_DDL = (
     "cluster string, group_id string, topic string, partition int, status string, lag long, "
     "time_lag_seconds double, consume_rate double, produce_rate double, time_lag_lower_bound boolean, "
-    "committed_offset long, log_end_offset long, member_id string, client_id string, host string"
+    "committed_offset long, log_end_offset long, member_id string, client_id string, host string, "
+    "read_error string"
 )
 _ACTIVE_STATES = ("STABLE", "PREPARING_REBALANCE", "COMPLETING_REBALANCE", "ASSIGNING", "RECONCILING")
 
@@ -42,7 +48,7 @@ def _window_rows(value) -> list[dict]:
                 # ms, rounded down: the evaluator compares against now_ms
                 "snapshot_ts_ms": int(d["snapshot_ts_us"]) // 1000,
                 "committed_offset": _int_or_none(d.get("committed_offset")),
-                "log_end_offset": int(d["log_end_offset"]),
+                "log_end_offset": _int_or_none(d.get("log_end_offset")),
                 "log_start_offset": _int_or_none(d.get("log_start_offset")),
                 "lag": _int_or_none(d.get("lag")),
             }
@@ -61,13 +67,23 @@ def _int_or_none(value):
 
 def evaluate_batches(batches, now_ms: int, allowed_lag: int, window_len: int):
     """mapInPandas body: one status per partition row."""
-    from lagdoctor.status import evaluate_partition
+    from lagdoctor.status import REWIND, evaluate_partition
 
     for pdf in batches:
         statuses = []
-        for window, members, state in zip(pdf["status_window"], pdf["group_members"], pdf["group_state"]):
+        for window, members, state, reset in zip(
+            pdf["status_window"], pdf["group_members"], pdf["group_state"], pdf["offset_reset"]
+        ):
             has_members = _has_members(members, state)
             rows = _window_rows(window)
+            if reset:
+                # The log restarted below the group's position (topic recreated or
+                # truncated). Burrow keeps no such history cut: when the consumer
+                # resets, its commit falls and Burrow reports REWIND; until then its
+                # lag clamps to 0 and it says OK, the false "healthy" of issue 8.
+                # REWIND ("offsets went backwards") is Burrow's word for it either way.
+                statuses.append(REWIND)
+                continue
             statuses.append(
                 evaluate_partition(
                     rows, now_ms, allowed_lag=allowed_lag, window_len=window_len, group_has_members=has_members
@@ -77,14 +93,15 @@ def evaluate_batches(batches, now_ms: int, allowed_lag: int, window_len: int):
             )
         out = pdf[list(PARTITION_KEY)].copy()
         out["status"] = statuses
-        out["lag"] = pdf["lag_end"].astype("int64")
+        # unknown is never zero: null when the last read of this partition failed
+        out["lag"] = pdf["lag_end"].where(~pdf["lag_end_unknown"].astype("bool")).astype("Int64")
         out["time_lag_seconds"] = pdf["time_lag_seconds"].astype("float64").round(3)
         out["consume_rate"] = pdf["consume_rate"].astype("float64").round(3)
         out["produce_rate"] = pdf["produce_rate"].astype("float64").round(3)
         out["time_lag_lower_bound"] = pdf["time_lag_lower_bound"].astype("bool")
         out["committed_offset"] = pdf["committed_end"].astype("Int64")
         out["log_end_offset"] = pdf["log_end_offset_end"].astype("Int64")
-        for name in ("member_id", "client_id", "host"):
+        for name in ("member_id", "client_id", "host", "read_error"):
             out[name] = pdf[name]
         yield out
 
@@ -111,7 +128,11 @@ def partition_status(partition_feats, group_feats, now_ms: int, thresholds: Thre
         "member_id",
         "client_id",
         "host",
-    ).join(F.broadcast(members), list(GROUP_KEY), "left")
+        "read_error",
+        "lag_end_unknown",
+        "offset_reset",
+    ).where(~((F.col("topic") == GROUP_MARKER_TOPIC) & (F.col("partition") == GROUP_MARKER_PARTITION)))
+    inp = inp.join(F.broadcast(members), list(GROUP_KEY), "left")
     return inp.mapInPandas(
         lambda it: evaluate_batches(it, int(now_ms), th.status_allowed_lag, th.status_window), STATUS_DDL
     )

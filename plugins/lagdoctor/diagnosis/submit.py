@@ -91,13 +91,23 @@ def job_arguments(
     as_of: str | None = None,
     window_minutes: float | None = None,
     thresholds: Mapping[str, object] | None = None,
+    groups: str | None = None,
+    topic: str | None = None,
 ) -> list[str]:
-    """The job's own arguments (contract 2), e.g. for SparkSubmitOperator(application_args=...)."""
+    """The job's own arguments (contract 2), e.g. for SparkSubmitOperator(application_args=...).
+
+    `groups` (RE2, full match on group_id) and `topic` limit the run to them:
+    an incident run writes verdicts only for what it was asked about.
+    """
     args = ["--snapshots", str(snapshots), "--output", str(output)]
     if as_of is not None:
         args += ["--as-of", str(as_of)]
     if window_minutes is not None:
         args += ["--window-minutes", f"{window_minutes:g}"]
+    if groups is not None:
+        args += ["--groups", str(groups)]
+    if topic is not None:
+        args += ["--topic", str(topic)]
     for name, value in (thresholds or {}).items():
         args += ["--" + name.replace("_", "-"), str(value)]
     return args
@@ -115,6 +125,8 @@ def build_spark_submit_command(
     spark_submit: str = "spark-submit",
     conf: Mapping[str, str] | None = None,
     thresholds: Mapping[str, object] | None = None,
+    groups: str | None = None,
+    topic: str | None = None,
     extra_args: Sequence[str] = (),
     quiet_logs: bool = True,
     work_dir: str | os.PathLike | None = None,
@@ -133,7 +145,7 @@ def build_spark_submit_command(
     if quiet_logs:
         cmd += ["--driver-java-options", f"-Dlog4j2.configurationFile=file:{quiet_log_config(work_dir)}"]
     cmd.append(job_script or default_job_script())
-    cmd += job_arguments(snapshots, output, as_of, window_minutes, thresholds)
+    cmd += job_arguments(snapshots, output, as_of, window_minutes, thresholds, groups=groups, topic=topic)
     cmd += list(extra_args)
     return cmd
 

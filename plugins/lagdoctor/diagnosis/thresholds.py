@@ -57,6 +57,13 @@ class Thresholds:
     status_window: int = 10
     status_allowed_lag: int = 0
 
+    # Offset reset: a committed offset above the log end offset by more than
+    # this, and by more than `reset_race_seconds` of the partition's
+    # production, is not the race between the two reads (contract 1) but a
+    # log that restarted below the group's position (topic recreated).
+    reset_commit_slack: int = 1_000
+    reset_race_seconds: float = 10.0
+
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))
