@@ -163,12 +163,18 @@ def run_action(
     started = next((r for r in reversed(earlier) if r.get("status") == "started"), None)
 
     claimed = False
-    holder = f"{key}|{run_id}"[:255]
+    holder = f"{key}|{run_id}"[:255]  # the lease says which run, and which of its actions, acts
     try:
         # 2. guardrails (advice changes nothing, so it is not rationed). For a
         # real run this is an early answer; the claim checks again under lock.
         if action.changes_state and started is None:
             verdict = guardrail_verdict()
+            if not dry_run and verdict.rule not in ("deny_list", "allow_list"):
+                # Read after the history: a run in flight is named as such, even
+                # when its `started` already shows in the cooldown.
+                other = audit.db.lease_holder(lease_key(target), now=now)
+                if other is not None and other != holder:
+                    return record("blocked", "lease: " + _lease_reason(audit, other, target, run_id), rule="lease")
             if not verdict.allowed:
                 return record("blocked", f"{verdict.rule}: {verdict.reason}", rule=verdict.rule)
 
@@ -193,7 +199,8 @@ def run_action(
             _serialize_claims(audit, conn)
             ttl = timedelta(minutes=config.lease_minutes)
             if not audit.db.acquire_lease(lease_key(target), holder, ttl, now=now, conn=conn):
-                reason = _lease_reason(audit, conn, target, run_id, now)
+                other = conn.execute(sa.select(leases.c.holder).where(leases.c.key == lease_key(target))).scalar()
+                reason = _lease_reason(audit, other or "", target, run_id, conn=conn)
                 return record("blocked", f"lease: {reason}", plan, conn=conn, rule="lease")
             claimed = True
             mine = [r for r in audit.for_key(key, conn=conn) if not r.get("dry_run")]
@@ -245,15 +252,15 @@ def _serialize_claims(audit: ActionLog, conn: sa.Connection) -> None:
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": CLAIM_LOCK_ID})
 
 
-def _lease_reason(audit: ActionLog, conn: sa.Connection, target: str, run_id: str, now: datetime) -> str:
-    row = conn.execute(sa.select(leases.c.holder, leases.c.expires_at)
-                       .where(leases.c.key == lease_key(target))).first()
-    other_key, _, other_run = (row.holder if row else "").partition("|")
+def _lease_reason(audit: ActionLog, other: str, target: str, run_id: str,
+                  conn: sa.Connection | None = None) -> str:
+    """Who holds the target, from the lease holder "<idempotency key>|<run id>"."""
+    other_key, _, other_run = other.partition("|")
     if other_run and other_run != run_id:
         return f"another run ({other_run}) is acting on {target}"
-    other = next(iter(audit.for_key(other_key, conn=conn)), {}) if other_key else {}
-    if other:
-        return (f"another action of this run ({other.get('action')} for group {other.get('group_id')}) "
+    first = next(iter(audit.for_key(other_key, conn=conn)), None) if other_key else None
+    if first is not None:
+        return (f"another action of this run ({first.get('action')} for group {first.get('group_id')}) "
                 f"is acting on {target}")
     return f"another run is acting on {target}"
 
