@@ -74,8 +74,10 @@ def test_restart_waits_for_approval_and_follows_the_answer(
     assert states["remediate_scale_consumers.gate"] == TaskInstanceState.SKIPPED
     assert states["remediate_add_partitions.gate"] == TaskInstanceState.SKIPPED
     patches = [r for r in k8s_server.requests if r.method == "PATCH"]
-    audit = [json.loads(l) for l in (real_run_env / "actions" / "actions.jsonl").read_text().splitlines()] \
-        if (real_run_env / "actions" / "actions.jsonl").exists() else []
+    from lagdoctor.remediation.audit import ActionLog
+    from lagdoctor.settings import Settings
+
+    audit = list(ActionLog.from_settings(Settings(data_root=str(real_run_env))).records())
     if restarted:
         assert states["remediate_restart_consumers.run"] == TaskInstanceState.SUCCESS
         assert len(patches) == 1 and "restartedAt" in json.dumps(patches[0].body)

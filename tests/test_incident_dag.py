@@ -65,7 +65,9 @@ def test_incident_run_posts_the_cause_to_slack(airflow_db, incident_dag, airflow
     assert re.search(r"partition 1\b", detail.body["text"]), "partition 1 is not named"
     assert "PARTITION" in json.dumps(detail.body["blocks"])  # the describe-shaped evidence table
     # A dry run: remediation said what it would do and touched nothing.
-    actions_log = airflow_env / "actions" / "actions.jsonl"
-    if actions_log.exists():
-        records = [json.loads(l) for l in actions_log.read_text().splitlines()]
-        assert all(r["dry_run"] for r in records)
+    from lagdoctor.remediation.audit import ActionLog
+    from lagdoctor.settings import Settings
+
+    records = list(ActionLog.from_settings(Settings(data_root=str(airflow_env))).records())
+    assert all(r["dry_run"] for r in records)
+    assert not [r for r in records if r["status"] in ("started", "executed")]
