@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from lagdoctor.kafka_clients import admin_client as _real_admin_client
 from lagdoctor.store import list_snapshot_files, read_snapshots
 from lagdoctor.workload import commit_offsets, create_topic, produce_counts
 
@@ -61,6 +62,9 @@ def test_unreachable_cluster_fails_fast_with_one_line_and_no_file(tmp_path):
     "args, message",
     [
         (["--groups", "orders-["], "invalid --groups regex"),  # a typo in the regex, caught before connecting
+        # RE2 (linear time) has no lookaround: said plainly, and RE2's own log line stays off stderr.
+        (["--groups", "(?!legacy-).*"], "invalid --groups regex '(?!legacy-).*': invalid perl operator: (?!"),
+        (["--groups", "a" * 1001], "1001 characters, at most 1000"),
         (["--samples", "0"], "--samples must be at least 1"),
     ],
 )
@@ -145,3 +149,57 @@ def test_diagnose_runs_the_job_on_the_seeds_incident(tmp_path):
     findings = [json.loads(l) for l in (tmp_path / "out" / "findings.jsonl").read_text().splitlines()]
     assert [(f["diagnosis"], f["partitions"]) for f in findings] == [("partition_imbalance", [1])]
     assert "consumer-2-def456 on 10.0.1.15" in findings[0]["summary"]
+
+
+@pytest.mark.broker
+def test_sasl_handshake_failure_says_cannot_authenticate_in_one_line(kafka_bootstrap, embedded_only, tmp_path):
+    # The embedded broker's plain listener cannot satisfy a SASL client: the handshake fails.
+    config = tmp_path / "client.properties"
+    config.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\n"
+                      "sasl.username=lagdoctor\nsasl.password=hunter2-not-to-be-printed\n")
+    started = time.monotonic()
+    result = run("snapshot", "--bootstrap-servers", kafka_bootstrap, "--cluster", "prod", "--command-config",
+                 str(config), "--output", str(tmp_path / "store"), timeout=60)
+    assert time.monotonic() - started < 30
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr[:2000]  # not ~200 of librdkafka's %3|FAIL| lines
+    assert lines[0].startswith(f"lagdoctor: error: cannot authenticate to Kafka at {kafka_bootstrap}: ")
+    assert "SASL" in lines[0] and "hunter2" not in result.stderr
+    assert list_snapshot_files(str(tmp_path / "store")) == []
+
+
+def _describe_in_process(monkeypatch, capsys, bootstrap, group, **failures):
+    """`lagdoctor describe` run in this process, its AdminClient failing as `failures` say."""
+    import lagdoctor.kafka_clients as kafka_clients
+    from lagdoctor.cli import main
+    from tests.fixtures.failing_admin import FailingAdmin
+
+    monkeypatch.setattr(kafka_clients, "admin_client",
+                        lambda *a, **k: FailingAdmin(_real_admin_client(*a, **k), **failures))
+    code = main(["describe", "--bootstrap-servers", bootstrap, "--group", group])
+    out, err = capsys.readouterr()
+    return code, [line.split() for line in out.splitlines()[1:]], err.strip().splitlines()
+
+
+@pytest.mark.broker
+def test_describe_shows_unknown_as_dash_and_names_the_failed_read(kafka_bootstrap, unique, monkeypatch, capsys):
+    topic, group = unique("desc-fault"), unique("desc-fault-group")
+    create_topic(kafka_bootstrap, topic, 2)
+    produce_counts(kafka_bootstrap, topic, {0: 10, 1: 20})
+    commit_offsets(kafka_bootstrap, group, topic, {0: 4, 1: 5})
+
+    # The committed offsets cannot be read; the group is EMPTY, so its topics are unknown too.
+    code, body, err = _describe_in_process(monkeypatch, capsys, kafka_bootstrap, group, offset_fetch={group})
+    assert code == 1
+    assert body == [[group, "-", "-", "-", "-", "-", "-", "-", "-"]]  # unknown, never 0
+    assert err == [f"lagdoctor: error: group '{group}' at {kafka_bootstrap}: could not read committed offsets: "
+                   "Broker: Coordinator load in progress (COORDINATOR_LOAD_IN_PROGRESS); "
+                   "unknown values are shown as -"]
+
+    # One partition's log end offset cannot be read: its LOG-END-OFFSET and LAG are unknown.
+    code, body, err = _describe_in_process(monkeypatch, capsys, kafka_bootstrap, group, end_offsets={(topic, 1)})
+    assert code == 1
+    assert body == [[group, topic, "0", "4", "10", "6", "-", "-", "-"],
+                    [group, topic, "1", "5", "-", "-", "-", "-", "-"]]
+    assert len(err) == 1 and "could not read log end offset: Local: Timed out" in err[0]

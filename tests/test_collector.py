@@ -1,4 +1,5 @@
-"""collect_snapshot against a real Kafka-protocol broker (embedded Tansu, or KAFKA_BOOTSTRAP_SERVERS)."""
+"""collect_snapshot against a real Kafka-protocol broker (embedded Tansu, or KAFKA_BOOTSTRAP_SERVERS),
+and the two pure rules it applies: group state names and group patterns."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import time
 from datetime import datetime, timezone
 
 import pytest
+from confluent_kafka import ConsumerGroupState
 
-from lagdoctor.collector import collect_snapshot
+from lagdoctor.collector import collect_snapshot, compile_group_pattern, group_state_name
+from lagdoctor.contracts import GROUP_STATES
 from lagdoctor.kafka_clients import admin_client
 from lagdoctor.workload import commit_offsets, create_topic, live_consumer_config, produce_counts
 
-pytestmark = pytest.mark.broker
+broker = pytest.mark.broker
 
 NOW = datetime(2026, 11, 21, 3, 14, tzinfo=timezone.utc)
 
@@ -43,6 +46,7 @@ def workload(kafka_bootstrap):
     return names, table
 
 
+@broker
 def test_committed_group_has_exact_offsets_and_lag(workload):
     names, table = workload
     rows = rows_by_key(table)
@@ -52,6 +56,7 @@ def test_committed_group_has_exact_offsets_and_lag(workload):
     assert got == {0: (10, 10, 0), 1: (5, 20, 15), 2: (5, 5, 0)}
 
 
+@broker
 def test_partial_commit_gives_null_offsets_for_uncommitted_partitions(workload):
     names, table = workload
     rows = rows_by_key(table)
@@ -63,12 +68,14 @@ def test_partial_commit_gives_null_offsets_for_uncommitted_partitions(workload):
         assert row["log_end_offset"] == {1: 20, 2: 5}[p]
 
 
+@broker
 def test_commit_above_end_offset_is_lag_zero(workload):
     names, table = workload
     row = rows_by_key(table)[(names["above"], names["topic"], 0)]
     assert (row["committed_offset"], row["log_end_offset"], row["lag"]) == (12, 10, 0)
 
 
+@broker
 def test_empty_group_has_zero_members_and_no_owner(workload):
     names, table = workload
     for row in table.to_pylist():
@@ -77,6 +84,7 @@ def test_empty_group_has_zero_members_and_no_owner(workload):
         assert row["member_id"] is None and row["host"] is None and row["client_id"] is None
 
 
+@broker
 def test_snapshot_metadata_columns(workload):
     names, table = workload
     rows = table.to_pylist()
@@ -84,14 +92,17 @@ def test_snapshot_metadata_columns(workload):
     assert {r["cluster"] for r in rows} == {"local"}
     assert {r["snapshot_ts"] for r in rows} == {NOW}
     assert all(r["log_start_offset"] == 0 for r in rows)
+    assert {r["read_error"] for r in rows} == {None}  # every read succeeded
 
 
+@broker
 def test_pattern_matching_nothing_is_an_empty_snapshot(kafka_bootstrap):
     table = collect_snapshot(admin_client(kafka_bootstrap), "local", "no-such-group-.*", NOW)
     assert table.num_rows == 0
     assert "committed_offset" in table.column_names
 
 
+@broker
 def test_pattern_is_matched_in_full(kafka_bootstrap, workload):
     names, _ = workload
     # A prefix of a group id is not a match.
@@ -99,6 +110,7 @@ def test_pattern_is_matched_in_full(kafka_bootstrap, workload):
     assert table.num_rows == 0
 
 
+@broker
 def test_deleted_topic_rows_are_dropped_and_other_topics_kept(kafka_bootstrap, unique):
     kept, doomed, group = unique("kept"), unique("doomed"), unique("mixed")
     for topic in (kept, doomed):
@@ -116,6 +128,7 @@ def test_deleted_topic_rows_are_dropped_and_other_topics_kept(kafka_bootstrap, u
     assert sorted(r["lag"] for r in table.to_pylist()) == [2, 3]
 
 
+@broker
 def test_commit_below_log_start_keeps_the_row(kafka_bootstrap, unique, monkeypatch):
     # Tansu cannot DeleteRecords (shared/STACK.md), so retention is simulated by
     # raising the log start offset the real broker reports for one partition.
@@ -136,6 +149,7 @@ def test_commit_below_log_start_keeps_the_row(kafka_bootstrap, unique, monkeypat
     assert (row["log_start_offset"], row["committed_offset"], row["lag"]) == (6, 2, 8)
 
 
+@broker
 def test_live_group_owner_and_membership(kafka_bootstrap, unique):
     from confluent_kafka import Consumer
 
@@ -164,3 +178,65 @@ def test_live_group_owner_and_membership(kafka_bootstrap, unique):
         # Tansu answers STABLE with an empty member list: membership is unknown, not zero.
         assert {r["group_members"] for r in rows} == {None}
         assert {r["member_id"] for r in rows} == {None}
+
+
+# -- group states and group patterns (no broker) ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "reported, expected",
+    [
+        # Every ConsumerGroupState confluent-kafka 2.16.1 defines (its names end in -ING).
+        *[(state, {"UNKNOWN": "UNKNOWN", "PREPARING_REBALANCING": "PREPARING_REBALANCE",
+                   "COMPLETING_REBALANCING": "COMPLETING_REBALANCE", "STABLE": "STABLE", "DEAD": "DEAD",
+                   "EMPTY": "EMPTY"}[state.name]) for state in ConsumerGroupState],
+        # Kafka's own spellings, KIP-848 consumer groups' ASSIGNING/RECONCILING included: a
+        # client that passes them through must not turn a live state into UNKNOWN.
+        ("PreparingRebalance", "PREPARING_REBALANCE"),
+        ("CompletingRebalance", "COMPLETING_REBALANCE"),
+        ("Assigning", "ASSIGNING"),
+        ("Reconciling", "RECONCILING"),
+        ("Stable", "STABLE"),
+        # Contract 1's names map to themselves.
+        *[(name, name) for name in GROUP_STATES],
+        # Only what nobody can name is UNKNOWN.
+        (None, "UNKNOWN"),
+        ("Rebooting", "UNKNOWN"),
+    ],
+)
+def test_group_states_map_to_contract_names(reported, expected):
+    assert group_state_name(reported) == expected
+
+
+def test_catastrophic_pattern_matches_in_linear_time():
+    # With backtracking, (a+)+$ took 160 s per sample against a 31-character group id
+    # that almost matches; RE2 answers at once (the suite's timeout would catch a hang).
+    pattern = compile_group_pattern("(a+)+$")
+    assert pattern.fullmatch("a" * 31) is not None
+    assert pattern.fullmatch("a" * 30 + "!") is None
+
+
+@pytest.mark.parametrize(
+    "pattern, message",
+    [
+        ("orders-[", "invalid --groups regex 'orders-[': missing ]: ["),
+        (r"(a)\1", r"invalid --groups regex '(a)\\1': invalid escape sequence: \1 (RE2 syntax: no backreferences or lookaround)"),
+        ("(?=orders)o.*", "invalid --groups regex '(?=orders)o.*': invalid perl operator: (?= (RE2 syntax"),
+        ("a" * 1001, "invalid --groups regex '" + "a" * 57 + "...': 1001 characters, at most 1000"),
+    ],
+)
+def test_bad_group_patterns_fail_with_one_line_naming_the_problem(pattern, message):
+    with pytest.raises(ValueError) as err:
+        compile_group_pattern(pattern, what="--groups")
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("pattern, group, matches", [
+    (None, "anything", True),
+    ("", "anything", True),
+    ("orders-.*", "orders-eu", True),
+    ("orders-.*", "legacy-orders-eu", False),  # matched in full, not searched
+    ("orders", "orders-eu", False),
+])
+def test_group_pattern_matches_the_whole_id(pattern, group, matches):
+    assert (compile_group_pattern(pattern).fullmatch(group) is not None) is matches

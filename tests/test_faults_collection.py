@@ -3,73 +3,30 @@ never a vanished group), a retried run samples nothing twice, and a broker that
 dies between samples leaves the samples already taken intact and one clear line.
 
 Failures the embedded broker cannot be made to produce (a coordinator still
-loading, a ListOffsets timeout, a refused describe) come from `FailingAdmin`:
-the real AdminClient talking to the real broker, with the chosen futures
-replaced by failed ones, as librdkafka hands them back.
+loading, a ListOffsets timeout, a refused describe) come from `FailingAdmin`
+(tests/fixtures/failing_admin.py): the real AdminClient talking to the real
+broker, with the chosen futures replaced by failed ones.
 """
 
 from __future__ import annotations
 
 import re
 import threading
-from concurrent.futures import Future
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
 
 from lagdoctor import orchestration, store
 from lagdoctor.collector import CollectionError, collect_snapshot
 from lagdoctor.kafka_clients import admin_client
 from lagdoctor.settings import Settings
 from lagdoctor.workload import commit_offsets, create_topic, produce_counts
+from tests.fixtures.failing_admin import FailingAdmin
 
 pytestmark = pytest.mark.broker
 
 NOW = datetime(2026, 11, 21, 3, 14, tzinfo=timezone.utc)
-
-
-def failed(code: int) -> Future:
-    fut: Future = Future()
-    fut.set_exception(KafkaException(KafkaError(code)))
-    return fut
-
-
-class FailingAdmin:
-    """The real AdminClient, with chosen futures failing. Everything else is delegated."""
-
-    def __init__(self, admin, *, offset_fetch=(), describe=(), end_offsets=(), description=None):
-        self._admin = admin
-        self._offset_fetch, self._describe, self._end_offsets = set(offset_fetch), set(describe), set(end_offsets)
-        self._description = description or {}
-
-    def __getattr__(self, name):
-        return getattr(self._admin, name)
-
-    def list_consumer_group_offsets(self, requests, **kwargs):
-        futures = self._admin.list_consumer_group_offsets(requests, **kwargs)
-        return {g: failed(KafkaError.COORDINATOR_LOAD_IN_PROGRESS) if g in self._offset_fetch else f
-                for g, f in futures.items()}
-
-    def describe_consumer_groups(self, group_ids, **kwargs):
-        futures = self._admin.describe_consumer_groups(group_ids, **kwargs)
-        out = {}
-        for g, f in futures.items():
-            if g in self._describe:
-                out[g] = failed(KafkaError.GROUP_AUTHORIZATION_FAILED)
-            elif g in self._description:
-                out[g] = Future()
-                out[g].set_result(self._description[g])
-            else:
-                out[g] = f
-        return out
-
-    def list_offsets(self, request, **kwargs):
-        futures = self._admin.list_offsets(request, **kwargs)
-        return {tp: failed(KafkaError._TIMED_OUT)
-                if (tp.topic, tp.partition) in self._end_offsets and type(request[tp]).__name__ == "LatestSpec"
-                else f for tp, f in futures.items()}
 
 
 def by_group(table):

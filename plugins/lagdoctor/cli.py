@@ -67,7 +67,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     from lagdoctor.settings import Settings
     from lagdoctor.store import write_snapshot
 
-    compile_group_pattern(args.groups)  # a bad regex fails before any network call
+    compile_group_pattern(args.groups, what="--groups")  # a bad regex fails before any network call
     if args.samples < 1:
         raise CommandError("--samples must be at least 1")
     if args.interval_seconds < 0:
@@ -80,26 +80,31 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         table = collect_snapshot(admin, args.cluster, args.groups, now, bootstrap=bootstrap)
         path = write_snapshot(table, output, args.cluster, now)
         groups = len(set(table.column("group_id").to_pylist()))
-        print(f"sample {sample + 1}/{args.samples}: {table.num_rows} rows, {groups} groups -> {path}", flush=True)
+        failed = sum(1 for e in table.column("read_error").to_pylist() if e)
+        unknown = f", {failed} rows with read errors (offsets unknown, see read_error)" if failed else ""
+        print(f"sample {sample + 1}/{args.samples}: {table.num_rows} rows, {groups} groups{unknown} -> {path}",
+              flush=True)
         if sample + 1 < args.samples:
             time.sleep(max(0.0, args.interval_seconds - (time.monotonic() - started)))
     return 0
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    import re
-
     from lagdoctor.collector import collect_snapshot
-    from lagdoctor.describe import render_describe
+    from lagdoctor.describe import read_errors_line, render_describe
 
     bootstrap, admin = _admin(args)
-    table = collect_snapshot(admin, "describe", re.escape(args.group), bootstrap=bootstrap)
+    table = collect_snapshot(admin, "describe", None, bootstrap=bootstrap, group_ids=[args.group])
     rows = table.to_pylist()
     if not rows:
         raise CommandError(f"consumer group {args.group!r} does not exist or has no offsets at {bootstrap}")
+    print(render_describe(rows))
+    errors = read_errors_line(rows)
+    if errors:
+        # The table is printed with "-" for what is unknown; the exit status says it is incomplete.
+        return _fail(f"group {args.group!r} at {bootstrap}: {errors}")
     if rows[0]["group_members"] == 0:
         print(f"Consumer group '{args.group}' has no active members.", file=sys.stderr)
-    print(render_describe(rows))
     return 0
 
 
@@ -157,7 +162,8 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lagdoctor", description="Kafka consumer lag diagnosis.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log details to stderr")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="log details to stderr (-vv: librdkafka's own log lines too)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker in the foreground")
@@ -210,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rest and args.command != "diagnose":
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.ERROR,
+        level={0: logging.ERROR, 1: logging.INFO}.get(args.verbose, logging.DEBUG),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     from lagdoctor.collector import CollectionError
