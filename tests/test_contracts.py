@@ -89,3 +89,36 @@ def test_output_fields_match_the_page(heading, constant):
 def test_dag_ids_match_the_page():
     section = _section(_page(), "## 5. DAGs")
     assert set(re.findall(r"^\| `(kafka_\w+)`", section, flags=re.M)) == {contracts.SWEEP_DAG_ID, contracts.INCIDENT_DAG_ID}
+
+
+def page_optional_columns() -> list[str]:
+    section = _section(_page(), "## 1. Offset snapshot")
+    start = section.index("Optional columns a reader must tolerate")
+    paragraph = section[start: section.index("\n\n", start)]
+    return re.findall(r"`(\w+)`", paragraph)
+
+
+def test_optional_columns_extend_the_page_and_never_redefine_it():
+    ours = {name: (t, nullable) for name, t, nullable in contracts.SNAPSHOT_OPTIONAL_COLUMNS}
+    # Every optional column the page names is known here ...
+    assert set(page_optional_columns()) <= set(ours)
+    # ... and anything added is an optional, nullable extension, never a contract column again.
+    assert all(nullable for _, nullable in ours.values())
+    assert not set(ours) & set(contracts.SNAPSHOT_COLUMN_NAMES)
+    assert ours["read_error"] == ("string", True)
+
+
+def test_writer_schema_is_the_contract_with_offsets_nullable_only_for_read_errors():
+    """The collector writes contract 1's columns, in order and with their types; only the
+    two offsets a failed ListOffsets leaves unknown are declared nullable, then the extras."""
+    from lagdoctor.collector import snapshot_schema
+
+    contract = contracts.snapshot_arrow_schema()
+    written = snapshot_schema()
+    assert written.names[: len(contract)] == contract.names
+    assert written.names[len(contract):] == ["leader_broker", "read_error"]
+    for f in contract:
+        w = written.field(f.name)
+        assert w.type == f.type
+        assert w.nullable == (f.nullable or f.name in contracts.SNAPSHOT_NULL_ON_READ_ERROR)
+    assert set(contracts.SNAPSHOT_NULL_ON_READ_ERROR) == {"log_start_offset", "log_end_offset"}

@@ -205,3 +205,22 @@ def test_broker_killed_between_samples(kafka_env, tmp_path, monkeypatch, unique,
         broker.stop()
     # librdkafka's own lines (%3|FAIL|...) went to the debug logger, not to stderr.
     assert "%3|" not in capfd.readouterr().err
+
+
+def test_airflow_connection_client_says_cannot_authenticate_and_keeps_stderr_clean(
+        kafka_bootstrap, embedded_only, monkeypatch, capfd):
+    """The client built from an Airflow `kafka` connection (the provider hook's) is routed
+    like the CLI's: one line saying authentication failed, no librdkafka lines on stderr."""
+    import json
+
+    from lagdoctor.kafka_clients import airflow_admin_client
+
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_SASL", json.dumps({"conn_type": "kafka", "extra": {
+        "bootstrap.servers": kafka_bootstrap, "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+        "sasl.username": "lagdoctor", "sasl.password": "hunter2-not-to-be-printed"}}))
+    admin = airflow_admin_client("kafka_sasl")
+    with pytest.raises(CollectionError) as err:
+        collect_snapshot(admin, "kafka_sasl", None, NOW, bootstrap=kafka_bootstrap)
+    assert str(err.value).startswith(f"cannot authenticate to Kafka at {kafka_bootstrap}: ")
+    assert "\n" not in str(err.value) and "hunter2" not in str(err.value)
+    assert "%3|" not in capfd.readouterr().err
