@@ -37,7 +37,9 @@ def test_job_writes_findings_and_status_for_every_group(tmp_path):
     out = tmp_path / "out"
     proc = run_job(store, out)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(os.listdir(out)) == ["findings.jsonl", "partition_status.jsonl"]  # no temp files left
+    # no temp files left; nothing quarantined
+    assert sorted(os.listdir(out)) == ["findings.jsonl", "partition_status.jsonl", "quarantined.jsonl"]
+    assert (out / "quarantined.jsonl").read_text() == ""
 
     findings = read_jsonl(out / "findings.jsonl")
     for f in findings:
@@ -80,19 +82,21 @@ def test_bad_input_exits_non_zero_with_one_line(tmp_path):
     no_column = tmp_path / "no_column"
     no_column.mkdir()
     pq.write_table(seeds_incident_table().drop_columns(["group_state"]), no_column / "a.parquet")
-    corrupt = tmp_path / "corrupt"
-    corrupt.mkdir()
-    (corrupt / "a.parquet").write_bytes(b"PAR1" + b"\0" * 64)
+    # a corrupt file given as the input itself (not a store to quarantine in): named, not moved
+    corrupt = tmp_path / "corrupt.parquet"
+    corrupt.write_bytes(b"PAR1" + b"\0" * 64)
     empty = tmp_path / "empty"
     empty.mkdir()
     cases = {
         "missing": (tmp_path / "does-not-exist", "does not exist"),
         "no_column": (no_column, "group_state"),
-        "corrupt": (corrupt, str(corrupt / "a.parquet")),
+        "corrupt": (corrupt, str(corrupt)),
+        "bad-regex": (empty, "invalid --groups regex"),
         "empty": (empty, None),
     }
     with ThreadPoolExecutor(len(cases)) as pool:  # four JVMs at once: the slow part is their start
-        futures = {name: pool.submit(run_job, path, tmp_path / f"out-{name}") for name, (path, _) in cases.items()}
+        futures = {name: pool.submit(run_job, path, tmp_path / f"out-{name}", *(["--groups", "(a+"] if name ==
+                                     "bad-regex" else [])) for name, (path, _) in cases.items()}
         results: dict[str, subprocess.CompletedProcess] = {name: f.result() for name, f in futures.items()}
 
     for name, (_, needle) in cases.items():
@@ -101,6 +105,7 @@ def test_bad_input_exits_non_zero_with_one_line(tmp_path):
             assert proc.returncode == 0, proc.stderr
             out = tmp_path / f"out-{name}"
             assert (out / "findings.jsonl").read_text() == "" == (out / "partition_status.jsonl").read_text()
+            assert (out / "quarantined.jsonl").read_text() == ""
             continue
         assert proc.returncode != 0, name
         # Java 17 prints one start-up notice ("Using incubator modules"); besides it, one line
@@ -108,3 +113,5 @@ def test_bad_input_exits_non_zero_with_one_line(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("diagnose_lag: error:") and needle in lines[0], (
             name, proc.stderr)
         assert not (tmp_path / f"out-{name}" / "findings.jsonl").exists()
+    assert corrupt.exists()  # nothing moved
+    assert results["bad-regex"].returncode == 2  # before the JVM starts

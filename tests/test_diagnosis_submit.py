@@ -27,6 +27,14 @@ def test_command_follows_contract_2(tmp_path):
     assert not any("__pycache__" in n for n in names)
 
 
+def test_scoped_run_flags():
+    from lagdoctor.diagnosis.submit import job_arguments
+
+    assert job_arguments("s", "o", groups="orders-.*", topic="orders") == [
+        "--snapshots", "s", "--output", "o", "--groups", "orders-.*", "--topic", "orders"]
+    assert "--groups" not in job_arguments("s", "o")  # a sweep is unscoped
+
+
 def test_environment_puts_this_interpreter_first(tmp_path):
     from lagdoctor.diagnosis.submit import spark_submit_env
 

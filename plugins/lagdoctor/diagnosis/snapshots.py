@@ -33,7 +33,8 @@ _FOLDER_ONLY_COLUMNS = ("date",)
 # behind the row succeeded). Added here until contracts.py lists it.
 READ_ERROR_COLUMN = ("read_error", "string", True)
 QUARANTINE_DIR = "_quarantine"
-# A group-level read failure whose topics are unknown is one row with these.
+# A group-level read failure whose topics are unknown is one row with these
+# (contracts.GROUP_ROW_TOPIC / GROUP_ROW_PARTITION).
 GROUP_MARKER_TOPIC, GROUP_MARKER_PARTITION = "", -1
 
 
@@ -227,6 +228,10 @@ def inspect_file(fs, f: StoreFile, contract_types: dict[str, Any]):
 
         return read
 
+    names = [column.name for column in schema]
+    twice = sorted({n for n in names if names.count(n) > 1 and n in contract_types})
+    if twice:  # Spark refuses the whole read (COLUMN_ALREADY_EXISTS)
+        return None, f"column {twice[0]} appears more than once"
     keep = []
     for column in schema:
         target = contract_types.get(column.name)
