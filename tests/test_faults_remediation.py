@@ -116,8 +116,8 @@ def statuses(log: ActionLog) -> list[tuple[str, str]]:
 def test_two_runs_racing_one_restart_patch_the_deployment_once(log, k8s, how):
     k8s.hold_answers()
     cfg = config_for(k8s)
-    results = race(how, [("restart_consumers", crashed(), "run-a", cfg), ("restart_consumers", crashed(), "run-b", cfg)],
-                   k8s=k8s, in_flight=1)
+    calls = [("restart_consumers", crashed(), run, cfg) for run in ("run-a", "run-b")]
+    results = race(how, calls, k8s=k8s, in_flight=1)
 
     assert len(k8s.writes()) == 1, "the Deployment was restarted twice"
     (winner,) = [run for run, rec in results.items() if rec["status"] == "executed"]
@@ -133,7 +133,19 @@ def test_two_runs_racing_one_restart_patch_the_deployment_once(log, k8s, how):
     assert retry == results[loser] and len(k8s.writes()) == 1
 
 
-def test_racing_runs_never_pass_the_hourly_cap(log, k8s):
+@pytest.mark.parametrize("how", ["processes", "threads, slow database"])
+def test_racing_runs_never_pass_the_hourly_cap(log, k8s, how, monkeypatch):
+    if how != "processes":
+        # A slow database between reading the history and writing `started`: every run
+        # reads the history while the others are still deciding, unless claims take turns.
+        read = ActionLog.attempts_since
+
+        def slow_read(self, *args, **kwargs):
+            rows = read(self, *args, **kwargs)
+            time.sleep(0.5)
+            return rows
+
+        monkeypatch.setattr(ActionLog, "attempts_since", slow_read)
     groups = [f"g{i}" for i in range(4)]
     for g in groups:
         k8s.add_deployment("shop", g, replicas=1)
@@ -141,7 +153,7 @@ def test_racing_runs_never_pass_the_hourly_cap(log, k8s):
                      deployments={g: {"namespace": "shop", "name": g} for g in groups})
     calls = [("restart_consumers", crashed(g), f"run-{g}", cfg) for g in groups]
     k8s.hold_answers()  # two patches in flight: both count while the other two runs decide
-    results = race("processes", calls, k8s=k8s, in_flight=2)
+    results = race(how.split(",")[0], calls, k8s=k8s, in_flight=2)
 
     assert len(k8s.writes()) == 2
     assert sorted(r["status"] for r in results.values()) == ["blocked", "blocked", "executed", "executed"]
@@ -239,7 +251,8 @@ def test_dry_runs_in_the_race_take_no_lease_and_change_nothing(log, k8s):
     assert len(k8s.requests) == 1
     assert lease_rows(log) == []
     # And they count against nothing: only the real restart is in the cooldown's history.
-    assert [(r["run_id"], r["outcome"]) for r in log.attempts_since(T0 - timedelta(hours=1))] == [("run-real", "executed")]
+    counted = log.attempts_since(T0 - timedelta(hours=1))
+    assert [(r["run_id"], r["outcome"]) for r in counted] == [("run-real", "executed")]
 
 
 # ------------------------------------------------------------ the Kafka action, on the embedded broker

@@ -118,7 +118,8 @@ GUARDRAIL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("config,history,group,action,target,rule,why", GUARDRAIL_CASES, ids=[c[6] for c in GUARDRAIL_CASES])
+@pytest.mark.parametrize("config,history,group,action,target,rule,why", GUARDRAIL_CASES,
+                         ids=[c[6] for c in GUARDRAIL_CASES])
 def test_guardrail_rules(config, history, group, action, target, rule, why):
     verdict = check_guardrails(cluster="prod", group_id=group, action=action, config=config, history=history, now=T0,
                                target=target)
