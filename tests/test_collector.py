@@ -220,7 +220,8 @@ def test_catastrophic_pattern_matches_in_linear_time():
     "pattern, message",
     [
         ("orders-[", "invalid --groups regex 'orders-[': missing ]: ["),
-        (r"(a)\1", r"invalid --groups regex '(a)\\1': invalid escape sequence: \1 (RE2 syntax: no backreferences or lookaround)"),
+        (r"(a)\1",
+         r"invalid --groups regex '(a)\\1': invalid escape sequence: \1 (RE2 syntax: no backreferences or lookaround)"),
         ("(?=orders)o.*", "invalid --groups regex '(?=orders)o.*': invalid perl operator: (?= (RE2 syntax"),
         ("a" * 1001, "invalid --groups regex '" + "a" * 57 + "...': 1001 characters, at most 1000"),
     ],
