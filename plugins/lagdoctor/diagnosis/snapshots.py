@@ -26,6 +26,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from lagdoctor.contracts import SNAPSHOT_COLUMN_NAMES, SNAPSHOT_COLUMNS, SNAPSHOT_OPTIONAL_COLUMNS
+from lagdoctor.contracts import GROUP_ROW_PARTITION as GROUP_MARKER_PARTITION
+from lagdoctor.contracts import GROUP_ROW_TOPIC as GROUP_MARKER_TOPIC
 
 # Hive folder columns that are not part of the contract (date=YYYY-MM-DD).
 _FOLDER_ONLY_COLUMNS = ("date",)
@@ -33,9 +35,8 @@ _FOLDER_ONLY_COLUMNS = ("date",)
 # behind the row succeeded). Added here until contracts.py lists it.
 READ_ERROR_COLUMN = ("read_error", "string", True)
 QUARANTINE_DIR = "_quarantine"
-# A group-level read failure whose topics are unknown is one row with these
-# (contracts.GROUP_ROW_TOPIC / GROUP_ROW_PARTITION).
-GROUP_MARKER_TOPIC, GROUP_MARKER_PARTITION = "", -1
+# GROUP_MARKER_TOPIC / GROUP_MARKER_PARTITION: the one row ("", -1) of a group
+# whose read failed before its topics were known (contracts.GROUP_ROW_*).
 
 
 class SnapshotInputError(ValueError):
@@ -116,7 +117,7 @@ def store_filesystem(path: str):
             return fsspec.filesystem("file"), os.path.abspath(local_path(path))
         fs, fs_path = fsspec.core.url_to_fs(_fsspec_url(path))
         return fs, fs_path
-    except (ImportError, ValueError):
+    except (ImportError, ValueError, OSError):  # no s3fs, no libhdfs, unknown scheme
         return None
 
 
@@ -268,8 +269,11 @@ def inspect_store(path: str, days: tuple[date, date] | None = None) -> StoreInsp
     files = list_store_files(fs, inspection.root, uri_root, days)
     types = _contract_arrow_types()
     readable: list[tuple[StoreFile, tuple]] = []
-    for f in files:
-        columns, problem = inspect_file(fs, f, types)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:  # footers are small reads: latency-bound, above all on object stores
+        results = list(pool.map(lambda f: inspect_file(fs, f, types), files))
+    for f, (columns, problem) in zip(files, results):
         if problem:
             inspection.bad.append(BadFile(f, problem))
         else:
