@@ -44,8 +44,9 @@ def form_env(monkeypatch, tmp_path):
 
 
 BAD_FORMS = [
-    pytest.param({"group_pattern": "("}, r"^group_pattern: ", id="regex that does not compile"),
-    pytest.param({"group_pattern": "(a+)+$" * 200}, r"^group_pattern: .*1,?000", id="pattern over 1,000 chars"),
+    pytest.param({"group_pattern": "("}, r"^invalid group_pattern regex '\(': ", id="regex that does not compile"),
+    pytest.param({"group_pattern": "(a+)+$" * 200}, r"^invalid group_pattern regex .*1,?000",
+                 id="pattern over 1,000 chars"),
     pytest.param({"thresholds": {"warn_lag": 10}}, r"^thresholds\.warn_lag: unknown threshold; known: warning_lag, ",
                  id="unknown threshold"),
     pytest.param({"thresholds": {"warning_lag": "abc"}}, r"^thresholds\.warning_lag: expected a number, got 'abc'$",
@@ -76,7 +77,7 @@ def test_a_bad_form_fails_in_the_first_task_once_with_one_line(airflow_db, incid
     (task_id, kind, message), *_ = failures
     assert (task_id, kind) == ("validate_params", "AirflowFailException")
     assert re.search(line, message), message
-    assert "\n" not in message and len(message) < 400
+    assert "\n" not in message and len(message) < 1000
     assert time.monotonic() - started < 60  # no retry delay was waited
 
 
