@@ -156,6 +156,7 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
         return orchestration.take_snapshots(
             form["cluster"], _run_id(), group_pattern=form["group_pattern"], topic=form["topic"],
             samples=int(form["samples"]), interval_s=float(form["interval_seconds"]),
+            dag_id=get_current_context()["dag"].dag_id,
         )
 
     @task(execution_timeout=TIMEOUTS["prepare_diagnosis"])
