@@ -165,6 +165,10 @@ def test_slack_down_queues_everything_then_says_so_in_one_line(slack_connection,
     assert re.fullmatch(r"Slack: 3 message\(s\) not delivered, kept in the outbox: .+", message), message
     assert "\n" not in message and "xoxb-" not in message
     assert slack_connection.posts == []
+    # One round of slack-sdk's retries for the whole task, not one per message:
+    # a sweep with many findings must not spend its time limit on a dead Slack.
+    attempts = [r for r in slack_connection.requests if r.method == "chat.postMessage"]
+    assert len(attempts) == 1 + 2  # the first send and ServerErrorRetryHandler's two retries
 
     slack_connection.heal()
     assert deliver_pending(settings)["undelivered"] == 0

@@ -71,14 +71,15 @@ def kafka_admin(conn_id: str) -> tuple[Any, str]:
     bare install works against the embedded broker; any other id must exist.
     """
     from lagdoctor.connections import connection_exists
-    from lagdoctor.kafka_clients import admin_client, resolve_bootstrap
+    from lagdoctor.kafka_clients import admin_client, airflow_admin_client, resolve_bootstrap
 
     if connection_exists(conn_id):
-        from airflow.providers.apache.kafka.hooks.client import KafkaAdminClientHook
+        from airflow.sdk.bases.hook import BaseHook
 
-        hook = KafkaAdminClientHook(kafka_config_id=conn_id)
-        bootstrap = hook.get_connection(conn_id).extra_dejson.get("bootstrap.servers", conn_id)
-        return hook.get_conn, str(bootstrap)
+        bootstrap = BaseHook.get_connection(conn_id).extra_dejson.get("bootstrap.servers", conn_id)
+        # The provider's client (callbacks, MSK IAM), with librdkafka's own log
+        # lines kept out of the task log and auth failures named as such.
+        return airflow_admin_client(conn_id), str(bootstrap)
     if conn_id != DEFAULT_KAFKA_CONN_ID:
         raise ValueError(f"no Airflow connection {conn_id!r} of type kafka")
     try:
@@ -317,12 +318,16 @@ def prepare_diagnosis(
     group_pattern: str | None = None,
     topic: str | None = None,
     dag_id: str | None = None,
+    as_of: datetime | None = None,
     settings: Settings | None = None,
 ) -> dict[str, Any]:
     """Arguments for the SparkSubmitOperator, built at run time (the package zip too).
 
     `group_pattern`/`topic` scope the job: an incident run writes findings only
     for the groups it was asked about, never a verdict on everyone else.
+    `as_of` (default: now, after this run's samples were written) ends the
+    window, so the job opens only the date folders the window reaches instead
+    of every file's footer in a week of history.
     """
     import os
     import sys
@@ -339,8 +344,8 @@ def prepare_diagnosis(
     return {
         "application": default_job_script(),
         "py_files": build_package_zip(work_dir),
-        "args": job_arguments(snapshots, output, window_minutes=window_minutes,
-                              thresholds=check_thresholds(thresholds), **scope),
+        "args": job_arguments(snapshots, output, as_of=(as_of or datetime.now(timezone.utc)).isoformat(),
+                              window_minutes=window_minutes, thresholds=check_thresholds(thresholds), **scope),
         "output": output,
         "python": sys.executable,
         "spark_submit": str(Path(bindir) / "spark-submit"),
@@ -558,23 +563,24 @@ def post_findings(
     Everything is handed to the notify layer first; only then, if Slack kept
     messages back (they wait in the outbox), SlackUndelivered says how many.
     """
-    from lagdoctor.notify.incidents import post_incident_run, post_or_update_incident
+    from lagdoctor.notify.incidents import delivery_batch, post_incident_run, post_or_update_incident
 
     items = read_plans(plans_path)
     results: list[Mapping[str, Any]] = []
-    notice = post_quarantine_notice(plans_path.rstrip("/").rsplit("/", 1)[0], settings=settings)
-    if notice is not None:
-        results.append(notice)
-    if incident_scope is not None:
-        result = post_incident_run(items, run_id=run_id, scope=incident_scope, settings=settings)
-        results.append(result)
-        summary = {"problems": result["problems"], "findings": result["findings"]}
-    else:
-        summary = {}
-        for item in items:
-            result = post_or_update_incident(item["finding"], item["plan"], run_id=run_id, settings=settings)
+    with delivery_batch():  # Slack down: queue everything, retry it once, not once per finding
+        notice = post_quarantine_notice(plans_path.rstrip("/").rsplit("/", 1)[0], settings=settings)
+        if notice is not None:
+            results.append(notice)
+        if incident_scope is not None:
+            result = post_incident_run(items, run_id=run_id, scope=incident_scope, settings=settings)
             results.append(result)
-            summary[result["decision"]] = summary.get(result["decision"], 0) + 1
+            summary = {"problems": result["problems"], "findings": result["findings"]}
+        else:
+            summary = {}
+            for item in items:
+                result = post_or_update_incident(item["finding"], item["plan"], run_id=run_id, settings=settings)
+                results.append(result)
+                summary[result["decision"]] = summary.get(result["decision"], 0) + 1
     log.info("slack: %s", summary)
     raise_if_undelivered(results)
     return summary
@@ -628,16 +634,16 @@ def remediate(
     `approved=None` where an action needs approval records it `awaiting_approval`
     and posts how to act: the sweep proposes, it never waits for a human.
     """
-    from lagdoctor.notify.incidents import post_action_result
+    from lagdoctor.notify.incidents import delivery_batch, post_action_result
     from lagdoctor.remediation import RemediationFailed, run_action
 
     statuses: dict[str, int] = {}
     failures: list[str] = []
     posted: list[Mapping[str, Any]] = []
-    for item in read_plans(plans_path):
-        for planned in item["plan"]["actions"]:
-            if planned["action"] != action:
-                continue
+    planned_items = [(item, planned) for item in read_plans(plans_path)
+                     for planned in item["plan"]["actions"] if planned["action"] == action]
+    with delivery_batch():
+        for item, planned in planned_items:
             try:
                 record = run_action(
                     action, item["finding"], run_id=run_id, dry_run=dry_run, approved=approved,

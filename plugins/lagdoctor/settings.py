@@ -48,13 +48,5 @@ class Settings:
         return join(self.data_root, "findings")
 
     @property
-    def actions_log(self) -> str:
-        return join(self.data_root, "actions", "actions.jsonl")
-
-    @property
-    def incidents_root(self) -> str:
-        return join(self.data_root, "incidents")
-
-    @property
     def reports_root(self) -> str:
         return join(self.data_root, "reports")

@@ -13,10 +13,12 @@ goes out with the next call; the caller decides whether the task fails.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import re
+from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import sqlalchemy as sa
 
@@ -56,15 +58,38 @@ def _state_db(settings: Any):
     return state_db(settings)
 
 
+# Set inside delivery_batch() once Slack failed: the batch's later messages are
+# queued without another round of retries (each costs seconds while Slack is down).
+_batch_failure: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("slack_batch_failure",
+                                                                                    default=None)
+
+
+@contextmanager
+def delivery_batch() -> Iterator[None]:
+    """A task posting many messages: after the first delivery failure, queue the
+    rest and stop trying until the batch ends (the next run delivers them)."""
+    token = _batch_failure.set([])
+    try:
+        yield
+    finally:
+        _batch_failure.reset(token)
+
+
 def _deliver(db, settings: Any, sender: Sender | None, now: datetime | None) -> dict[str, Any]:
     """Send what is pending; a broken Slack setup is reported like an outage, never raised."""
+    failed = _batch_failure.get()
+    if failed:
+        return {"undelivered": outbox.pending_count(db), "delivery_error": failed[0]}
     try:
         sender = sender or slack_sender(settings=settings)
     except Exception as exc:  # noqa: BLE001 - e.g. a malformed slack_api_default connection
-        return {"undelivered": outbox.pending_count(db), "delivery_error": one_line(exc)}
-    result = outbox.deliver_pending(db, sender, now=now).summary()
+        result = {"undelivered": outbox.pending_count(db), "delivery_error": one_line(exc)}
+    else:
+        result = outbox.deliver_pending(db, sender, now=now).summary()
     if result["delivery_error"]:
         log.warning("Slack: %d message(s) wait in the outbox: %s", result["undelivered"], result["delivery_error"])
+        if failed is not None:
+            failed.append(result["delivery_error"])
     return result
 
 
