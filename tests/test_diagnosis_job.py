@@ -3,28 +3,15 @@ each costs a JVM start (about 20-40 s on two cores)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.fixtures.spark import read_jsonl, run_job
+
 pytestmark = pytest.mark.spark
-
-QUICK = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"}
-
-
-def run_job(snapshots, output, *extra, timeout=300):
-    from lagdoctor.diagnosis.submit import run_diagnosis_process
-
-    return run_diagnosis_process(str(snapshots), str(output), master="local[2]", extra_args=list(extra),
-                                 conf=QUICK, timeout=timeout)
-
-
-def read_jsonl(path):
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh]
 
 
 def test_job_writes_findings_and_status_for_every_group(tmp_path):

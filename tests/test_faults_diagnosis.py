@@ -17,22 +17,11 @@ from datetime import timedelta
 
 import pytest
 
+from tests.fixtures.spark import read_jsonl, run_job
+
 pytestmark = pytest.mark.spark
 
-QUICK = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"}
 DAY = "cluster=prod/date=2026-11-21"
-
-
-def run_job(snapshots, output, *extra, timeout=300):
-    from lagdoctor.diagnosis.submit import run_diagnosis_process
-
-    return run_diagnosis_process(str(snapshots), str(output), master="local[2]", extra_args=list(extra),
-                                 conf=QUICK, timeout=timeout)
-
-
-def read_jsonl(path):
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh]
 
 
 def stderr_lines(proc):

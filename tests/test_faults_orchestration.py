@@ -181,23 +181,6 @@ def test_slack_down_queues_everything_then_says_so_in_one_line(slack_connection,
     assert len(slack_connection.posts) == 3
 
 
-@pytest.fixture
-def crashed_group(kafka_bootstrap, unique):
-    """A group with no live consumer while records keep arriving: its runbook restarts consumers."""
-    from lagdoctor.workload import SteadyProducer, commit_offsets, create_topic, produce_counts
-
-    topic, group = unique("mail"), unique("mailer")
-    create_topic(kafka_bootstrap, topic, 2)
-    produce_counts(kafka_bootstrap, topic, {0: 50, 1: 50})
-    commit_offsets(kafka_bootstrap, group, topic, {0: 40, 1: 40})
-    producer = SteadyProducer(kafka_bootstrap, topic, [0, 1], rate_per_partition=50).start()
-    try:
-        time.sleep(2)
-        yield topic, group
-    finally:
-        producer.stop()
-
-
 @pytest.mark.broker
 @pytest.mark.spark
 def test_slack_down_fails_the_run_but_remediation_still_decides(

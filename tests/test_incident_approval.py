@@ -5,32 +5,15 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import pytest
 
 from lagdoctor.contracts import INCIDENT_DAG_ID
-from lagdoctor.workload import SteadyProducer, commit_offsets, create_topic, produce_counts
 from tests.fixtures.airflow import answer_approval
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.airflow]
 
 APPROVAL_TASK = "remediate_restart_consumers.approve"
-
-
-@pytest.fixture
-def crashed_group(kafka_bootstrap, unique):
-    """A group whose consumers are gone (EMPTY) while records keep arriving."""
-    topic, group = unique("mail"), unique("mailer")
-    create_topic(kafka_bootstrap, topic, 2)
-    produce_counts(kafka_bootstrap, topic, {0: 50, 1: 50})
-    commit_offsets(kafka_bootstrap, group, topic, {0: 40, 1: 40})
-    producer = SteadyProducer(kafka_bootstrap, topic, [0, 1], rate_per_partition=50).start()
-    try:
-        time.sleep(2)
-        yield topic, group
-    finally:
-        producer.stop()
 
 
 @pytest.fixture
