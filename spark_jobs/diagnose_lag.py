@@ -33,6 +33,9 @@ def parse_args(argv):
     parser.add_argument("--window-minutes", type=float, default=None, metavar="N")
     parser.add_argument("--groups", default=None, metavar="REGEX", help="RE2, matched in full against group_id")
     parser.add_argument("--topic", default=None, metavar="NAME")
+    parser.add_argument("--quarantine", action="store_true",
+                        help="move files that cannot be read to <snapshots>/_quarantine/ and diagnose the rest "
+                             "(without it such a file fails the job, and nothing under --snapshots is moved)")
     for f in fields(Thresholds):
         parser.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None, dest=f.name)
     args = parser.parse_args(argv)
@@ -79,7 +82,7 @@ def main(argv=None) -> int:
     try:
         # extract
         read = read_snapshot_store(spark, args.snapshots, datetime.now(timezone.utc),
-                                   days=window_days(as_of, args.window_minutes))
+                                   days=window_days(as_of, args.window_minutes), quarantine=args.quarantine)
         for q in read.quarantined:
             print_error_line(f"diagnose_lag: WARNING: quarantined {q['path']} ({q['reason']}); moved to {q['moved_to']}")
         snapshots = scope_snapshots(read.snapshots, groups, args.topic)

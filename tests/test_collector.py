@@ -93,6 +93,8 @@ def test_snapshot_metadata_columns(workload):
     assert {r["snapshot_ts"] for r in rows} == {NOW}
     assert all(r["log_start_offset"] == 0 for r in rows)
     assert {r["read_error"] for r in rows} == {None}  # every read succeeded
+    # ...so the file carries contract 1's schema to the letter: the log offsets are not null
+    assert not table.schema.field("log_end_offset").nullable and not table.schema.field("log_start_offset").nullable
 
 
 @broker

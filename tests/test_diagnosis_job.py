@@ -74,19 +74,31 @@ def test_bad_input_exits_non_zero_with_one_line(tmp_path):
     corrupt.write_bytes(b"PAR1" + b"\0" * 64)
     empty = tmp_path / "empty"
     empty.mkdir()
+    # a store whose every file is unreadable is the user's input gone wrong, not one poison file:
+    # it fails, even when asked to quarantine, and nothing is moved
+    all_bad = tmp_path / "all_bad" / "cluster=prod" / "date=2026-11-21"
+    all_bad.mkdir(parents=True)
+    (all_bad / "only.parquet").write_bytes(b"PAR1" + b"\0" * 64)
+    # without --quarantine a bad file in a good store fails the job and stays where it is
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    pq.write_table(seeds_incident_table(), mixed / "good.parquet")
+    (mixed / "bad.parquet").write_bytes(b"PAR1" + b"\0" * 64)
     cases = {
-        "missing": (tmp_path / "does-not-exist", "does not exist"),
-        "no_column": (no_column, "group_state"),
-        "corrupt": (corrupt, str(corrupt)),
-        "bad-regex": (empty, "invalid --groups regex"),
-        "empty": (empty, None),
+        "missing": (tmp_path / "does-not-exist", "does not exist", []),
+        "no_column": (no_column, "group_state", []),
+        "corrupt": (corrupt, str(corrupt), []),
+        "all-bad": (tmp_path / "all_bad", "could be read", ["--quarantine"]),
+        "mixed-no-flag": (mixed, "bad.parquet", []),
+        "bad-regex": (empty, "invalid --groups regex", ["--groups", "(a+"]),
+        "empty": (empty, None, []),
     }
-    with ThreadPoolExecutor(len(cases)) as pool:  # four JVMs at once: the slow part is their start
-        futures = {name: pool.submit(run_job, path, tmp_path / f"out-{name}", *(["--groups", "(a+"] if name ==
-                                     "bad-regex" else [])) for name, (path, _) in cases.items()}
+    with ThreadPoolExecutor(4) as pool:  # JVMs side by side: the slow part is their start
+        futures = {name: pool.submit(run_job, path, tmp_path / f"out-{name}", *extra)
+                   for name, (path, _, extra) in cases.items()}
         results: dict[str, subprocess.CompletedProcess] = {name: f.result() for name, f in futures.items()}
 
-    for name, (_, needle) in cases.items():
+    for name, (_, needle, _) in cases.items():
         proc = results[name]
         if needle is None:  # empty input is not an error: empty outputs
             assert proc.returncode == 0, proc.stderr
@@ -101,4 +113,6 @@ def test_bad_input_exits_non_zero_with_one_line(tmp_path):
             name, proc.stderr)
         assert not (tmp_path / f"out-{name}" / "findings.jsonl").exists()
     assert corrupt.exists()  # nothing moved
+    assert (all_bad / "only.parquet").exists() and (mixed / "bad.parquet").exists()
+    assert not (tmp_path / "all_bad" / "_quarantine").exists() and not (mixed / "_quarantine").exists()
     assert results["bad-regex"].returncode == 2  # before the JVM starts

@@ -341,9 +341,11 @@ def test_a_failed_read_at_the_end_is_incomplete_not_healthy_ok(frame):
     assert failed["summary"] == ("Incomplete data: 1 read failed (partition 1: committed offsets: timed out); "
                                  "consumers keep up: lag 40 across 2 partitions, 200 msg/s consumed of 200 produced")
     rows_by = {(s["group_id"], s["partition"]): s for s in status}
-    assert (rows_by[("failed", 1)]["lag"], rows_by[("failed", 1)]["read_error"]) == (
-        None, "committed offsets: timed out")
-    assert (rows_by[("fine", 1)]["lag"], rows_by[("fine", 1)]["read_error"]) == (20, None)
+    # contract 2's int lag: the last known value, flagged unknown
+    failed_row, fine_row = rows_by[("failed", 1)], rows_by[("fine", 1)]
+    assert (failed_row["lag"], failed_row["lag_unknown"], failed_row["read_error"]) == (
+        20, True, "committed offsets: timed out")
+    assert (fine_row["lag"], fine_row["lag_unknown"], fine_row["read_error"]) == (20, False, None)
 
 
 def test_a_log_offset_failure_keeps_the_row_and_the_known_lag(frame):

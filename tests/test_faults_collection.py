@@ -86,7 +86,9 @@ def test_failed_offset_fetch_with_a_known_assignment_gives_unknown_rows_per_part
 def test_failed_end_offset_read_keeps_the_row_with_the_offsets_unknown(kafka_bootstrap, lagging):
     topic, hit, calm, pattern = lagging
     admin = FailingAdmin(admin_client(kafka_bootstrap), end_offsets={(topic, 1)})
-    groups = by_group(collect_snapshot(admin, "prod", pattern, NOW, bootstrap=kafka_bootstrap))
+    table = collect_snapshot(admin, "prod", pattern, NOW, bootstrap=kafka_bootstrap)
+    assert table.schema.field("log_end_offset").nullable  # null, beside a read_error, only where a read failed
+    groups = by_group(table)
     for group, committed in ((hit, 5), (calm, 1)):
         p0, p1 = groups[group]
         assert p0["read_error"] is None and p0["log_end_offset"] == 5

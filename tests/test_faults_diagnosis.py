@@ -84,7 +84,7 @@ def faulty_store(tmp_path_factory):
 @pytest.fixture(scope="module")
 def first_run(faulty_store, tmp_path_factory):
     out = tmp_path_factory.mktemp("out-first")
-    return run_job(faulty_store, out), out
+    return run_job(faulty_store, out, "--quarantine"), out
 
 
 def test_bad_files_are_quarantined_and_the_rest_diagnosed(faulty_store, first_run):
@@ -129,8 +129,8 @@ def test_a_failed_offset_read_is_never_healthy_ok(first_run):
     assert ev["lag_unknown_partitions"] == [1] and ev["lag"] == 100  # partition 1's last known 50, not 0
     assert payments["summary"].startswith("Incomplete data: 1 read failed (partition 1: committed offsets: ")
     status = {s["partition"]: s for s in read_jsonl(out / "partition_status.jsonl") if s["group_id"] == "payments"}
-    assert status[1]["lag"] is None and status[1]["read_error"] == "committed offsets: KafkaError{code=_TIMED_OUT}"
-    assert status[0]["lag"] == 50 and status[0]["read_error"] is None
+    assert (status[1]["lag"], status[1]["lag_unknown"]) == (50, True) and status[1]["read_error"] == "committed offsets: KafkaError{code=_TIMED_OUT}"
+    assert (status[0]["lag"], status[0]["lag_unknown"]) == (50, False) and status[0]["read_error"] is None
 
 
 def test_log_end_offset_going_backwards_is_a_warning(first_run):
@@ -147,7 +147,7 @@ def test_a_scoped_rerun_moves_nothing_more_and_writes_only_the_asked_groups(faul
     first, _ = first_run  # the store as the first run left it
     assert first.returncode == 0, first.stderr
     out = tmp_path / "out-scoped"
-    proc = run_job(faulty_store, out, "--groups", "orders-.*|payments")
+    proc = run_job(faulty_store, out, "--quarantine", "--groups", "orders-.*|payments")
     assert proc.returncode == 0, proc.stderr
     assert stderr_lines(proc) == [] and read_jsonl(out / "quarantined.jsonl") == []
     assert sorted(os.listdir(faulty_store / "_quarantine" / DAY)) == [

@@ -254,3 +254,20 @@ def test_a_message_slack_refuses_for_itself_does_not_block_the_ones_after_it(set
     assert "slow_consumer for group orders" in posted.body["text"]
     assert [r.body.get("text") for r in server.requests] == ["", posted.body["text"]]  # never retried
     assert "no_text" in caplog.text
+
+
+def test_a_reply_whose_channel_was_archived_goes_top_level_and_blocks_nothing(settings, slack_connection):
+    """Threads outlive channels: a reply Slack cannot place must not hold every later message back."""
+    server = slack_connection
+    post_or_update_incident(finding("orders"), run_id="r1", now=T0)
+    (root,) = server.posts
+    # The thread's channel (by the id Slack gave it) is archived; the configured one still works.
+    server.archived.add("C0LAGDOC")
+    reply = post_action_result(action("orders"))
+    later = post_or_update_incident(finding("payments", "crashed_consumer", "critical"), run_id="r1", now=T0)
+    assert reply["undelivered"] == 0 and later["undelivered"] == 0
+    _, moved, other = server.posts
+    assert "thread_ts" not in moved.body and "scale" in moved.body["text"]  # top-level, in the default channel
+    assert moved.body["channel"] != "C0LAGDOC"
+    assert "crashed_consumer for group payments" in other.body["text"]
+    assert pending_messages(ThreadStore().db) == []

@@ -48,23 +48,23 @@ def test_retention_keeps_a_week_of_history_for_the_longest_window_plus_a_grace_d
     assert days[7].exists() and days[8].exists() and not days[9].exists()
 
 
-def test_retention_never_deletes_a_run_still_writing_its_outputs(tmp_path):
+def test_retention_keeps_a_run_still_writing_and_removes_an_abandoned_one(tmp_path):
+    """A job writing its outputs now has fresh files, however unfinished; a folder a failed
+    job left a month ago (no findings.jsonl ever) must not be kept forever."""
     settings = Settings(data_root=str(tmp_path))
     running = tmp_path / "findings" / "kafka_lag_incident__manual-1"
     running.mkdir(parents=True)
-    (running / "_temporary").mkdir()
     (running / "quarantined.jsonl").write_text("")
-    report = tmp_path / "reports" / "kafka_lag_incident__manual-1"
+    abandoned = tmp_path / "findings" / "kafka_lag_incident__manual-0"
+    abandoned.mkdir(parents=True)
+    (abandoned / "quarantined.jsonl").write_text("")
+    report = tmp_path / "reports" / "kafka_lag_incident__manual-0"
     report.mkdir(parents=True)
     (report / "a.html").write_text("x")
-    done = tmp_path / "findings" / "kafka_lag_health_sweep__old-1"
-    done.mkdir(parents=True)
-    (done / "findings.jsonl").write_text("{}\n")
-    (done / "partition_status.jsonl").write_text("{}\n")
-    for d in (running, report, done):
+    for d in (abandoned, report):
         _age(d, 30)
-    assert orchestration.prune_history(settings=settings) == 1
-    assert running.exists() and report.exists() and not done.exists()
+    assert orchestration.prune_history(settings=settings) == 2
+    assert running.exists() and not abandoned.exists() and not report.exists()
 
 
 @pytest.mark.parametrize("run_id", ["..", ".", "a/../../b", "/etc/passwd", "", "a" * 500,

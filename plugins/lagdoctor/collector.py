@@ -39,7 +39,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from lagdoctor.contracts import GROUP_ROW_PARTITION, GROUP_ROW_TOPIC, snapshot_writer_schema
+from lagdoctor.contracts import (
+    GROUP_ROW_PARTITION,
+    GROUP_ROW_TOPIC,
+    SNAPSHOT_NULL_ON_READ_ERROR,
+    snapshot_writer_schema,
+)
 from lagdoctor.kafka_clients import error_text, failure_message, forget_errors
 
 log = logging.getLogger(__name__)
@@ -387,12 +392,17 @@ def collect_snapshot(
                     leader_broker=leader_of.get(key),
                     read_error="; ".join(errors) or None,
                 )
-    return pa.Table.from_pydict(rows, schema=snapshot_schema())
+    table = pa.Table.from_pydict(rows, schema=snapshot_schema())
+    if all(table[name].null_count == 0 for name in SNAPSHOT_NULL_ON_READ_ERROR):
+        # Every read succeeded: the file carries contract 1's schema to the letter.
+        table = table.cast(snapshot_schema(strict=True))
+    return table
 
 
-def snapshot_schema():
-    """The schema collect_snapshot returns and the store writes."""
-    return snapshot_writer_schema(*WRITTEN_OPTIONAL_COLUMNS)
+def snapshot_schema(strict: bool = False):
+    """The schema collect_snapshot returns and the store writes: with `strict`,
+    contract 1's exactly; else the log offsets may be null beside a read_error."""
+    return snapshot_writer_schema(*WRITTEN_OPTIONAL_COLUMNS, strict=strict)
 
 
 def _append(rows: dict[str, list[Any]], **values: Any) -> None:

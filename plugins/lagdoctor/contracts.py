@@ -134,14 +134,15 @@ def snapshot_arrow_schema(include_optional: bool = False):
     return pa.schema([pa.field(name, types[t], nullable=n) for name, t, n in cols])
 
 
-def snapshot_writer_schema(*optional: str):
+def snapshot_writer_schema(*optional: str, strict: bool = False):
     """The Parquet schema the collector writes: contract 1, then the named optional
-    columns, with SNAPSHOT_NULL_ON_READ_ERROR nullable (null only beside a read_error)."""
+    columns, with SNAPSHOT_NULL_ON_READ_ERROR nullable (null only beside a
+    read_error) unless `strict` (a snapshot whose every read succeeded)."""
     import pyarrow as pa
 
     base = snapshot_arrow_schema(include_optional=True)
     fields = [
-        f.with_nullable(True) if f.name in SNAPSHOT_NULL_ON_READ_ERROR else f
+        f.with_nullable(True) if f.name in SNAPSHOT_NULL_ON_READ_ERROR and not strict else f
         for f in base
         if f.name in SNAPSHOT_COLUMN_NAMES or f.name in optional
     ]

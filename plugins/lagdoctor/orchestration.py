@@ -269,12 +269,11 @@ def prune_history(keep_days: int = SNAPSHOT_RETENTION_DAYS, settings: Settings |
 
     Never less than the longest window a diagnosis may read plus a grace day:
     a 7-day incident diagnosis running now must not lose its oldest files
-    mid-read. A run folder without its finished outputs belongs to a job that
-    may still be writing: it is kept whatever its age (and its report folder too).
+    mid-read. A run folder goes only when its newest file is older than that
+    too; a job still writing one (its time limit is 30 minutes) is far younger.
     """
     import fsspec
 
-    from lagdoctor.contracts import FINDINGS_FILE, PARTITION_STATUS_FILE
     from lagdoctor.store import prune_snapshots
 
     settings = settings or Settings.from_env()
@@ -282,20 +281,12 @@ def prune_history(keep_days: int = SNAPSHOT_RETENTION_DAYS, settings: Settings |
     keep_days = max(keep_days, math.ceil(MAX_WINDOW_MINUTES / 1440) + RETENTION_GRACE_DAYS)
     removed = prune_snapshots(settings.snapshots_root, keep_days, now)
     cutoff = now.timestamp() - keep_days * 86400
-    fs, findings_base = fsspec.core.url_to_fs(settings.findings_root)
-    unfinished: set[str] = set()
-    if fs.exists(findings_base):
-        for run_dir in fs.ls(findings_base, detail=True):
-            names = {f["name"].rstrip("/").rsplit("/", 1)[-1] for f in fs.ls(run_dir["name"], detail=True)} \
-                if run_dir["type"] == "directory" else set()
-            if run_dir["type"] == "directory" and not {FINDINGS_FILE, PARTITION_STATUS_FILE} <= names:
-                unfinished.add(run_dir["name"].rstrip("/").rsplit("/", 1)[-1])
     for root in (settings.findings_root, settings.reports_root):
         fs, path = fsspec.core.url_to_fs(root)
         if not fs.exists(path):
             continue
         for run_dir in fs.ls(path, detail=True):
-            if run_dir["type"] != "directory" or run_dir["name"].rstrip("/").rsplit("/", 1)[-1] in unfinished:
+            if run_dir["type"] != "directory":
                 continue
             stamps = [f.get("mtime") or f.get("LastModified") for f in fs.ls(run_dir["name"], detail=True)]
             newest = max((s.timestamp() if hasattr(s, "timestamp") else float(s) for s in stamps if s), default=None)
@@ -345,7 +336,8 @@ def prepare_diagnosis(
         "application": default_job_script(),
         "py_files": build_package_zip(work_dir),
         "args": job_arguments(snapshots, output, as_of=(as_of or datetime.now(timezone.utc)).isoformat(),
-                              window_minutes=window_minutes, thresholds=check_thresholds(thresholds), **scope),
+                              window_minutes=window_minutes, thresholds=check_thresholds(thresholds),
+                              quarantine=True, **scope),
         "output": output,
         "python": sys.executable,
         "spark_submit": str(Path(bindir) / "spark-submit"),

@@ -48,8 +48,9 @@ incident_threads = sa.Table(
     "incident_threads", metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("cluster", sa.String(255), nullable=False),
-    sa.Column("group_id", sa.String(512), nullable=False),
-    sa.Column("topic", sa.String(512), nullable=False),
+    # Text: Kafka allows group ids far longer than any VARCHAR we would pick.
+    sa.Column("group_id", sa.Text, nullable=False),
+    sa.Column("topic", sa.Text, nullable=False),
     sa.Column("diagnosis", sa.String(64), nullable=False),
     sa.Column("status", sa.String(16), nullable=False),  # open | closed
     sa.Column("data", sa.JSON, nullable=False),

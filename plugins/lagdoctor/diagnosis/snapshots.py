@@ -353,16 +353,23 @@ def read_snapshots(spark, path: str, *, days: tuple[date, date] | None = None):
 
 
 def read_snapshot_store(spark, path: str, now: datetime, *, days: tuple[date, date] | None = None,
-                        job: str = "diagnose_lag") -> StoreRead:
-    """Like read_snapshots, but files that cannot be read are quarantined, not fatal.
+                        job: str = "diagnose_lag", quarantine: bool = True) -> StoreRead:
+    """Like read_snapshots, but with `quarantine` files that cannot be read are
+    moved aside, not fatal (the DAGs ask for it; a bare job run moves nothing).
 
-    `now` stamps the reason files. A missing required column in every file
-    is still a SnapshotInputError (nothing is moved then).
+    `now` stamps the reason files. Nothing is moved, and SnapshotInputError
+    names a file, when no file could be read at all (a wrong path or a wrong
+    schema everywhere is the user's input, not one poison file) or when a
+    required column is missing from every file.
     """
     check_input_path(path)
     inspection = inspect_store(path, days)
     if inspection is None:
         return StoreRead(_read_with_spark(spark, path), [])
+    if inspection.bad and (not quarantine or not inspection.groups):
+        first = inspection.bad[0]
+        everywhere = "" if inspection.groups else f" (no file under {path} could be read)"
+        raise SnapshotInputError(f"cannot read snapshot file {first.file.uri}: {first.reason}{everywhere}")
     quarantined = [quarantine_file(inspection, bad, now, job) for bad in inspection.bad]
     return StoreRead(_read_groups(spark, inspection), quarantined)
 

@@ -6,8 +6,9 @@ the per-partition features (each carries its last `status_window`
 snapshots): no shuffle, and it scales out with the partitions. Never on the
 hot path: it sees partitions x status_window rows, not the history.
 
-A partition whose lag at the end is unknown (a failed read) reports lag null
-and its `read_error`; a group-level failure row (topic "", partition -1) is
+A partition whose lag at the end is unknown (a failed read) reports its last
+known lag (contract 2 types it as an int) with `lag_unknown: true` and its
+`read_error`; a group-level failure row (topic "", partition -1) is
 not a partition and gets no status row (its finding says it).
 """
 
@@ -22,7 +23,7 @@ STATUS_DDL = (
     "cluster string, group_id string, topic string, partition int, status string, lag long, "
     "time_lag_seconds double, consume_rate double, produce_rate double, time_lag_lower_bound boolean, "
     "committed_offset long, log_end_offset long, member_id string, client_id string, host string, "
-    "read_error string"
+    "read_error string, lag_unknown boolean"
 )
 _ACTIVE_STATES = ("STABLE", "PREPARING_REBALANCE", "COMPLETING_REBALANCE", "ASSIGNING", "RECONCILING")
 
@@ -93,8 +94,9 @@ def evaluate_batches(batches, now_ms: int, allowed_lag: int, window_len: int):
             )
         out = pdf[list(PARTITION_KEY)].copy()
         out["status"] = statuses
-        # unknown is never zero: null when the last read of this partition failed
-        out["lag"] = pdf["lag_end"].where(~pdf["lag_end_unknown"].astype("bool")).astype("Int64")
+        # contract 2 types lag as int: the last known lag, flagged when the last read failed
+        out["lag"] = pdf["lag_end"].astype("Int64")
+        out["lag_unknown"] = pdf["lag_end_unknown"].astype("bool")
         out["time_lag_seconds"] = pdf["time_lag_seconds"].astype("float64").round(3)
         out["consume_rate"] = pdf["consume_rate"].astype("float64").round(3)
         out["produce_rate"] = pdf["produce_rate"].astype("float64").round(3)

@@ -93,6 +93,7 @@ def job_arguments(
     thresholds: Mapping[str, object] | None = None,
     groups: str | None = None,
     topic: str | None = None,
+    quarantine: bool = False,
 ) -> list[str]:
     """The job's own arguments (contract 2), e.g. for SparkSubmitOperator(application_args=...).
 
@@ -108,6 +109,8 @@ def job_arguments(
         args += ["--groups", str(groups)]
     if topic is not None:
         args += ["--topic", str(topic)]
+    if quarantine:
+        args.append("--quarantine")
     for name, value in (thresholds or {}).items():
         args += ["--" + name.replace("_", "-"), str(value)]
     return args

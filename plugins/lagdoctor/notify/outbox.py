@@ -35,6 +35,7 @@ from typing import Any, Mapping, Sequence
 import sqlalchemy as sa
 
 from lagdoctor.notify.redact import one_line
+from lagdoctor.notify.slack import PLACE_ERRORS
 from lagdoctor.state import StateDB, slack_messages, utcnow
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,9 @@ log = logging.getLogger(__name__)
 PENDING, SENT, REJECTED = "pending", "sent", "rejected"
 OUTBOX_LEASE = "slack-outbox"
 # Renewed before every message; a worker that died frees the outbox after this long.
-LEASE_TTL = timedelta(seconds=90)
+# Longer than one send can take (slack-sdk's retries honour Retry-After, and a
+# 30 s client timeout), so a live worker never loses it mid-send.
+LEASE_TTL = timedelta(minutes=5)
 # How long a caller waits for another worker's delivery to finish before giving up.
 LEASE_WAIT_S = 45.0
 BATCH = 50
@@ -144,7 +147,10 @@ def deliver_pending(db: StateDB, sender: Any, *, now: datetime | None = None,
             if not rows:
                 break
             for row in rows:
-                db.acquire_lease(OUTBOX_LEASE, holder, LEASE_TTL)
+                if not db.acquire_lease(OUTBOX_LEASE, holder, LEASE_TTL):
+                    # Our lease ran out and another worker took over: it sends the rest.
+                    error = "Slack outbox: another worker took over delivery"
+                    break
                 error = _send_one(db, sender, dict(row), now=now)
                 if error is not None:
                     break
@@ -172,6 +178,15 @@ def _send_one(db: StateDB, sender: Any, row: dict[str, Any], *, now: datetime | 
         posted = sender.post(text=row["text"], blocks=row["blocks"] or [], thread_ts=thread_ts, channel=channel)
     except Exception as exc:  # noqa: BLE001 - any failure leaves the row pending, never lost
         error = one_line(exc)
+        if getattr(exc, "reason", None) in PLACE_ERRORS and (thread_ts or row["channel"]):
+            # The thread's channel is gone or closed to us: a reply that waits for it
+            # would hold every later message back. Send it top-level instead.
+            log.warning("Slack: message %s cannot go to its thread (%s); sending it top-level", row["id"], error)
+            with db.transaction() as conn:
+                conn.execute(sa.update(slack_messages).where(slack_messages.c.id == row["id"]).values(
+                    channel=None, thread_ts=None, parent_id=None, last_error=error,
+                    attempts=slack_messages.c.attempts + 1))
+            return _send_one(db, sender, {**row, "channel": None, "thread_ts": None, "parent_id": None}, now=now)
         rejected = bool(getattr(exc, "rejected", False))
         with db.transaction() as conn:
             conn.execute(sa.update(slack_messages).where(slack_messages.c.id == row["id"]).values(

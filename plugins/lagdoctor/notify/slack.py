@@ -37,6 +37,9 @@ CLIENT_LOGGER = "lagdoctor.notify.slack_client"
 # marks the message rejected instead of letting it block every later one).
 MESSAGE_ERRORS = frozenset({"invalid_blocks", "invalid_blocks_format", "msg_too_long", "no_text",
                             "too_many_attachments", "invalid_attachments", "markdown_text_conflict"})
+# Errors about where a message goes: a thread's channel archived or left since
+# the thread was opened. The outbox re-sends such a reply top-level.
+PLACE_ERRORS = frozenset({"is_archived", "channel_not_found", "not_in_channel", "thread_not_found"})
 
 
 class SlackDeliveryError(RuntimeError):
@@ -45,9 +48,10 @@ class SlackDeliveryError(RuntimeError):
     ``rejected`` is true when Slack refused this message for what it is
     (``MESSAGE_ERRORS``), false for outages, rate limits and configuration."""
 
-    def __init__(self, message: str, *, rejected: bool = False) -> None:
+    def __init__(self, message: str, *, rejected: bool = False, reason: str | None = None) -> None:
         super().__init__(message)
         self.rejected = rejected
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -122,7 +126,8 @@ class ProviderSlackSender:
             error = getattr(getattr(exc, "response", None), "data", None)
             reason = error.get("error") if isinstance(error, dict) else None
             message = f"Slack API error: {reason}" if reason else exc
-            raise SlackDeliveryError(one_line(message, self._token()), rejected=reason in MESSAGE_ERRORS) from None
+            raise SlackDeliveryError(one_line(message, self._token()), rejected=reason in MESSAGE_ERRORS,
+                                     reason=reason) from None
         return Posted(channel=str(response["channel"]), ts=str(response["ts"]))
 
 

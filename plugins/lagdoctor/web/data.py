@@ -454,8 +454,8 @@ def read_history(
             continue
         for row in rows:
             key = (row["cluster"], row["group_id"], row["topic"])
-            if key not in out:
-                continue
+            if key not in out or row["log_end_offset"] is None:
+                continue  # a failed read (read_error) is a gap in the chart, never a zero
             p = int(row["partition"])
             h = out[key].partitions.get(p)
             if h is None:
@@ -465,7 +465,7 @@ def read_history(
             h.log_end.append(int(row["log_end_offset"]))
             h.committed.append(row["committed_offset"])
             lag = row["lag"]
-            if lag is None and row["committed_offset"] is not None:
+            if lag is None and row["committed_offset"] is not None and not row.get("read_error"):
                 lag = max(0, row["log_end_offset"] - row["committed_offset"])
             h.lag.append(lag)
             h.committed_record_ts.append(parse_ts(row.get("committed_record_ts")))
