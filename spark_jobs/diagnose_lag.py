@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     from lagdoctor.diagnosis.classify import findings
     from lagdoctor.diagnosis.features import group_features, group_series, partition_features
     from lagdoctor.diagnosis.output import print_error_line, write_findings, write_partition_status, write_quarantined
-    from lagdoctor.diagnosis.session import start_spark
+    from lagdoctor.diagnosis.session import right_size_shuffle, start_spark
     from lagdoctor.diagnosis.snapshots import read_snapshot_store, resolve_window, scope_snapshots, select_window
     from lagdoctor.diagnosis.status_job import partition_status
 
@@ -85,6 +85,8 @@ def main(argv=None) -> int:
                                    days=window_days(as_of, args.window_minutes), quarantine=args.quarantine)
         for q in read.quarantined:
             print_error_line(f"diagnose_lag: WARNING: quarantined {q['path']} ({q['reason']}); moved to {q['moved_to']}")
+        # no 200-task stages on kilobytes: shuffle width from the bytes read (unless the user set it)
+        right_size_shuffle(spark, read.input_bytes)
         snapshots = scope_snapshots(read.snapshots, groups, args.topic)
         window = resolve_window(snapshots, as_of, args.window_minutes)
         if window is None:

@@ -215,3 +215,36 @@ def test_only_day_folders_of_the_window_are_inspected(tmp_path):
     assert sorted(b.file.relative for b in inspection.bad) == [
         "cluster=prod/date=2026-11-20/a.parquet", "cluster=prod/date=2026-11-21/a.parquet"]
     assert len(inspect_store(str(tmp_path)).bad) == 3  # unbounded window: every day
+
+
+# -- right-sized shuffles (issue 9) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "input_bytes, cores, expected",
+    [
+        (0, 2, 4),                # empty store: still a few per core
+        (40_000, 2, 4),           # a sweep window of kilobytes: no 200-task stages
+        (89 * 2**20, 2, 6),       # 10M rows of zstd Parquet: one per 16 MiB
+        (89 * 2**20, 16, 32),     # same bytes on a 16-core cluster: a few per core wins
+        (10 * 2**40, 2, 2_000),   # huge: capped
+    ],
+)
+def test_shuffle_partitions_follow_input_size(input_bytes, cores, expected):
+    from lagdoctor.diagnosis.session import shuffle_partitions_for
+
+    assert shuffle_partitions_for(input_bytes, cores) == expected
+
+
+def test_store_read_reports_bytes_and_explicit_shuffle_setting_wins(spark, tmp_path):
+    from lagdoctor.diagnosis.session import right_size_shuffle
+    from lagdoctor.diagnosis.snapshots import read_snapshot_store
+
+    a = write(contract_table(), str(tmp_path / "cluster=prod" / "date=2026-11-21" / "a.parquet"))
+    b = write(contract_table(), str(tmp_path / "cluster=prod" / "date=2026-11-21" / "b.parquet"))
+    read = read_snapshot_store(spark, str(tmp_path), T0)
+    assert read.input_bytes == os.path.getsize(a) + os.path.getsize(b)
+    # the test session was started with spark.sql.shuffle.partitions=4: the user's value stays
+    assert right_size_shuffle(spark, read.input_bytes) is None
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "4"
+    assert spark.conf.get("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning") == "true"

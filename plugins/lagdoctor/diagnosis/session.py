@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from typing import Mapping
@@ -20,6 +21,37 @@ _DEFAULT_CONF: dict[str, str] = {
     # snapshots.read_snapshot_store converts them to µs
     "spark.sql.legacy.parquet.nanosAsLong": "true",
 }
+
+# Adaptive execution that really coalesces small shuffles, also under cache():
+# without canChangeCachedPlanOutputPartitioning a cached plan keeps every one of
+# spark.sql.shuffle.partitions tasks. Set at runtime unless the user set them.
+_ADAPTIVE_CONF: dict[str, str] = {
+    "spark.sql.adaptive.enabled": "true",
+    "spark.sql.adaptive.coalescePartitions.enabled": "true",
+    "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true",
+}
+# Parquet bytes (zstd) per shuffle partition: about 128 MiB or more once decoded.
+BYTES_PER_SHUFFLE_PARTITION = 16 * 2**20
+PARTITIONS_PER_CORE = 2
+MAX_SHUFFLE_PARTITIONS = 2_000
+
+
+def shuffle_partitions_for(input_bytes: int, cores: int) -> int:
+    """A few partitions per core for small inputs, one per BYTES_PER_SHUFFLE_PARTITION for big ones."""
+    by_size = math.ceil(max(0, input_bytes) / BYTES_PER_SHUFFLE_PARTITION)
+    return max(PARTITIONS_PER_CORE * max(1, cores), min(by_size, MAX_SHUFFLE_PARTITIONS))
+
+
+def right_size_shuffle(spark, input_bytes: int | None) -> int | None:
+    """Set spark.sql.shuffle.partitions from the input's size (call before the first
+    action and before cache()). A value the user set (spark-submit --conf,
+    spark-defaults, start_spark's extra_conf) wins: returns None and changes nothing.
+    `cores` is the context's default parallelism (executor cores on a cluster)."""
+    if input_bytes is None or spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
+        return None
+    n = shuffle_partitions_for(input_bytes, spark.sparkContext.defaultParallelism)
+    spark.conf.set("spark.sql.shuffle.partitions", str(n))
+    return n
 
 
 def start_spark(
@@ -49,4 +81,9 @@ def start_spark(
         conf.setdefault("spark.log.level", log_level)
     for key, value in conf.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    given = spark.sparkContext.getConf()
+    for key, value in _ADAPTIVE_CONF.items():
+        if key not in conf and not given.contains(key):
+            spark.conf.set(key, value)
+    return spark

@@ -83,6 +83,7 @@ class StoreFile:
     uri: str
     relative: str
     folder_columns: tuple[str, ...] = ()
+    size: int = 0
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ def list_store_files(fs, root: str, uri_root: str, days: tuple[date, date] | Non
                     walk(entry["name"], rel)
             elif name.endswith(".parquet") or "." not in name:  # Spark writers name parts without a suffix
                 folders = tuple(p.split("=", 1)[0] for p in rel.split("/")[:-1] if "=" in p)
-                found.append(StoreFile(entry["name"], f"{uri_root}/{rel}", rel, folders))
+                found.append(StoreFile(entry["name"], f"{uri_root}/{rel}", rel, folders, int(entry.get("size") or 0)))
 
     walk(root, "")
     return found
@@ -332,6 +333,8 @@ class StoreRead:
 
     snapshots: Any
     quarantined: list[dict]
+    # bytes of the files read (None: the store was not listed here: a single file, or no fsspec filesystem)
+    input_bytes: int | None = None
 
 
 def read_snapshots(spark, path: str, *, days: tuple[date, date] | None = None):
@@ -371,7 +374,8 @@ def read_snapshot_store(spark, path: str, now: datetime, *, days: tuple[date, da
         everywhere = "" if inspection.groups else f" (no file under {path} could be read)"
         raise SnapshotInputError(f"cannot read snapshot file {first.file.uri}: {first.reason}{everywhere}")
     quarantined = [quarantine_file(inspection, bad, now, job) for bad in inspection.bad]
-    return StoreRead(_read_groups(spark, inspection), quarantined)
+    size = sum(f.size for files in inspection.groups.values() for f in files)
+    return StoreRead(_read_groups(spark, inspection), quarantined, size)
 
 
 def _spark_type(arrow_type: str):
