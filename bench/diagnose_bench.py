@@ -12,6 +12,7 @@ Target: 10M rows in <= 90 s with local[2] on a 2-core machine.
 
     .venv/bin/python bench/diagnose_bench.py --shape sweep         # 200 and 2,000 groups x 10 partitions
     .venv/bin/python bench/diagnose_bench.py --shape short-series  # ~10M rows, ~37k short series
+    .venv/bin/python bench/diagnose_bench.py --shape week          # the sweep window over 30 min vs 7 days of history
 
 --shape writes the store as lagdoctor.store.write_snapshot does (one file per
 sample under cluster=/date=), runs the job as the sweep DAG does (the cluster
@@ -167,10 +168,12 @@ def ensure_shape(root: Path, shape: str, groups: int, seed: int) -> tuple[Path, 
     shutil.rmtree(path, ignore_errors=True)
     t_gen = time.perf_counter()
     rng = np.random.default_rng(seed)
-    if shape == "sweep":
-        # the sweep's history: 3 samples 10 s apart every 5 minutes, 30 minutes of it (18 samples)
+    if shape in ("sweep", "week"):
+        # the sweep's history: 3 samples 10 s apart every 5 minutes; 30 minutes of it
+        # (18 samples), or a week of it (6,048 files) with the same 30-minute window
         partitions = np.full(groups, 10)
-        times = [SWEEP_START + timedelta(minutes=5 * r, seconds=10 * s) for r in range(6) for s in range(3)]
+        sweeps = 6 if shape == "sweep" else 12 * 24 * 7
+        times = [SWEEP_START + timedelta(minutes=5 * r, seconds=10 * s) for r in range(sweeps) for s in range(3)]
         rounds = [(t, np.ones(groups, dtype=bool)) for t in times]
         window = 30.0
     else:
@@ -236,6 +239,9 @@ def run_shapes(args, conf_base, env) -> int:
     cases = []
     if args.shape == "sweep":
         cases = [("sweep", g) for g in args.groups or [200, 2_000]]
+    elif args.shape == "week":
+        # the same 30-minute window over 30 minutes and over 7 days of stored history
+        cases = [(shape, g) for g in args.groups or [200] for shape in ("sweep", "week")]
     else:
         cases = [("short-series", g) for g in args.groups or [37_000]]
     results = []
@@ -286,7 +292,7 @@ def main(argv=None) -> int:
     parser.add_argument("--shuffle-partitions", default=None,
                         help="spark.sql.shuffle.partitions to pass (rows runs: 8 unless given; "
                              "--shape runs: nothing unless given, as the DAG passes nothing)")
-    parser.add_argument("--shape", choices=["sweep", "short-series"], default=None,
+    parser.add_argument("--shape", choices=["sweep", "week", "short-series"], default=None,
                         help="sweep: the sweep's 30-minute window of G groups x 10 partitions (G = 200, 2,000); "
                              "short-series: ~10M rows of ~37k groups with 30-60 samples each; "
                              "both also timed through DuckDB on the same files")
