@@ -418,3 +418,92 @@ def test_scoped_run_keeps_only_the_asked_groups_and_topic(frame):
     got = scope_snapshots(frame(rows), re2.compile("orders-.*"), "a").select("group_id", "topic").collect()
     assert sorted((r["group_id"], r["topic"]) for r in got) == [
         ("orders-eu", ""), ("orders-eu", "a"), ("orders-us", "a")]  # full match; the group's failure row stays
+
+
+# -- the Burrow evaluator in Spark SQL equals the Python reference ------------------------
+
+
+def _random_partition(rng):
+    """A status window as the features carry it, with the faults the evaluator must judge:
+    repeats, rewinds, null reads, commits past the log end, retention loss, rows after now."""
+    ts = 1_700_000_000_000_000 + rng.randrange(0, 10**9)
+    committed, leo, rows = rng.randrange(0, 1000), rng.randrange(1000, 5000), []
+    for _ in range(rng.randrange(0, 14)):
+        ts += rng.choice((1, 10, 30, 60, 600)) * 1_000_000 + rng.randrange(0, 999_999)
+        move = rng.random()
+        if move < 0.4:
+            committed += rng.randrange(1, 400)
+        elif move < 0.5:
+            committed -= rng.randrange(1, 800)  # a rewind
+        leo += rng.choice((0, 0, rng.randrange(1, 500)))
+        c = None if rng.random() < 0.12 else committed
+        e = None if rng.random() < 0.08 else leo
+        lag = rng.choice((None, 0, max(0, e - c) if e is not None and c is not None else None,
+                          rng.randrange(0, 3000)))
+        lso = rng.choice((None, 0, rng.randrange(0, 1200)))
+        rows.append({"snapshot_ts_us": ts, "committed_offset": c, "log_end_offset": e,
+                     "log_start_offset": lso, "lag": lag})
+    rng.shuffle(rows)  # collect_list gives no order
+    now_ms = (rows[rng.randrange(len(rows))]["snapshot_ts_us"] // 1000 + rng.choice((0, 1, 60_000, 3_600_000))
+              if rows else 1_700_000_000_000)
+    return {"status_window": rows, "now_ms": now_ms, "allowed_lag": rng.choice((0, 0, 100)),
+            "window_len": rng.choice((1, 2, 3, 10)), "group_members": rng.choice((None, 0, 3)),
+            "group_state": rng.choice(("STABLE", "EMPTY", "DEAD", "UNKNOWN", None)),
+            "offset_reset": rng.random() < 0.03}
+
+
+def _python_status(p):
+    from lagdoctor.status import REWIND, evaluate_partition
+
+    if p["offset_reset"]:
+        return REWIND
+    rows = [{**r, "snapshot_ts_ms": r["snapshot_ts_us"] // 1000} for r in p["status_window"]]
+    if not rows:
+        return "OK"
+    members, state = p["group_members"], p["group_state"]
+    has_members = members > 0 if members is not None else (True if state == "STABLE" else None)
+    return evaluate_partition(rows, p["now_ms"], allowed_lag=p["allowed_lag"], window_len=p["window_len"],
+                              group_has_members=has_members)
+
+
+def test_sql_evaluator_equals_the_python_reference_on_random_windows(spark):
+    """2,000 random windows (seeded): the job's Spark SQL status is evaluate_partition's, every time."""
+    import random
+
+    from pyspark.sql import types as T
+
+    from lagdoctor.diagnosis.status_job import evaluate_status
+
+    rng = random.Random(20261123)
+    cases = [_random_partition(rng) for _ in range(2_000)]
+    row_type = T.StructType([T.StructField(n, T.LongType()) for n in
+                             ("snapshot_ts_us", "committed_offset", "log_end_offset", "log_start_offset", "lag")])
+    schema = T.StructType([
+        T.StructField("case", T.IntegerType()), T.StructField("status_window", T.ArrayType(row_type)),
+        T.StructField("group_members", T.IntegerType()), T.StructField("group_state", T.StringType()),
+        T.StructField("offset_reset", T.BooleanType())])
+    # the evaluator takes now/allowed/window as constants: one frame per combination
+    mismatches, checked = [], 0
+    by_combo: dict = {}
+    for i, c in enumerate(cases):
+        by_combo.setdefault((c["allowed_lag"], c["window_len"]), []).append(i)
+    for (allowed, window_len), idx in by_combo.items():
+        # now varies per case: shift every case's times so that its own now maps to one shared now
+        shared_now = 1_800_000_000_000
+        rows = []
+        for i in idx:
+            c = cases[i]
+            shift = (shared_now - c["now_ms"]) * 1000
+            window = [{**r, "snapshot_ts_us": r["snapshot_ts_us"] + shift} for r in c["status_window"]]
+            rows.append((i, window, c["group_members"], c["group_state"], c["offset_reset"]))
+        df = spark.createDataFrame(rows, schema)
+        got = {r["case"]: r["status"] for r in
+               evaluate_status(df, shared_now, allowed, window_len).select("case", "status").collect()}
+        for i in idx:
+            checked += 1
+            expected = _python_status(cases[i])
+            if got[i] != expected:
+                mismatches.append((i, expected, got[i], cases[i]))
+    assert checked == len(cases)
+    assert not mismatches, f"{len(mismatches)} differ, e.g. {mismatches[:2]}"
+    assert {_python_status(c) for c in cases} >= {"OK", "WARN", "ERR", "STOP", "STALL", "REWIND"}
