@@ -8,7 +8,9 @@ modification time when a run has no run.json (a bare `lagdoctor diagnose`).
 A run with threshold overrides (run.json `threshold_overrides`, an incident
 run's experiment) is never exported.
 Folders that cannot be read (half written, bad JSON) are skipped and logged;
-the run before them keeps answering.
+the run before them keeps answering. Only the run index's candidate folders
+are read (lagdoctor.runindex): the same samples as from every folder, for a
+listing of the root per scrape.
 
 Names follow kafka-lag-exporter for lag (`kafka_consumergroup_group_*`, same
 labels, so its dashboards work) and Burrow for status codes (1 OK .. 6 REWIND,
@@ -21,8 +23,8 @@ With no runs at all the output is every family's HELP and TYPE and no samples:
 `lagdoctor_last_diagnosis_timestamp_seconds` is absent, not 0, so a staleness
 alert needs `absent(...)` beside its age test (docs/prometheus/).
 
-Nothing is imported beyond the standard library and fsspec (lazily), so the
-Airflow plugin can serve `render_metrics` as a route too.
+Nothing is imported beyond the standard library, fsspec and lagdoctor.runindex
+(lazily), so the Airflow plugin can serve `render_metrics` as a route too.
 """
 
 from __future__ import annotations
@@ -238,7 +240,33 @@ class RunCache:
 
 
 def read_runs(findings_root: str, cache: RunCache | None = None) -> list[DiagnosisRun]:
-    """Every readable run folder under `findings_root` (a path or URI); [] if there is none."""
+    """The readable run folders under `findings_root` (a path or URI) that can hold a
+    current verdict, from the run index (lagdoctor.runindex); [] if there is none.
+
+    The samples equal those of every folder (``read_all_runs``); a scrape costs
+    one listing of the root and, with `cache`, reads only candidate runs whose
+    files changed since the last scrape.
+    """
+    from lagdoctor.runindex import refresh
+
+    fs, root = _filesystem(findings_root)
+    if not fs.exists(root):
+        return []
+    index = refresh(findings_root)
+    cache = cache or RunCache()
+    runs, seen = [], set()
+    for name in index.candidates():
+        entry = index.folders[name]
+        seen.add(entry["name"].rstrip("/"))
+        run = cache.get(fs, entry)
+        if run is not None:
+            runs.append(run)
+    cache.forget_except(seen)
+    return runs
+
+
+def read_all_runs(findings_root: str, cache: RunCache | None = None) -> list[DiagnosisRun]:
+    """Every readable run folder under `findings_root`: what ``read_runs`` is checked against."""
     fs, root = _filesystem(findings_root)
     if not fs.exists(root):
         return []
@@ -246,7 +274,7 @@ def read_runs(findings_root: str, cache: RunCache | None = None) -> list[Diagnos
     runs, seen = [], set()
     for entry in fs.ls(root, detail=True):
         name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
-        if entry.get("type") != "directory" or name.startswith("."):
+        if entry.get("type") != "directory" or name.startswith((".", "_")):
             continue
         seen.add(entry["name"].rstrip("/"))
         run = cache.get(fs, entry)

@@ -1,7 +1,8 @@
 """The lag page's FastAPI app, mounted by the Airflow plugin at /lagdoctor (contract 6).
 
     GET /                       the lag page (HTML): current findings per cluster and group
-    GET /api/findings           the same as JSON: {"generated_at", "runs", "findings"}
+    GET /api/findings           the same as JSON: {"generated_at", "runs", "findings"}, and
+                                "runs_not_read" while the run index has older folders to read
     GET /reports/{run}/{file}   an incident report written by lagdoctor.web.report
 
 All three are read-only and go through ``auth.dag_run_reader``: the caller
@@ -64,20 +65,23 @@ def create_app(
         cluster: str | None = Query(None, max_length=256),
         group: str | None = Query(None, max_length=512),
     ) -> HTMLResponse:
-        from lagdoctor.web.data import latest_states
+        from lagdoctor.web.data import current_index, latest_states
         from lagdoctor.web.html import CONTENT_SECURITY_POLICY, render
         from lagdoctor.web.views import group_view, severity_counts
 
         s = settings()
+        index = current_index(s.findings_root)
         states, runs = latest_states(s.findings_root, cluster=cluster or None, group=group or None,
-                                     can_read_dag=can_read)
-        all_states = states if not (cluster or group) else latest_states(s.findings_root, can_read_dag=can_read)[0]
+                                     can_read_dag=can_read, index=index)
+        all_states = states if not (cluster or group) else latest_states(s.findings_root, can_read_dag=can_read,
+                                                                         index=index)[0]
         history = _history(s, states)
         base = _airflow_base(request, url_prefix)
         views = [group_view(st, history[st.key], airflow_base=base) for st in states]
         body = render(
             "page.html", views=views, runs=runs, counts=severity_counts(views),
             clusters=sorted({st.cluster for st in all_states}), cluster=cluster, group=group,
+            runs_not_read=index.not_read,
             generated_at=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
             api_href="api/findings" + (f"?{request.url.query}" if request.url.query else ""),
         )
@@ -90,12 +94,13 @@ def create_app(
         cluster: str | None = Query(None, max_length=256),
         group: str | None = Query(None, max_length=512),
     ) -> JSONResponse:
-        from lagdoctor.web.data import latest_states
+        from lagdoctor.web.data import current_index, latest_states
         from lagdoctor.web.views import dag_run_href
 
         s = settings()
+        index = current_index(s.findings_root)
         states, runs = latest_states(s.findings_root, cluster=cluster or None, group=group or None,
-                                     can_read_dag=can_read)
+                                     can_read_dag=can_read, index=index)
         base = _airflow_base(request, url_prefix)
         findings = [
             {**f, "run_key": st.run.run_key, "dag_id": st.run.dag_id, "run_id": st.run.run_id,
@@ -107,6 +112,8 @@ def create_app(
             "runs": [{**r.as_dict(), "dag_run_url": dag_run_href(r, base)} for r in runs],
             "findings": findings,
         }
+        if index.not_read:
+            body["runs_not_read"] = index.not_read  # older run folders the index has not read yet
         return JSONResponse(_json_safe(body), headers=_NO_STORE)
 
     @app.get("/reports/{run_key}/{name}", response_class=HTMLResponse, include_in_schema=False)

@@ -1,12 +1,16 @@
 """Read what the diagnosis runs wrote, and the offset history behind it.
 
-Read-only. A run is one folder under ``findings_root`` (contract 2's
-findings.jsonl and partition_status.jsonl, plus plans.json and run.json written
-by ``orchestration.plan_findings``). The page shows, per (cluster, group,
-topic), the findings of the latest run that looked at it: latest by
-run.json's ``planned_at``, else by the findings file's modification time. A
-run with threshold overrides (run.json ``threshold_overrides``) counts only
-where no run without them looked.
+Read-only, but for the run index (lagdoctor.runindex keeps
+``<findings_root>/_runindex.json`` up to date when it can write it). A run is
+one folder under ``findings_root`` (contract 2's findings.jsonl and
+partition_status.jsonl, plus plans.json and run.json written by
+``orchestration.plan_findings``). The page shows, per (cluster, group, topic),
+the findings of the latest run that looked at it, among every run folder kept
+(retention bounds them): latest by run.json's ``planned_at``, else by the
+findings file's modification time. A run with threshold overrides (run.json
+``threshold_overrides``) counts only where no run without them looked. Only
+the index's candidate runs are read, which gives the same answer as reading
+every folder; folders the index has not read yet are counted on the page.
 
 Series for the charts come from the snapshot store (contract 1), limited to
 the finding's window. Time lag per partition is estimated from the offsets the
@@ -31,7 +35,7 @@ log = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"
 PLANS_FILE = "plans.json"
-MAX_RUNS = 500  # newest run folders considered; older ones are history, not "current"
+MAX_RUNS = 500  # list_runs' default; the page reads the run index's candidates instead
 SEVERITY_RANK = {"critical": 2, "warning": 1, "ok": 0}
 
 Key = tuple[str, str, str]  # (cluster, group_id, topic)
@@ -160,10 +164,34 @@ def _mtime(info: Mapping[str, Any]) -> datetime:
     return datetime.fromtimestamp(float(value), tz=timezone.utc)
 
 
-def list_runs(findings_root: str, limit: int = MAX_RUNS) -> list[Run]:
-    """Run folders holding a findings.jsonl, newest first."""
+def _run_of_meta(findings_root: str, name: str, meta: Mapping[str, Any], info: Mapping[str, Any] | None = None) -> Run:
+    planned = parse_ts(meta.get("planned_at")) or _mtime(info or {})
+    return Run(run_key=name, path=join(findings_root, name), dag_id=meta.get("dag_id"), run_id=meta.get("run_id"),
+               planned_at=planned, group_pattern=meta.get("group_pattern"), topic=meta.get("topic"),
+               kind=meta.get("kind"), threshold_overrides=_overrides(meta))
+
+
+def _run_of_folder(fs, findings_root: str, path: str, name: str) -> Run | None:
+    """The Run of one folder under the root; None unless it holds a findings.jsonl."""
     from lagdoctor.contracts import FINDINGS_FILE
 
+    try:
+        info = fs.info(f"{path}/{FINDINGS_FILE}")
+    except FileNotFoundError:
+        return None  # a run still being written, or not a run folder
+    meta: dict[str, Any] = {}
+    if fs.exists(f"{path}/{RUN_FILE}"):
+        try:
+            with fs.open(f"{path}/{RUN_FILE}", "rt") as fh:
+                meta = json.load(fh) or {}
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring unreadable %s/%s: %s", path, RUN_FILE, exc)
+    return _run_of_meta(findings_root, name, meta if isinstance(meta, Mapping) else {}, info)
+
+
+def list_runs(findings_root: str, limit: int = MAX_RUNS) -> list[Run]:
+    """Every run folder holding a findings.jsonl, newest first: a full read (the
+    page reads ``candidate_runs``; this is what the index is checked against)."""
     fs, base = _fs(findings_root)
     if not fs.exists(base):
         return []
@@ -175,23 +203,34 @@ def list_runs(findings_root: str, limit: int = MAX_RUNS) -> list[Run]:
         name = path.rsplit("/", 1)[-1]
         if name.startswith((".", "_")):
             continue
-        try:
-            info = fs.info(f"{path}/{FINDINGS_FILE}")
-        except FileNotFoundError:
-            continue  # a run still being written, or not a run folder
-        meta: dict[str, Any] = {}
-        if fs.exists(f"{path}/{RUN_FILE}"):
-            try:
-                with fs.open(f"{path}/{RUN_FILE}", "rt") as fh:
-                    meta = json.load(fh) or {}
-            except (OSError, ValueError) as exc:
-                log.warning("ignoring unreadable %s/%s: %s", path, RUN_FILE, exc)
-        runs.append(Run(run_key=name, path=join(findings_root, name), dag_id=meta.get("dag_id"), run_id=meta.get("run_id"),
-                        planned_at=parse_ts(meta.get("planned_at")) or _mtime(info),
-                        group_pattern=meta.get("group_pattern"), topic=meta.get("topic"),
-                        kind=meta.get("kind"), threshold_overrides=_overrides(meta)))
+        run = _run_of_folder(fs, findings_root, path, name)
+        if run is not None:
+            runs.append(run)
     runs.sort(key=lambda r: (r.planned_at, r.run_key), reverse=True)
     return runs[:limit]
+
+
+def current_index(findings_root: str):
+    """The run index of ``findings_root``, brought up to date (lagdoctor.runindex)."""
+    from lagdoctor.runindex import refresh
+
+    return refresh(findings_root)
+
+
+def candidate_runs(findings_root: str, index=None) -> list[Run]:
+    """The runs that can hold a current verdict (lagdoctor.runindex), newest first:
+    the same answer as every run folder, from a few of them."""
+    index = index if index is not None else current_index(findings_root)
+    fs, base = _fs(findings_root)
+    runs = []
+    for name in index.candidates():
+        meta = index.meta(name)
+        run = (_run_of_meta(findings_root, name, meta) if meta is not None
+               else _run_of_folder(fs, findings_root, f"{base}/{name}", name))
+        if run is not None:
+            runs.append(run)
+    runs.sort(key=lambda r: (r.planned_at, r.run_key), reverse=True)
+    return runs
 
 
 # Parsed run folders, keyed by their files' identity: a finished run's files
@@ -261,7 +300,8 @@ def latest_states(
     cluster: str | None = None,
     group: str | None = None,
     can_read_dag=lambda dag_id: True,
-    limit: int = MAX_RUNS,
+    index=None,
+    runs: Iterable[Run] | None = None,
 ) -> tuple[list[GroupState], list[Run]]:
     """The latest readable run's findings per (cluster, group, topic), worst first,
     and the runs shown (those findings' runs, and every readable run with threshold overrides).
@@ -274,15 +314,24 @@ def latest_states(
     ``can_read_dag(dag_id)`` decides which runs the caller may see; a run the
     caller cannot read is skipped as if it did not exist (an older readable run
     of the same group then shows, which is what the Airflow UI would show too).
+
+    Reads the candidate runs of the run index (``index``, default: refreshed
+    now), or ``runs`` when given (``list_runs``: every folder). A run whose
+    files cannot be parsed is skipped and logged, as the exporter does.
     """
     states: dict[Key, GroupState] = {}
     experiments: dict[Key, GroupState] = {}
     override_runs: dict[str, Run] = {}
-    for run in list_runs(findings_root, limit):
+    for run in (runs if runs is not None else candidate_runs(findings_root, index)):
         if not can_read_dag(run.dag_id):
             continue
         held = experiments if run.has_overrides else states
-        for state in states_of_run(read_run(run)):
+        try:
+            data = read_run(run)
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring unreadable run %s: %s", run.path, exc)
+            continue
+        for state in states_of_run(data):
             if (cluster and state.cluster != cluster) or (group and state.group_id != group):
                 continue
             if run.has_overrides:
@@ -311,7 +360,11 @@ def run_of(path: str) -> Run:
 
 
 def find_run(findings_root: str, run_key: str) -> Run | None:
-    return next((r for r in list_runs(findings_root, limit=10**9) if r.run_key == run_key), None)
+    """The run folder named ``run_key`` (a plain name, no path), or None: one folder read, not a listing."""
+    if not run_key or "/" in run_key or run_key.startswith((".", "_")):
+        return None
+    fs, base = _fs(findings_root)
+    return _run_of_folder(fs, findings_root, f"{base}/{run_key}", run_key)
 
 
 # ------------------------------------------------------------------ offset history

@@ -1,0 +1,419 @@
+"""Which run folders can hold the current verdict of a (cluster, group, topic):
+the index the lag page and the metrics exporter read instead of every run folder.
+
+A sweep every 5 minutes leaves about 2,000 run folders a week under
+``findings_root``. Both readers show, per (cluster, group, topic), what the
+newest run that looked at it says (lagdoctor.web.data, lagdoctor.metrics).
+Finding that by reading every folder costs more with every week of history;
+this index keeps, in ``<findings_root>/_runindex.json`` (rewritten atomically):
+
+  - per (cluster, group, topic, dag_id), the newest run without threshold
+    overrides whose findings name it, and the newest whose partition status
+    names it ("pointers"; per DAG because the page hides runs of DAGs the
+    caller may not read, and then shows the newest readable one);
+  - each folded run's run.json and its files' sizes and times.
+
+A reader then reads only the candidate runs: the runs the pointers name, every
+run with threshold overrides (the page lists them all; they are manual and
+rare), and every provisional folder, one the index cannot date or parse (no
+run.json yet, a bare ``lagdoctor diagnose`` output, a file missing or not
+valid JSON). Each reader judges those by its own rules, as before. So for the
+same folders a reader's result over the candidates equals its result over
+every folder, at the cost of one listing of the root plus a few small reads.
+
+Each refresh (one per page view or scrape, under a lock) lists the root, folds
+in new folders (normally just the newest run), compares the files of the
+newest RECHECK_RUNS runs and of provisional folders with what it folded (a
+retried plan rewrites run.json in place), and forgets folders that are gone.
+When a forgotten or changed run was a key's newest, older runs of the same DAG
+are read, newest first, until the key is found again (retention removes the
+oldest runs first, so usually there is none left to read).
+
+The writer keeps the index current with ``record_run(run_dir)`` once run.json
+exists; without it readers fold new folders themselves. With no index yet, or
+more than MAX_FOLD new folders at once, the newest MAX_FOLD (by folder time,
+else by name) are read; the rest are read BACKFILL_RUNS per refresh, newest
+first, and until then ``not_read`` counts them (the page says so).
+
+Known limit: two writers rewriting the index at the same moment can lose one
+update; a lost new folder is folded by the next refresh, a lost re-fold (a plan
+retried in place) only if the run is still among the newest RECHECK_RUNS.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Iterable, Mapping
+
+log = logging.getLogger(__name__)
+
+INDEX_FILE = "_runindex.json"
+VERSION = 1
+RUN_FILE = "run.json"  # written by orchestration.plan_findings
+FINDINGS_FILE = "findings.jsonl"  # contract 2 (lagdoctor.contracts)
+PARTITION_STATUS_FILE = "partition_status.jsonl"
+WATCHED = (FINDINGS_FILE, PARTITION_STATUS_FILE, RUN_FILE)
+MAX_FOLD = 500  # run folders read in one refresh, at most (first use, or a key's older runs)
+BACKFILL_RUNS = 25  # folders left unread by a first use, read per later refresh
+RECHECK_RUNS = 6  # newest runs compared on each refresh: a plan retry lands within minutes
+
+Key = tuple[str, str, str]  # (cluster, group_id, topic)
+Slot = tuple[str, str, str, Any]  # (cluster, group_id, topic, dag_id)
+IN_FINDINGS, IN_STATUS = 0, 1
+
+
+def filesystem(root: str):
+    """(fsspec filesystem, path) of a local path or URI; s3a:// (Spark's name) is read as s3://."""
+    import fsspec
+
+    url = "s3://" + root[len("s3a://"):] if root.startswith("s3a://") else root
+    fs, path = fsspec.core.url_to_fs(url)
+    return fs, path.rstrip("/") or "/"
+
+
+def parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        ts = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+
+
+def has_overrides(meta: Mapping[str, Any]) -> bool:
+    value = meta.get("threshold_overrides")
+    return isinstance(value, Mapping) and bool(value)
+
+
+def _stamp(info: Mapping[str, Any]) -> str:
+    return str(info.get("mtime") or info.get("LastModified") or info.get("created") or "")
+
+
+def _seconds(info: Mapping[str, Any]) -> float:
+    """A listing entry's modification time in Unix seconds; 0 when the store has none (object-store prefixes)."""
+    value = info.get("mtime") or info.get("LastModified") or info.get("created") or 0
+    if isinstance(value, datetime):
+        return value.timestamp()
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _name(entry: Mapping[str, Any]) -> str:
+    return str(entry["name"]).rstrip("/").rsplit("/", 1)[-1]
+
+
+def folder_signature(fs, path: str) -> list[list[Any]] | None:
+    """Sizes and times of a folder's run files (one listing); None when the folder is gone."""
+    try:
+        fs.invalidate_cache(path)  # object stores cache listings; a run folder changes under us
+        entries = fs.ls(path, detail=True)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return sorted([_name(e), e.get("size"), _stamp(e)] for e in entries if _name(e) in WATCHED)
+
+
+@dataclass
+class FoldedRun:
+    meta: dict[str, Any]
+    at: datetime
+    in_findings: set[Key]
+    in_status: set[Key]
+
+
+def _keys(fs, path: str) -> set[Key]:
+    with fs.open(path, "rt", encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    return {(str(r["cluster"]), str(r["group_id"]), str(r["topic"])) for r in rows}
+
+
+def read_folder(fs, path: str, signature: list[list[Any]]) -> FoldedRun | None:
+    """A complete, readable run folder's run.json and keys; None for a provisional one."""
+    if {s[0] for s in signature} != set(WATCHED):
+        return None
+    try:
+        with fs.open(f"{path}/{RUN_FILE}", "rt", encoding="utf-8") as fh:
+            meta = json.load(fh)
+        at = parse_time(meta.get("planned_at")) if isinstance(meta, dict) else None
+        if at is None:
+            return None  # each reader dates it by file times, its own way
+        return FoldedRun(meta, at, _keys(fs, f"{path}/{FINDINGS_FILE}"), _keys(fs, f"{path}/{PARTITION_STATUS_FILE}"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # the metrics reader skips such a folder, the page shows what it can: theirs to judge
+
+
+@dataclass
+class RunIndex:
+    runs: dict[str, dict[str, Any]] = field(default_factory=dict)  # run_key -> {"meta", "sig"}
+    latest: dict[Slot, list[str | None]] = field(default_factory=dict)  # -> [in findings, in status]
+    provisional: dict[str, list[list[Any]]] = field(default_factory=dict)  # run_key -> signature
+    skipped: dict[str, float] = field(default_factory=dict)  # run_key -> folder time (0 unknown): not read yet
+    # Not stored: the last listing (name -> entry) and each run's (planned_at, run_key) order.
+    folders: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False)
+    order: dict[str, tuple[datetime, str]] = field(default_factory=dict, compare=False)
+
+    # -- what readers use ---------------------------------------------------------
+
+    def candidates(self) -> list[str]:
+        """Run folders a reader must read to get the same answer as from every folder."""
+        names = {r for pointers in self.latest.values() for r in pointers if r}
+        names.update(r for r, rec in self.runs.items() if has_overrides(rec["meta"]))
+        names.update(self.provisional)
+        return sorted(n for n in names if n in self.folders)
+
+    def meta(self, run_key: str) -> dict[str, Any] | None:
+        """run.json of a folded run (None for a provisional folder)."""
+        rec = self.runs.get(run_key)
+        return rec["meta"] if rec is not None else None
+
+    @property
+    def not_read(self) -> int:
+        """Run folders present but not read yet (see the module docstring)."""
+        return len(self.skipped)
+
+    # -- folding --------------------------------------------------------------------
+
+    def add(self, run_key: str, run: FoldedRun, signature: list[list[Any]]) -> None:
+        self.runs[run_key] = {"meta": run.meta, "sig": signature}
+        self.order[run_key] = (run.at, run_key)
+        self.provisional.pop(run_key, None)
+        self.skipped.pop(run_key, None)
+        if has_overrides(run.meta):
+            return
+        dag = run.meta.get("dag_id")
+        for where, keys in ((IN_FINDINGS, run.in_findings), (IN_STATUS, run.in_status)):
+            for key in keys:
+                pointers = self.latest.setdefault((*key, dag), [None, None])
+                held = pointers[where]
+                if held is None or self.order[held] < self.order[run_key]:
+                    pointers[where] = run_key
+
+    def remove(self, run_key: str) -> list[tuple[Slot, int, Any, tuple[datetime, str]]]:
+        """Forget a run; the pointers it held: (slot, where, dag_id, its order), to look below."""
+        rec = self.runs.pop(run_key, None)
+        bound = self.order.pop(run_key, None)
+        if rec is None or bound is None:
+            return []
+        lost = []
+        for slot, pointers in list(self.latest.items()):
+            for where in (IN_FINDINGS, IN_STATUS):
+                if pointers[where] == run_key:
+                    pointers[where] = None
+                    lost.append((slot, where, slot[3], bound))
+            if pointers == [None, None]:
+                del self.latest[slot]
+        return lost
+
+    def find_again(self, fs, base: str, lost, budget: int) -> int:
+        """Point each lost slot at the newest older run of its DAG that names the key;
+        reads those runs newest first. Returns how many folders were read."""
+        if not lost:
+            return 0
+        wanted: dict[tuple[Slot, int], tuple[datetime, str]] = {}
+        for slot, where, _dag, bound in lost:
+            wanted[(slot, where)] = max(bound, wanted.get((slot, where), bound))
+        dags = {slot[3] for slot, _ in wanted}
+        top = max(wanted.values())
+        older = sorted((o for r, o in self.order.items()
+                        if o < top and not has_overrides(self.runs[r]["meta"])
+                        and self.runs[r]["meta"].get("dag_id") in dags), reverse=True)
+        reads = 0
+        for at, run_key in older:
+            if not wanted:
+                break
+            dag = self.runs[run_key]["meta"].get("dag_id")
+            if not any(slot[3] == dag and (at, run_key) < bound for (slot, _), bound in wanted.items()):
+                continue
+            if reads >= budget:
+                log.warning("run index: stopped after reading %d older runs; %d group/topic pointers dropped",
+                            reads, len(wanted))
+                break
+            run = read_folder(fs, f"{base}/{run_key}", self.runs[run_key]["sig"])
+            reads += 1
+            if run is None:
+                continue
+            for (slot, where), bound in list(wanted.items()):
+                keys = run.in_findings if where == IN_FINDINGS else run.in_status
+                if slot[3] == dag and (at, run_key) < bound and slot[:3] in keys:
+                    pointers = self.latest.setdefault(slot, [None, None])
+                    if pointers[where] is None or self.order[pointers[where]] < (at, run_key):
+                        pointers[where] = run_key
+                    del wanted[(slot, where)]
+        return reads
+
+    # -- storage --------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": VERSION, "runs": self.runs,
+                "latest": [[*slot, *pointers] for slot, pointers in self.latest.items()],
+                "provisional": self.provisional, "skipped": self.skipped}
+
+    @classmethod
+    def from_json(cls, data: Any) -> "RunIndex":
+        if not isinstance(data, dict) or data.get("version") != VERSION:
+            return cls()
+        index = cls(runs=dict(data.get("runs") or {}), provisional=dict(data.get("provisional") or {}),
+                     skipped=dict(data.get("skipped") or {}))
+        for run_key, rec in list(index.runs.items()):
+            at = parse_time((rec.get("meta") or {}).get("planned_at")) if isinstance(rec, dict) else None
+            if at is None:
+                del index.runs[run_key]  # not what this module writes: read it again
+                continue
+            index.order[run_key] = (at, run_key)
+        for row in data.get("latest") or []:
+            c, g, t, dag, in_findings, in_status = row
+            pointers = [r if r in index.runs else None for r in (in_findings, in_status)]
+            if pointers != [None, None]:
+                index.latest[(c, g, t, dag)] = pointers
+        return index
+
+
+# One index per findings root per process, with the stored file's signature it
+# was loaded from or saved as: a page view or scrape parses the file only when
+# another process rewrote it.
+_MEMORY: dict[str, tuple[Any, RunIndex]] = {}
+_LOCK = threading.Lock()
+_MEMORY_MAX = 16
+
+
+def _file_sig(fs, path: str) -> Any:
+    try:
+        info = fs.info(path)
+    except FileNotFoundError:
+        return None
+    return (info.get("size"), _stamp(info))
+
+
+def _load(fs, path: str) -> RunIndex:
+    try:
+        with fs.open(path, "rt", encoding="utf-8") as fh:
+            return RunIndex.from_json(json.load(fh))
+    except FileNotFoundError:
+        return RunIndex()
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        log.warning("run index %s unreadable (%s); rebuilding it", path, exc)
+        return RunIndex()
+
+
+def _save(fs, base: str, index: RunIndex) -> bool:
+    """Atomic rewrite (hidden temporary name, then rename); False where the root is read-only."""
+    tmp = f"{base}/.{INDEX_FILE}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with fs.open(tmp, "wt", encoding="utf-8") as fh:
+            json.dump(index.to_json(), fh, separators=(",", ":"))
+        fs.mv(tmp, f"{base}/{INDEX_FILE}")
+        return True
+    except OSError as exc:
+        log.debug("run index not saved under %s: %s", base, exc)
+        try:
+            if fs.exists(tmp):
+                fs.rm(tmp)
+        except OSError:
+            pass
+        return False
+
+
+def refresh(findings_root: str, *, force: Iterable[str] = ()) -> RunIndex:
+    """The index of `findings_root`, brought up to date with its folders (see the module docstring).
+
+    `force` names run folders to read again whatever their files' times say
+    (the writer's own run). Never writes anything but the index file, and
+    works without being able to write that.
+    """
+    fs, base = filesystem(findings_root)
+    with _LOCK:
+        if not fs.exists(base):
+            return RunIndex()
+        path = f"{base}/{INDEX_FILE}"
+        stored = _file_sig(fs, path)
+        held = _MEMORY.get(base)
+        index = held[1] if held is not None and held[0] == stored else _load(fs, path)
+        if _update(fs, base, index, set(force)):
+            if _save(fs, base, index):
+                stored = _file_sig(fs, path)
+        if len(_MEMORY) >= _MEMORY_MAX and base not in _MEMORY:
+            _MEMORY.clear()
+        _MEMORY[base] = (stored, index)
+        return index
+
+
+def _update(fs, base: str, index: RunIndex, force: set[str]) -> bool:
+    """Fold the listing into `index`; True when anything stored changed."""
+    fs.invalidate_cache(base)
+    index.folders = {
+        _name(e): e for e in fs.ls(base, detail=True)
+        if e.get("type") == "directory" and not _name(e).startswith((".", "_"))
+    }
+    listed = set(index.folders)
+    changed = False
+    gone = [r for r in (*index.runs, *index.provisional, *index.skipped) if r not in listed]
+    newest = sorted(index.order.values(), reverse=True)[:RECHECK_RUNS]
+    recheck = {r for _, r in newest} | (force & set(index.runs))
+    signatures: dict[str, list[list[Any]] | None] = {}
+    stale = []
+    for run_key in sorted(recheck & listed):
+        signatures[run_key] = folder_signature(fs, f"{base}/{run_key}")
+        if run_key in force or signatures[run_key] != index.runs[run_key]["sig"]:
+            stale.append(run_key)
+    lost = []
+    for run_key in gone:
+        lost += index.remove(run_key)
+        index.provisional.pop(run_key, None)
+        index.skipped.pop(run_key, None)
+    for run_key in stale:
+        lost += index.remove(run_key)
+    changed |= bool(gone or stale)
+    index.find_again(fs, base, lost, MAX_FOLD)
+
+    # Folders to read now: the stale runs, provisional folders whose files moved, new folders.
+    to_read = list(stale)
+    for run_key, sig in list(index.provisional.items()):
+        now_sig = folder_signature(fs, f"{base}/{run_key}")
+        if now_sig != sig:
+            signatures[run_key] = now_sig
+            to_read.append(run_key)
+    new = [r for r in listed if r not in index.runs and r not in index.provisional and r not in index.skipped
+           and r not in stale]
+    room = max(0, MAX_FOLD - len(to_read))
+    if len(new) > room:
+        new.sort(key=lambda r: (_seconds(index.folders[r]), r), reverse=True)
+        for run_key in new[room:]:
+            index.skipped[run_key] = _seconds(index.folders[run_key])
+        new = new[:room]
+        changed = True
+    to_read += new
+    backfill = sorted(index.skipped, key=lambda r: (index.skipped[r], r), reverse=True)[:BACKFILL_RUNS]
+    to_read += [r for r in backfill if r not in to_read]
+    for run_key in to_read:
+        sig = signatures.get(run_key) if run_key in signatures else folder_signature(fs, f"{base}/{run_key}")
+        index.skipped.pop(run_key, None)
+        changed = True
+        if sig is None:
+            index.provisional.pop(run_key, None)
+            continue  # removed meanwhile
+        run = read_folder(fs, f"{base}/{run_key}", sig)
+        if run is None:
+            index.provisional[run_key] = sig
+        else:
+            index.add(run_key, run, sig)
+    return changed
+
+
+def record_run(run_dir: str) -> None:
+    """The writer's call, once run.json is written: fold this run into its root's index now.
+
+    Never raises: the index is an aid to readers, which fold the run
+    themselves when this fails.
+    """
+    try:
+        root, _, name = run_dir.rstrip("/").rpartition("/")
+        refresh(root, force=[name])
+    except Exception as exc:  # noqa: BLE001 - never hold back the run that calls this
+        log.warning("run index: could not record %s: %s", run_dir, " ".join(str(exc).split()))
