@@ -2,13 +2,21 @@
 
     spark-submit [--py-files lagdoctor.zip] spark_jobs/diagnose_lag.py \\
         --snapshots PATH --output PATH [--as-of ISO-8601] [--window-minutes N] \\
-        [--groups REGEX] [--topic NAME] \\
+        [--clusters NAME[,NAME...]] [--groups REGEX] [--topic NAME] \\
         [--warning-lag N --critical-lag N ...]   (every field of Thresholds)
 
 Extract -> transform -> load; the transforms live in lagdoctor.diagnosis.
---groups (RE2, full match on group_id) and --topic limit what is diagnosed
-and written. A file that cannot be read is moved to <store>/_quarantine/,
-listed in quarantined.jsonl and named once on stderr; the rest is diagnosed.
+--clusters lists only those cluster=<name> folders of the store (and drops
+rows of other clusters from files outside cluster= folders); a name with no
+folder gets a one-line warning, not an error (nothing to read is empty
+output). Without it every cluster is read. --groups (RE2, full match on
+group_id) and --topic limit what is diagnosed and written.
+With --as-of and --window-minutes only the date=/hour= folders that can hold
+the window are listed; without --as-of the window ends at the latest
+snapshot_ts in the footers' statistics of the input, and with
+--window-minutes older folders are never opened. A file that cannot be read
+is moved to <store>/_quarantine/ (with --quarantine), listed in
+quarantined.jsonl and named once on stderr; the rest is diagnosed.
 Exit codes: 0 outputs written (empty input -> empty outputs), 2 bad
 arguments or missing path, 3 a missing column in every file or an
 unreadable input, 1 any other failure. Failures print one line on stderr.
@@ -31,6 +39,8 @@ def parse_args(argv):
     parser.add_argument("--output", required=True, metavar="PATH")
     parser.add_argument("--as-of", default=None, metavar="ISO-8601")
     parser.add_argument("--window-minutes", type=float, default=None, metavar="N")
+    parser.add_argument("--clusters", default=None, metavar="NAME[,NAME...]",
+                        help="only these clusters' cluster= folders (default: every cluster)")
     parser.add_argument("--groups", default=None, metavar="REGEX", help="RE2, matched in full against group_id")
     parser.add_argument("--topic", default=None, metavar="NAME")
     parser.add_argument("--quarantine", action="store_true",
@@ -59,7 +69,8 @@ def main(argv=None) -> int:
         compile_groups,
         one_line,
         parse_as_of,
-        window_days,
+        parse_clusters,
+        window_bounds,
     )
 
     args, thresholds = parse_args(argv)
@@ -67,6 +78,7 @@ def main(argv=None) -> int:
         check_input_path(args.snapshots)  # before the JVM starts: fails in a second
         as_of = parse_as_of(args.as_of)
         groups = compile_groups(args.groups) if args.groups is not None else None
+        clusters = parse_clusters(args.clusters)
     except (SnapshotInputError, ValueError) as exc:
         return fail(EXIT_USAGE, str(exc))
 
@@ -82,21 +94,26 @@ def main(argv=None) -> int:
     try:
         # extract
         read = read_snapshot_store(spark, args.snapshots, datetime.now(timezone.utc),
-                                   days=window_days(as_of, args.window_minutes), quarantine=args.quarantine)
+                                   window=window_bounds(as_of, args.window_minutes), clusters=clusters,
+                                   quarantine=args.quarantine)
+        if read.missing_clusters:
+            print_error_line(f"diagnose_lag: WARNING: no snapshots for cluster(s) {', '.join(read.missing_clusters)} "
+                             f"under {args.snapshots}")
         for q in read.quarantined:
             print_error_line(f"diagnose_lag: WARNING: quarantined {q['path']} ({q['reason']}); moved to {q['moved_to']}")
         # no 200-task stages on kilobytes: shuffle width from the bytes read (unless the user set it)
         right_size_shuffle(spark, read.input_bytes)
         snapshots = scope_snapshots(read.snapshots, groups, args.topic)
-        window = resolve_window(snapshots, as_of, args.window_minutes)
-        if window is None:
+        window = resolve_window(snapshots, as_of, args.window_minutes, ts_range=read.ts_range)
+        in_window = select_window(snapshots, *window) if window is not None else None
+        # a window from footers is the whole input's: the scoped rows may hold nothing in it
+        if window is None or (as_of is None and read.ts_range is not None and in_window.isEmpty()):
             write_findings(None, args.output)
             write_partition_status(None, args.output)
             write_quarantined(read.quarantined, args.output)
             return EXIT_OK
         start, end = window
         # transform
-        in_window = select_window(snapshots, start, end)
         partitions = partition_features(in_window, thresholds).cache()
         group_feats = group_features(group_series(in_window, partitions), thresholds).cache()
         found = findings(partitions, group_feats, thresholds, start, end)

@@ -8,12 +8,21 @@ DataFrame -> DataFrame.
 
 One bad file must not stop diagnosis (issue 8, "quarantine, not poison"), so a
 store directory is not handed to Spark whole: `inspect_store` lists its files
-(hidden and `_` names skipped below the root, only the date= folders that can
-hold the window), reads each footer with pyarrow and sorts them into readable
-files, grouped by schema, and bad ones with a one-line reason naming the file
-and the column. `read_snapshot_store` moves the bad ones to
-`<root>/_quarantine/` and reads the groups one by one, conformed and unioned,
-so differing integer widths or timestamp units never meet in a schema merge.
+(hidden and `_` names skipped below the root; only the cluster= folders asked
+for and the date= and hour= folders that can hold the window), reads each
+footer with pyarrow and sorts them into readable files, grouped by schema,
+and bad ones with a one-line reason naming the file and the column.
+`read_snapshot_store` moves the bad ones to `<root>/_quarantine/` and reads
+the groups one by one, conformed and unioned, so differing integer widths or
+timestamp units never meet in a schema merge.
+
+Read cost follows the window (issue 9): files outside it are never opened,
+not even their footer. A compacted file (lagdoctor.store.compact_snapshots)
+is read instead of the files its footer says it covers. Without --as-of the
+window's end is the latest snapshot_ts in the footers' statistics of the
+files listed (for the whole input, whatever --groups/--topic then keep),
+found newest folder first; Spark scans for it only when a file has no
+statistics.
 """
 
 from __future__ import annotations
@@ -29,8 +38,8 @@ from lagdoctor.contracts import SNAPSHOT_COLUMN_NAMES, SNAPSHOT_COLUMNS, SNAPSHO
 from lagdoctor.contracts import GROUP_ROW_PARTITION as GROUP_MARKER_PARTITION
 from lagdoctor.contracts import GROUP_ROW_TOPIC as GROUP_MARKER_TOPIC
 
-# Hive folder columns that are not part of the contract (date=YYYY-MM-DD).
-_FOLDER_ONLY_COLUMNS = ("date",)
+# Hive folder columns that are not part of the contract (date=YYYY-MM-DD, hour=HH).
+_FOLDER_ONLY_COLUMNS = ("date", "hour")
 # Optional column written by the collector when a read failed (null: every read
 # behind the row succeeded). Added here until contracts.py lists it.
 READ_ERROR_COLUMN = ("read_error", "string", True)
@@ -77,13 +86,18 @@ def optional_columns() -> tuple[tuple[str, str, bool], ...]:
 
 @dataclass(frozen=True)
 class StoreFile:
-    """One Parquet file of the store: `path` as its filesystem names it, `uri` as Spark does."""
+    """One Parquet file of the store: `path` as its filesystem names it, `uri` as Spark does.
+
+    `span` is the UTC time range its date= / hour= folders allow ([start, end)),
+    None when it lies in no such folder.
+    """
 
     path: str
     uri: str
     relative: str
     folder_columns: tuple[str, ...] = ()
     size: int = 0
+    span: tuple[datetime, datetime] | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +116,12 @@ class StoreInspection:
     groups: dict[tuple, list[StoreFile]] = field(default_factory=dict)
     read_columns: dict[tuple, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     bad: list[BadFile] = field(default_factory=list)
+    # earliest and latest snapshot_ts of the files to read, from their footers'
+    # statistics; None when a file has none (then Spark finds them) or no file has rows
+    ts_range: tuple[datetime, datetime] | None = None
+    clusters_seen: set[str] = field(default_factory=set)  # cluster= folder names listed
+    loose_files: bool = False  # files outside any cluster= folder were listed
+    opened: list[str] = field(default_factory=list)  # relative paths whose footer was read
 
 
 def _fsspec_url(path: str) -> str:
@@ -122,6 +142,30 @@ def store_filesystem(path: str):
         return None
 
 
+@dataclass(frozen=True)
+class WindowBounds:
+    """The window a run asks for: it ends at `as_of` (None: the latest snapshot_ts
+    in the input) and reaches back `minutes` (None: to the earliest)."""
+
+    as_of: datetime | None = None
+    minutes: float | None = None
+
+    def fixed_range(self) -> tuple[datetime | None, datetime | None]:
+        """(earliest, latest) snapshot_ts a row in the window can have, as far as
+        known before reading anything (None: unbounded on that side)."""
+        if self.as_of is None:
+            return None, None
+        end = self.as_of.astimezone(timezone.utc)
+        return (end - timedelta(minutes=self.minutes) if self.minutes is not None else None), end
+
+
+def window_bounds(as_of: datetime | None, window_minutes: float | None) -> WindowBounds | None:
+    """What `--as-of` and `--window-minutes` ask for; None when neither is given (read everything)."""
+    if as_of is None and window_minutes is None:
+        return None
+    return WindowBounds(as_of, window_minutes)
+
+
 def window_days(as_of: datetime | None, window_minutes: float | None) -> tuple[date, date] | None:
     """The UTC days a window can touch, when --as-of and --window-minutes bound it."""
     if as_of is None or window_minutes is None:
@@ -130,35 +174,86 @@ def window_days(as_of: datetime | None, window_minutes: float | None) -> tuple[d
     return (end - timedelta(minutes=window_minutes)).date(), end.date()
 
 
-def _day_outside(name: str, days: tuple[date, date] | None) -> bool:
-    if days is None or not name.startswith("date="):
-        return False
-    try:
-        day = date.fromisoformat(name[len("date="):])
-    except ValueError:
-        return False  # not a store day folder: read it
-    return not days[0] <= day <= days[1]
+def _days_range(days: tuple[date, date] | None) -> tuple[datetime | None, datetime | None]:
+    if days is None:
+        return None, None
+    first = datetime.combine(days[0], datetime.min.time(), timezone.utc)
+    last = datetime.combine(days[1], datetime.min.time(), timezone.utc) + timedelta(days=1, microseconds=-1)
+    return first, last
 
 
-def list_store_files(fs, root: str, uri_root: str, days: tuple[date, date] | None = None) -> list[StoreFile]:
+def _descend(name: str, day: date | None, span):
+    """(day, span) below a folder called `name`: date=D spans the day, hour=H (under a
+    date) the hour; any other folder keeps its parent's."""
+    if name.startswith("date="):
+        try:
+            d = date.fromisoformat(name[len("date="):])
+        except ValueError:
+            return day, span  # not a store day folder: read it
+        start = datetime.combine(d, datetime.min.time(), timezone.utc)
+        return d, (start, start + timedelta(days=1))
+    if name.startswith("hour=") and day is not None:
+        value = name[len("hour="):]
+        if value.isdigit() and 0 <= int(value) <= 23:
+            start = datetime.combine(day, datetime.min.time(), timezone.utc) + timedelta(hours=int(value))
+            return day, (start, start + timedelta(hours=1))
+    return day, span
+
+
+def _outside(span, lo: datetime | None, hi: datetime | None) -> bool:
+    """No snapshot_ts in [start, end) can fall in [lo, hi]."""
+    return span is not None and ((hi is not None and span[0] > hi) or (lo is not None and span[1] <= lo))
+
+
+def list_store_files(fs, root: str, uri_root: str, days: tuple[date, date] | None = None, *,
+                     span: tuple[datetime | None, datetime | None] | None = None,
+                     clusters: list[str] | None = None, seen: set[str] | None = None) -> list[StoreFile]:
     """Parquet files under root, skipping hidden and `_` names below it (not in the
-    root itself, which may live in a dot-folder) and date= folders outside `days`."""
+    root itself, which may live in a dot-folder), date= and hour= folders whose
+    time cannot meet `span` (or `days`), and cluster= folders not in `clusters`.
+
+    Both layouts are read: date=D/file (before issue 9) and date=D/hour=H/file.
+    `seen` collects the cluster= folder names listed.
+    """
+    lo, hi = span if span is not None else _days_range(days)
+    from lagdoctor.store import cluster_folder_name
+
+    allowed = None if clusters is None else {cluster_folder_name(c) for c in clusters}
     found: list[StoreFile] = []
 
-    def walk(directory: str, relative: str) -> None:
+    def walk(directory: str, relative: str, day: date | None, folder_span) -> None:
         for entry in sorted(fs.ls(directory, detail=True), key=lambda e: e["name"]):
             name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
             if name.startswith((".", "_")):
                 continue
             rel = f"{relative}/{name}" if relative else name
             if entry["type"] == "directory":
-                if not _day_outside(name, days):
-                    walk(entry["name"], rel)
+                if name.startswith("cluster="):
+                    if allowed is not None and name not in allowed:
+                        continue
+                    if seen is not None:
+                        seen.add(name)
+                sub_day, sub_span = _descend(name, day, folder_span)
+                if not _outside(sub_span, lo, hi):
+                    walk(entry["name"], rel, sub_day, sub_span)
             elif name.endswith(".parquet") or "." not in name:  # Spark writers name parts without a suffix
                 folders = tuple(p.split("=", 1)[0] for p in rel.split("/")[:-1] if "=" in p)
-                found.append(StoreFile(entry["name"], f"{uri_root}/{rel}", rel, folders, int(entry.get("size") or 0)))
+                found.append(StoreFile(entry["name"], f"{uri_root}/{rel}", rel, folders,
+                                       int(entry.get("size") or 0), folder_span))
 
-    walk(root, "")
+    # a root that is itself a cluster=, date= or hour= folder (the DAGs pass cluster=<c>)
+    day, root_span = None, None
+    for part in root.rstrip("/").split("/")[-3:]:
+        day, root_span = _descend(part, day, root_span)
+    root_cluster = next((p for p in reversed(root.rstrip("/").split("/")) if p.startswith("cluster=")), None)
+    if root_cluster is not None:
+        if allowed is not None and root_cluster not in allowed:
+            return []
+        if seen is not None:
+            seen.add(root_cluster)
+    if _outside(root_span, lo, hi):
+        return []
+    walk(root, "", day, root_span)
     return found
 
 
@@ -212,16 +307,74 @@ def column_problem(source, target, read_values) -> str | None:
     return "not a number"
 
 
-def inspect_file(fs, f: StoreFile, contract_types: dict[str, Any]):
-    """(columns to read as (name, arrow type), None) or (None, one-line reason)."""
+@dataclass(frozen=True)
+class FileFacts:
+    """What one footer says: the columns to read (or why the file is bad), the
+    snapshot_ts range from its statistics (epoch µs; None when it has none),
+    its row count, and for a compacted file the names it covers."""
+
+    columns: tuple | None
+    problem: str | None
+    ts_min: int | None = None
+    ts_max: int | None = None
+    rows: int = 0
+    covers: frozenset[str] | None = None
+
+    @property
+    def lacks_stats(self) -> bool:
+        return self.problem is None and self.rows > 0 and self.ts_min is None
+
+
+def _to_micros(raw: int, unit: str | None) -> int | None:
+    if unit == "microseconds":
+        return raw
+    if unit == "milliseconds":
+        return raw * 1_000
+    if unit == "nanoseconds":
+        return raw // 1_000  # as the reader converts them (floor)
+    return None
+
+
+def _ts_statistics(metadata) -> tuple[int | None, int | None]:
+    """(min, max) snapshot_ts in epoch µs from the row groups' statistics, or (None, None)."""
+    import json
+
+    lo = hi = None
+    for i in range(metadata.num_row_groups):
+        group = metadata.row_group(i)
+        if group.num_rows == 0:
+            continue
+        column = next((group.column(j) for j in range(group.num_columns)
+                       if group.column(j).path_in_schema == "snapshot_ts"), None)
+        stats = column.statistics if column is not None else None
+        if stats is None or not stats.has_min_max or stats.physical_type != "INT64":
+            return None, None  # INT96 or no statistics: Spark has to look
+        try:
+            unit = json.loads(stats.logical_type.to_json()).get("timeUnit")
+        except (ValueError, AttributeError):
+            return None, None
+        g_lo, g_hi = _to_micros(stats.min_raw, unit), _to_micros(stats.max_raw, unit)
+        if g_lo is None or g_hi is None:
+            return None, None
+        lo = g_lo if lo is None else min(lo, g_lo)
+        hi = g_hi if hi is None else max(hi, g_hi)
+    return lo, hi
+
+
+def file_facts(fs, f: StoreFile, contract_types: dict[str, Any]) -> FileFacts:
+    """Read one footer (and, for a narrowing column, that column's values)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
+
+    from lagdoctor.store import compaction_facts, is_compacted_name
 
     try:
         with fs.open(f.path, "rb") as fh:
             # INT96 timestamps as µs: what Spark reads them as too
-            schema = pq.ParquetFile(fh, coerce_int96_timestamp_unit="us").schema_arrow
+            parquet = pq.ParquetFile(fh, coerce_int96_timestamp_unit="us")
+            schema, metadata = parquet.schema_arrow, parquet.metadata
     except Exception as exc:  # pyarrow raises ArrowInvalid/OSError for truncated or foreign files
-        return None, f"not a readable Parquet file: {one_line(exc)}"
+        return FileFacts(None, f"not a readable Parquet file: {one_line(exc)}")
 
     def values(name):
         def read():
@@ -233,7 +386,7 @@ def inspect_file(fs, f: StoreFile, contract_types: dict[str, Any]):
     names = [column.name for column in schema]
     twice = sorted({n for n in names if names.count(n) > 1 and n in contract_types})
     if twice:  # Spark refuses the whole read (COLUMN_ALREADY_EXISTS)
-        return None, f"column {twice[0]} appears more than once"
+        return FileFacts(None, f"column {twice[0]} appears more than once")
     keep = []
     for column in schema:
         target = contract_types.get(column.name)
@@ -242,18 +395,116 @@ def inspect_file(fs, f: StoreFile, contract_types: dict[str, Any]):
         try:
             problem = column_problem(column.type, target, values(column.name))
         except Exception as exc:  # reading the values failed: the file is damaged
-            return None, f"column {column.name} cannot be read: {one_line(exc)}"
+            return FileFacts(None, f"column {column.name} cannot be read: {one_line(exc)}")
         if problem:
-            return None, f"column {column.name} is {column.type} where contract 1 has {target} ({problem})"
-        import pyarrow as pa
-
+            return FileFacts(None, f"column {column.name} is {column.type} where contract 1 has {target} ({problem})")
         if not pa.types.is_null(column.type):  # an all-null column reads as absent: nulls
             keep.append((column.name, str(column.type)))
-    return tuple(keep), None
+    lo, hi = _ts_statistics(metadata)
+    compacted = compaction_facts(metadata.metadata) if is_compacted_name(f.path) else None
+    return FileFacts(tuple(keep), None, lo, hi, metadata.num_rows, compacted.covers if compacted else None)
 
 
-def inspect_store(path: str, days: tuple[date, date] | None = None) -> StoreInspection | None:
+def inspect_file(fs, f: StoreFile, contract_types: dict[str, Any]):
+    """(columns to read as (name, arrow type), None) or (None, one-line reason)."""
+    facts = file_facts(fs, f, contract_types)
+    return facts.columns, facts.problem
+
+
+def _read_footers(fs, files: list[StoreFile], types, opened: list[str]) -> dict[StoreFile, FileFacts]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not files:
+        return {}
+    opened.extend(f.relative for f in files)
+    with ThreadPoolExecutor(8) as pool:  # footers are small reads: latency-bound, above all on object stores
+        return dict(zip(files, pool.map(lambda f: file_facts(fs, f, types), files)))
+
+
+def _covered_files(files: list[StoreFile], facts: dict[StoreFile, FileFacts]) -> set[StoreFile]:
+    """Files a compacted file in the same folder holds the rows of (lagdoctor.store.covered_names)."""
+    from lagdoctor.store import covered_names
+
+    by_folder: dict[str, list[StoreFile]] = {}
+    for f in files:
+        by_folder.setdefault(f.path.rsplit("/", 1)[0], []).append(f)
+    skip: set[StoreFile] = set()
+    for folder_files in by_folder.values():
+        covers = {f.path.rsplit("/", 1)[-1]: facts[f].covers or frozenset()
+                  for f in folder_files if f in facts and facts[f].problem is None}
+        if not covers:
+            continue
+        names = covered_names(covers)
+        skip |= {f for f in folder_files if f.path.rsplit("/", 1)[-1] in names}
+    return skip
+
+
+def _read_batch(fs, files: list[StoreFile], types, opened: list[str]):
+    """Footers of `files`: compacted ones first, then those no compacted file covers
+    (covered files are never opened). Returns ({file: facts}, covered files)."""
+    from lagdoctor.store import is_compacted_name
+
+    facts = _read_footers(fs, [f for f in files if is_compacted_name(f.path)], types, opened)
+    covered = _covered_files(files, facts)
+    facts.update(_read_footers(fs, [f for f in files if f not in covered and f not in facts], types, opened))
+    return {f: x for f, x in facts.items() if f not in covered}, covered
+
+
+_LATEST_UNKNOWN = object()
+
+
+def _latest_micros(facts: dict[StoreFile, FileFacts]):
+    """The latest snapshot_ts among readable footers read so far; _LATEST_UNKNOWN when
+    one lacks statistics; None when none has rows."""
+    if any(x.lacks_stats for x in facts.values()):
+        return _LATEST_UNKNOWN
+    return max((x.ts_max for x in facts.values() if x.problem is None and x.ts_max is not None), default=None)
+
+
+def _footers_newest_first(fs, files: list[StoreFile], types, minutes: float,
+                          opened: list[str]) -> dict[StoreFile, FileFacts]:
+    """Footers read folder by folder, newest first, until the folders left end before
+    the window that the latest snapshot_ts seen (by statistics) begins."""
+    window = int(minutes * 60_000_000)
+
+    def folder_end(f: StoreFile) -> float:
+        return float("inf") if f.span is None else f.span[1].timestamp() * 1_000_000
+
+    pending = sorted(files, key=lambda f: (-folder_end(f), f.relative))
+    read: dict[StoreFile, FileFacts] = {}
+    while pending:
+        latest = _latest_micros(read)
+        if latest is _LATEST_UNKNOWN:  # no statistics somewhere: every footer, Spark finds the end
+            read.update(_read_batch(fs, pending, types, opened)[0])
+            break
+        if latest is not None and folder_end(pending[0]) <= latest - window:
+            break  # everything left ends before the window starts: never opened
+        batch = [f for f in pending if folder_end(f) == folder_end(pending[0])]
+        pending = pending[len(batch):]
+        read.update(_read_batch(fs, batch, types, opened)[0])
+    return read
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _micros_to_datetime(micros: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=micros)
+
+
+def _micros(value: datetime) -> int:
+    return (value.astimezone(timezone.utc) - _EPOCH) // timedelta(microseconds=1)
+
+
+def inspect_store(path: str, days: tuple[date, date] | None = None, *, window: WindowBounds | None = None,
+                  clusters: list[str] | None = None) -> StoreInspection | None:
     """Sort a store directory's files into readable groups and bad files (pyarrow only).
+
+    With `window` (or the older `days`), only the date= and hour= folders that
+    can hold it are listed; files whose footer statistics put them outside are
+    not read. Without --as-of but with a length, footers are read newest
+    folder first until the window's start is passed: older files are never
+    opened. Compacted files are opened first, and the files they cover never.
 
     None when the path is a single file or its filesystem is not available
     here (Spark then reads it as given). Raises SnapshotInputError when no
@@ -267,18 +518,30 @@ def inspect_store(path: str, days: tuple[date, date] | None = None) -> StoreInsp
         return None
     uri_root = path.rstrip("/")
     inspection = StoreInspection(fs, root.rstrip("/"), uri_root)
-    files = list_store_files(fs, inspection.root, uri_root, days)
+    lo, hi = window.fixed_range() if window is not None else _days_range(days)
+    listed = list_store_files(fs, inspection.root, uri_root, span=(lo, hi), clusters=clusters,
+                              seen=inspection.clusters_seen)
+    inspection.loose_files = any("cluster" not in f.folder_columns for f in listed) and not any(
+        p.startswith("cluster=") for p in inspection.root.split("/"))
     types = _contract_arrow_types()
-    readable: list[tuple[StoreFile, tuple]] = []
-    from concurrent.futures import ThreadPoolExecutor
+    if window is not None and window.as_of is None and window.minutes is not None:
+        facts = _footers_newest_first(fs, listed, types, window.minutes, inspection.opened)
+        latest = _latest_micros(facts)
+        if latest is not None and latest is not _LATEST_UNKNOWN:
+            lo = _micros_to_datetime(latest - int(window.minutes * 60_000_000))
+    else:
+        facts = _read_batch(fs, listed, types, inspection.opened)[0]
+    files = [f for f in listed if f in facts]
+    lo_us = None if lo is None else _micros(lo)
+    hi_us = None if hi is None else _micros(hi)
 
-    with ThreadPoolExecutor(8) as pool:  # footers are small reads: latency-bound, above all on object stores
-        results = list(pool.map(lambda f: inspect_file(fs, f, types), files))
-    for f, (columns, problem) in zip(files, results):
-        if problem:
-            inspection.bad.append(BadFile(f, problem))
-        else:
-            readable.append((f, columns))
+    readable: list[tuple[StoreFile, tuple]] = []
+    for f in files:
+        x = facts[f]
+        if x.problem:
+            inspection.bad.append(BadFile(f, x.problem))
+        elif x.ts_min is None or not ((lo_us is not None and x.ts_max < lo_us) or (hi_us is not None and x.ts_min > hi_us)):
+            readable.append((f, x.columns))  # statistics, not folder names, decide what is read
     if not readable:
         return inspection
     present = {name for f, columns in readable for name in (*[c for c, _ in columns], *f.folder_columns)}
@@ -288,14 +551,25 @@ def inspect_store(path: str, days: tuple[date, date] | None = None) -> StoreInsp
         raise SnapshotInputError(
             f"snapshots under {path} lack required column(s): {', '.join(missing)} (e.g. {example.uri})"
         )
+    kept = []
     for f, columns in readable:
-        lacking = missing_columns({c for c, _ in columns} | set(f.folder_columns))
+        in_file = {c for c, _ in columns}
+        lacking = missing_columns(in_file | set(f.folder_columns))
         if lacking:  # other files have them: this one is not contract 1
             inspection.bad.append(BadFile(f, f"lacks required column(s): {', '.join(lacking)}"))
             continue
-        key = (columns, f.folder_columns)
+        # folder values are read only for a required column the file lacks; a file's
+        # own typed columns are never overridden by its cluster=/date=/hour= folders
+        folders = f.folder_columns if missing_columns(in_file) else ()
+        key = (columns, folders)
         inspection.groups.setdefault(key, []).append(f)
         inspection.read_columns[key] = columns
+        kept.append(facts[f])
+    if kept and not any(x.lacks_stats for x in kept):
+        lows = [x.ts_min for x in kept if x.ts_min is not None]
+        if lows:
+            inspection.ts_range = (_micros_to_datetime(min(lows)),
+                                   _micros_to_datetime(max(x.ts_max for x in kept if x.ts_max is not None)))
     return inspection
 
 
@@ -335,9 +609,15 @@ class StoreRead:
     quarantined: list[dict]
     # bytes of the files read (None: the store was not listed here: a single file, or no fsspec filesystem)
     input_bytes: int | None = None
+    # earliest and latest snapshot_ts of the files read, from their footers (None: unknown
+    # without a Spark scan, or nothing read); resolve_window(..., ts_range=) takes it
+    ts_range: tuple[datetime, datetime] | None = None
+    # --clusters names with no cluster= folder in the store (and no loose files that might hold them)
+    missing_clusters: list[str] = field(default_factory=list)
 
 
-def read_snapshots(spark, path: str, *, days: tuple[date, date] | None = None):
+def read_snapshots(spark, path: str, *, days: tuple[date, date] | None = None,
+                   window: WindowBounds | None = None, clusters: list[str] | None = None):
     """Read every Parquet file under `path` (or the file itself) as contract 1.
 
     Raises SnapshotInputError (one line, naming the file and, for a schema
@@ -346,36 +626,64 @@ def read_snapshots(spark, path: str, *, days: tuple[date, date] | None = None):
     DataFrame: empty input is not an error. Moves nothing: see read_snapshot_store.
     """
     check_input_path(path)
-    inspection = inspect_store(path, days)
+    inspection = inspect_store(path, days, window=window, clusters=clusters)
     if inspection is None:
-        return _read_with_spark(spark, path)
+        return scope_clusters(_read_with_spark(spark, path), clusters)
     if inspection.bad:
         first = inspection.bad[0]
         raise SnapshotInputError(f"cannot read snapshot file {first.file.uri}: {first.reason}")
-    return _read_groups(spark, inspection)
+    return scope_clusters(_read_groups(spark, inspection), clusters)
 
 
 def read_snapshot_store(spark, path: str, now: datetime, *, days: tuple[date, date] | None = None,
+                        window: WindowBounds | None = None, clusters: list[str] | None = None,
                         job: str = "diagnose_lag", quarantine: bool = True) -> StoreRead:
     """Like read_snapshots, but with `quarantine` files that cannot be read are
     moved aside, not fatal (the DAGs ask for it; a bare job run moves nothing).
 
-    `now` stamps the reason files. Nothing is moved, and SnapshotInputError
-    names a file, when no file could be read at all (a wrong path or a wrong
-    schema everywhere is the user's input, not one poison file) or when a
-    required column is missing from every file.
+    `window` (window_bounds(--as-of, --window-minutes)) limits what is listed
+    and opened; `clusters` limits the cluster= folders listed and the rows
+    kept. `now` stamps the reason files. Nothing is moved, and
+    SnapshotInputError names a file, when no file could be read at all (a
+    wrong path or a wrong schema everywhere is the user's input, not one
+    poison file) or when a required column is missing from every file.
     """
     check_input_path(path)
-    inspection = inspect_store(path, days)
+    inspection = inspect_store(path, days, window=window, clusters=clusters)
     if inspection is None:
-        return StoreRead(_read_with_spark(spark, path), [])
+        return StoreRead(scope_clusters(_read_with_spark(spark, path), clusters), [])
     if inspection.bad and (not quarantine or not inspection.groups):
         first = inspection.bad[0]
         everywhere = "" if inspection.groups else f" (no file under {path} could be read)"
         raise SnapshotInputError(f"cannot read snapshot file {first.file.uri}: {first.reason}{everywhere}")
     quarantined = [quarantine_file(inspection, bad, now, job) for bad in inspection.bad]
     size = sum(f.size for files in inspection.groups.values() for f in files)
-    return StoreRead(_read_groups(spark, inspection), quarantined, size)
+    missing = []
+    if clusters and not inspection.loose_files:
+        from lagdoctor.store import cluster_folder_name
+
+        missing = [c for c in clusters if cluster_folder_name(c) not in inspection.clusters_seen]
+    return StoreRead(scope_clusters(_read_groups(spark, inspection), clusters), quarantined, size,
+                     inspection.ts_range, missing)
+
+
+def scope_clusters(df, clusters: list[str] | None):
+    """Only rows of the named clusters (None: all); for files outside cluster= folders."""
+    if not clusters:
+        return df
+    from pyspark.sql import functions as F
+
+    return df.where(F.col("cluster").isin(list(clusters)))
+
+
+def parse_clusters(value: str | None) -> list[str] | None:
+    """`--clusters a,b` -> ["a", "b"]; None when absent. ValueError (one line) for an empty list."""
+    if value is None:
+        return None
+    names = list(dict.fromkeys(n.strip() for n in value.split(",") if n.strip()))
+    if not names:
+        raise ValueError(f"--clusters names no cluster: {value!r}")
+    return names
 
 
 def _spark_type(arrow_type: str):
@@ -400,7 +708,15 @@ def _spark_type(arrow_type: str):
 
 
 def _read_groups(spark, inspection: StoreInspection):
-    """Read each schema group with its own exact schema, conform, union."""
+    """Read each schema group with its own exact schema, conform, union.
+
+    A group whose files hold every required column is read as a plain file
+    list (no partition discovery): a folder value (cluster=, date=, hour=)
+    never overrides a file's own typed column, and date=D/file beside
+    date=D/hour=H/file is no partition conflict. Only files lacking a
+    required column get it from their folders (basePath discovery; their
+    group shares one folder layout).
+    """
     from functools import reduce
 
     from pyspark.sql import functions as F
@@ -411,7 +727,11 @@ def _read_groups(spark, inspection: StoreInspection):
         columns, folders = key
         fields = [T.StructField(name, _spark_type(kind), True) for name, kind in columns]
         fields += [T.StructField(name, T.StringType(), True) for name in folders if name not in dict(columns)]
-        reader = spark.read.schema(T.StructType(fields)).option("basePath", inspection.uri_root)
+        reader = spark.read.schema(T.StructType(fields))
+        if folders:
+            reader = reader.option("basePath", inspection.uri_root)
+        else:
+            reader = reader.option("recursiveFileLookup", "true")  # no partition columns at all
         df = reader.parquet(*[f.uri for f in files])
         for name, kind in columns:
             if kind.startswith("timestamp[ns"):
@@ -542,15 +862,22 @@ def parse_as_of(value: str | None) -> datetime | None:
 
 
 def resolve_window(
-    df, as_of: datetime | None, window_minutes: float | None
+    df, as_of: datetime | None, window_minutes: float | None,
+    ts_range: tuple[datetime, datetime] | None = None,
 ) -> tuple[datetime, datetime] | None:
     """The window [start, end] the job diagnoses, or None when there is no data in it.
 
     Contract 2: end is --as-of or the latest snapshot_ts; start is end minus
-    --window-minutes, or the earliest snapshot_ts (up to end).
+    --window-minutes, or the earliest snapshot_ts (up to end). Without
+    --as-of, `ts_range` (StoreRead.ts_range: the footers' statistics of the
+    files read) gives them without a Spark scan of everything read; only
+    without it does Spark aggregate.
     """
     from pyspark.sql import functions as F
 
+    if as_of is None and ts_range is not None:
+        lo, hi = ts_range
+        return (hi - timedelta(minutes=window_minutes) if window_minutes is not None else lo), hi
     scoped = df if as_of is None else df.where(F.col("snapshot_ts") <= F.lit(as_of))
     if window_minutes is not None and as_of is not None:
         scoped = scoped.where(F.col("snapshot_ts") >= F.lit(as_of - timedelta(minutes=window_minutes)))
@@ -588,6 +915,10 @@ __all__ = [
     "select_window",
     "resolve_window",
     "parse_as_of",
+    "parse_clusters",
+    "scope_clusters",
+    "window_bounds",
+    "WindowBounds",
     "SNAPSHOT_COLUMNS",
     "SNAPSHOT_OPTIONAL_COLUMNS",
 ]
