@@ -388,9 +388,10 @@ def _update(fs, base: str, index: RunIndex, force: set[str]) -> bool:
             index.skipped[run_key] = _seconds(index.folders[run_key])
         new = new[:room]
         changed = True
+    elif index.skipped:
+        # Older folders a first use left unread: a few per refresh, newest first.
+        new += sorted(index.skipped, key=lambda r: (index.skipped[r], r), reverse=True)[:BACKFILL_RUNS]
     to_read += new
-    backfill = sorted(index.skipped, key=lambda r: (index.skipped[r], r), reverse=True)[:BACKFILL_RUNS]
-    to_read += [r for r in backfill if r not in to_read]
     for run_key in to_read:
         sig = signatures.get(run_key) if run_key in signatures else folder_signature(fs, f"{base}/{run_key}")
         index.skipped.pop(run_key, None)
