@@ -248,3 +248,170 @@ def test_store_read_reports_bytes_and_explicit_shuffle_setting_wins(spark, tmp_p
     assert right_size_shuffle(spark, read.input_bytes) is None
     assert spark.conf.get("spark.sql.shuffle.partitions") == "4"
     assert spark.conf.get("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning") == "true"
+
+
+# -- hour folders, window pruning, compaction, --clusters (issue 9) -----------------------------
+
+
+def hour_store(root, hours, cluster="prod", per_hour=2, day="2026-11-21"):
+    """Snapshot files written by lagdoctor.store: `per_hour` samples in each hour of `hours`."""
+    from lagdoctor import store
+
+    base = datetime.fromisoformat(f"{day}T00:00:00+00:00")
+    written = []
+    for hour in hours:
+        for k in range(per_hour):
+            ts = base + timedelta(hours=hour, minutes=20 * k)
+            table = _at(contract_table(n=1, cluster=cluster), ts)
+            written.append(store.write_snapshot(table, str(root), cluster, ts))
+    return written
+
+
+def _at(table, ts):
+    """`table` with every snapshot_ts set to `ts`."""
+    import pyarrow as pa
+
+    return table.set_column(0, table.schema.field(0), pa.array([ts] * table.num_rows, table.schema.field(0).type))
+
+
+def garbage(path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.write(b"PAR1 not a parquet file")
+    return path
+
+
+@pytest.mark.parametrize(
+    "as_of, minutes, expected",
+    [
+        # a window that ends exactly on the hour holds a snapshot taken at that instant: hour 12 is listed
+        ("2026-11-21T12:00:00Z", 30, ["date=2026-11-21/hour=11", "date=2026-11-21/hour=12"]),
+        # and one that starts exactly on the hour does not need the hour before
+        ("2026-11-21T12:30:00Z", 30, ["date=2026-11-21/hour=12"]),
+        ("2026-11-21T13:00:00Z", 60, ["date=2026-11-21/hour=12", "date=2026-11-21/hour=13"]),
+        # across midnight: the last hour of one day and the first of the next
+        ("2026-11-22T00:10:00Z", 30, ["date=2026-11-21/hour=23", "date=2026-11-22/hour=00"]),
+    ],
+)
+def test_only_hour_folders_of_the_window_are_opened(tmp_path, as_of, minutes, expected):
+    from lagdoctor.diagnosis.snapshots import inspect_store, parse_as_of, window_bounds
+
+    for day, hours in (("2026-11-21", range(10, 24)), ("2026-11-22", range(0, 3))):
+        for hour in hours:
+            garbage(str(tmp_path / f"cluster=prod/date={day}/hour={hour:02d}/a.parquet"))
+    inspection = inspect_store(str(tmp_path), window=window_bounds(parse_as_of(as_of), minutes))
+    assert sorted(b.file.relative.rsplit("/", 1)[0] for b in inspection.bad) == [f"cluster=prod/{e}" for e in expected]
+    assert sorted(inspection.opened) == sorted(b.file.relative for b in inspection.bad)
+
+
+def test_flat_day_folders_are_listed_whole_beside_hour_folders(tmp_path):
+    from lagdoctor.diagnosis.snapshots import inspect_store, parse_as_of, window_bounds
+
+    garbage(str(tmp_path / "cluster=prod/date=2026-11-21/old.parquet"))  # before issue 9
+    garbage(str(tmp_path / "cluster=prod/date=2026-11-20/old.parquet"))
+    garbage(str(tmp_path / "cluster=prod/date=2026-11-21/hour=05/new.parquet"))
+    garbage(str(tmp_path / "cluster=prod/date=2026-11-21/hour=12/new.parquet"))
+    inspection = inspect_store(str(tmp_path), window=window_bounds(parse_as_of("2026-11-21T12:10:00Z"), 20))
+    assert sorted(b.file.relative for b in inspection.bad) == [
+        "cluster=prod/date=2026-11-21/hour=12/new.parquet", "cluster=prod/date=2026-11-21/old.parquet"]
+
+
+def test_mixed_layouts_read_once_and_the_file_keeps_its_cluster_value(spark, tmp_path):
+    from lagdoctor.contracts import SNAPSHOT_COLUMN_NAMES
+    from lagdoctor.diagnosis.snapshots import optional_columns, read_snapshots
+
+    # folder cluster=my_cluster, rows "my cluster": the folder value must never override the file's
+    write(contract_table(cluster="my cluster"), str(tmp_path / "cluster=my_cluster/date=2026-11-21/old.parquet"))
+    hour_store(tmp_path, [12, 13], cluster="my cluster")
+    # a file that lacks the cluster column still gets it from its folder
+    write(contract_table(drop=("cluster",)), str(tmp_path / "cluster=dr/date=2026-11-21/hour=12/x.parquet"))
+    df = read_snapshots(spark, str(tmp_path))
+    assert list(df.columns) == [*SNAPSHOT_COLUMN_NAMES, *[c[0] for c in optional_columns()]]  # no date, no hour
+    counts = {r["cluster"]: r["count"] for r in df.groupBy("cluster").count().collect()}
+    assert counts == {"my cluster": 3 + 4, "dr": 3}
+
+
+def test_out_of_window_files_are_never_opened_not_even_to_quarantine(spark, tmp_path):
+    from lagdoctor.diagnosis.snapshots import parse_as_of, read_snapshot_store, resolve_window, window_bounds
+
+    hour_store(tmp_path, [10, 11, 12])
+    old = garbage(str(tmp_path / "cluster=prod/date=2026-11-21/hour=09/snapshot-bad.parquet"))
+    as_of = parse_as_of("2026-11-21T12:20:00Z")
+    read = read_snapshot_store(spark, str(tmp_path), T0, window=window_bounds(as_of, 60), quarantine=True)
+    assert read.quarantined == [] and os.path.exists(old)
+    start, end = resolve_window(read.snapshots, as_of, 60)
+    assert (start, end) == (as_of - timedelta(minutes=60), as_of)
+    # files in the listed folders but outside the window by their statistics are not read either
+    assert sorted(r["snapshot_ts"].hour * 60 + r["snapshot_ts"].minute for r in read.snapshots.collect()) == [
+        11 * 60 + 20, 12 * 60, 12 * 60 + 20]
+
+
+def test_without_as_of_the_end_comes_from_footers_and_old_folders_stay_closed(spark, tmp_path):
+    from lagdoctor.diagnosis.snapshots import inspect_store, read_snapshot_store, resolve_window, window_bounds
+
+    hour_store(tmp_path, [9, 10, 11, 12])
+    old = garbage(str(tmp_path / "cluster=prod/date=2026-11-21/hour=08/snapshot-bad.parquet"))
+    window = window_bounds(None, 30)
+    inspection = inspect_store(str(tmp_path), window=window)
+    # the newest hour holds the end (12:20); hour 11 may hold 11:50-12:00; older hours are never opened
+    assert {f.rsplit("/", 2)[-2] for f in inspection.opened} == {"hour=11", "hour=12"}
+    assert sum(len(files) for files in inspection.groups.values()) == 2  # 11:00 and 11:20: out, by statistics
+    read = read_snapshot_store(spark, str(tmp_path), T0, window=window, quarantine=True)
+    assert read.quarantined == [] and os.path.exists(old)
+    end = datetime(2026, 11, 21, 12, 20, tzinfo=timezone.utc)
+    assert read.ts_range == (datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc), end)
+    assert resolve_window(read.snapshots, None, 30, ts_range=read.ts_range) == (end - timedelta(minutes=30), end)
+    # the same answer Spark's scan of everything gives
+    everything = read_snapshot_store(spark, str(tmp_path / "cluster=prod/date=2026-11-21/hour=12"), T0)
+    assert resolve_window(everything.snapshots, None, 30) == (end - timedelta(minutes=30), end)
+    # a 90-minute window (from 10:50) reaches into hour 10, not hour 9
+    wider = inspect_store(str(tmp_path), window=window_bounds(None, 90))
+    assert {f.rsplit("/", 2)[-2] for f in wider.opened} == {"hour=10", "hour=11", "hour=12"}
+    assert sum(len(files) for files in wider.groups.values()) == 4  # 10:00 and 10:20 are before 10:50
+
+
+def test_a_file_without_statistics_falls_back_to_spark(spark, tmp_path):
+    import pyarrow.parquet as pq
+
+    from lagdoctor.diagnosis.snapshots import read_snapshot_store, resolve_window, window_bounds
+
+    hour_store(tmp_path, [11])
+    late = _at(contract_table(n=1), datetime(2026, 11, 21, 12, 40, tzinfo=timezone.utc))
+    path = tmp_path / "cluster=prod/date=2026-11-21/hour=12/no-stats.parquet"
+    path.parent.mkdir(parents=True)
+    pq.write_table(late, path, write_statistics=False)
+    read = read_snapshot_store(spark, str(tmp_path), T0, window=window_bounds(None, 30))
+    assert read.ts_range is None  # unknown from footers: Spark finds it
+    end = datetime(2026, 11, 21, 12, 40, tzinfo=timezone.utc)
+    assert resolve_window(read.snapshots, None, 30, ts_range=read.ts_range) == (end - timedelta(minutes=30), end)
+
+
+def test_a_compacted_hour_is_read_instead_of_its_originals(spark, tmp_path):
+    from lagdoctor import store
+    from lagdoctor.diagnosis.snapshots import inspect_store, read_snapshot_store
+
+    hour_store(tmp_path, [10, 11], per_hour=3)
+    before = sorted(tuple(r) for r in read_snapshot_store(spark, str(tmp_path), T0).snapshots.collect())
+    store.compact_snapshots(str(tmp_path), datetime(2026, 11, 21, 20, 0, tzinfo=timezone.utc))
+    inspection = inspect_store(str(tmp_path))
+    assert sorted(f.rsplit("/", 1)[-1][:10] for f in inspection.opened) == ["compacted-"] * 2  # originals unopened
+    after = sorted(tuple(r) for r in read_snapshot_store(spark, str(tmp_path), T0).snapshots.collect())
+    assert after == before and len(after) == 6
+
+
+def test_clusters_limit_the_folders_listed_and_the_rows_kept(spark, tmp_path):
+    from lagdoctor.diagnosis.snapshots import inspect_store, read_snapshot_store
+
+    hour_store(tmp_path, [12], cluster="prod")
+    garbage(str(tmp_path / "cluster=dr/date=2026-11-21/hour=12/bad.parquet"))  # never listed
+    read = read_snapshot_store(spark, str(tmp_path), T0, clusters=["prod", "nowhere"], quarantine=False)
+    assert {r["cluster"] for r in read.snapshots.collect()} == {"prod"} and read.snapshots.count() == 2
+    assert read.missing_clusters == ["nowhere"]
+    assert inspect_store(str(tmp_path), clusters=["nowhere"]).opened == []
+    # a loose file (no cluster= folder) holding two clusters: rows of others are dropped
+    loose = tmp_path.parent / f"{tmp_path.name}-loose"
+    import pyarrow as pa
+
+    write(pa.concat_tables([contract_table(cluster="prod"), contract_table(cluster="dr")]), str(loose / "all.parquet"))
+    read = read_snapshot_store(spark, str(loose), T0, clusters=["dr"])
+    assert {r["cluster"] for r in read.snapshots.collect()} == {"dr"} and read.missing_clusters == []

@@ -150,3 +150,54 @@ def test_read_error_rows_read_back_beside_older_files_without_the_column(tmp_pat
         (1, 100, 7, None),
         (0, None, None, "log end offset: Local: Timed out (_TIMED_OUT)"),
     ]
+
+
+# -- hour folders (issue 9) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "ts, folder",
+    [
+        (T0, "cluster=prod/date=2026-11-21/hour=03"),
+        (datetime(2026, 11, 21, 23, 59, 59, 999999, tzinfo=timezone.utc), "cluster=prod/date=2026-11-21/hour=23"),
+        (datetime(2026, 11, 22, 0, 0, tzinfo=timezone.utc), "cluster=prod/date=2026-11-22/hour=00"),
+        # a local time is foldered by its UTC hour, as the rows' snapshot_ts is
+        (datetime(2026, 11, 22, 1, 30, tzinfo=timezone(timedelta(hours=2))), "cluster=prod/date=2026-11-21/hour=23"),
+    ],
+)
+def test_new_writes_go_to_the_utc_hour_folder(tmp_path, ts, folder):
+    path = store.write_snapshot(snapshot(ts), str(tmp_path), "prod", ts)
+    assert path.rsplit("/", 1)[0] == f"{tmp_path}/{folder}"
+
+
+def test_old_flat_date_folders_and_hour_folders_read_together(tmp_path):
+    # a store from before issue 9: files straight in date=; new files beside them in hour=
+    old = tmp_path / "cluster=prod" / "date=2026-11-21" / "snapshot-20261121T020000000000Z-run-0-0.parquet"
+    old.parent.mkdir(parents=True)
+    pq.write_table(snapshot(T0 - timedelta(hours=1), lags=(1, 2)), old)
+    store.write_snapshot(snapshot(T0), str(tmp_path), "prod", T0)
+    assert sorted(store.read_snapshots(str(tmp_path)).column("lag").to_pylist()) == [1, 2, 5, 7]
+    # the old file's key still makes a retried write a no-op
+    assert store.find_keyed_snapshots(str(tmp_path), "prod", ["run-0-0"]) == {"run-0-0": str(old)}
+    assert store.write_snapshot(snapshot(T0), str(tmp_path), "prod", T0, key="run-0-0") is None
+    assert len(store.list_snapshot_files(str(tmp_path))) == 2
+
+
+def test_a_store_inside_a_dot_folder_is_read(tmp_path):
+    root = tmp_path / ".lagdoctor" / "data"  # e.g. /home/me/.lagdoctor/data
+    store.write_snapshot(snapshot(T0), str(root), "prod", T0)
+    (root / "_quarantine" / "cluster=prod").mkdir(parents=True)  # below the root: still skipped
+    pq.write_table(snapshot(T0, lags=(9, 9)), root / "_quarantine" / "cluster=prod" / "x.parquet")
+    assert len(store.list_snapshot_files(str(root))) == 1
+    assert store.read_snapshots(str(root)).column("lag").to_pylist() == [5, 7]
+    assert store.read_snapshots(f"file://{root}").num_rows == 2
+
+
+def test_retention_prunes_days_with_hour_folders(tmp_path):
+    for days_ago in (0, 10):
+        ts = T0 - timedelta(days=days_ago)
+        store.write_snapshot(snapshot(ts), str(tmp_path), "prod", ts)
+    removed = store.prune_snapshots(str(tmp_path), keep_days=7, today=T0)
+    assert [r.rsplit("/", 1)[-1] for r in removed] == ["date=2026-11-11"]
+    assert [p.rsplit("/", 3)[-3:-1] for p in store.list_snapshot_files(str(tmp_path))] == [
+        ["date=2026-11-21", "hour=03"]]
