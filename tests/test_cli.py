@@ -203,3 +203,34 @@ def test_describe_shows_unknown_as_dash_and_names_the_failed_read(kafka_bootstra
     assert body == [[group, topic, "0", "4", "10", "6", "-", "-", "-"],
                     [group, topic, "1", "5", "-", "-", "-", "-", "-"]]
     assert len(err) == 1 and "could not read log end offset: Local: Timed out" in err[0]
+
+
+def test_compact_folds_closed_hours_under_the_data_root_and_prints_one_line(tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    import pyarrow as pa
+
+    from lagdoctor.contracts import snapshot_arrow_schema
+    from lagdoctor.store import write_snapshot
+
+    snapshots = tmp_path / "data" / "snapshots"
+    start = datetime(2026, 11, 21, 3, 0, tzinfo=timezone.utc)  # long closed, whatever today is
+    for cluster in ("prod", "dr"):
+        for k in range(3):
+            ts = start + timedelta(minutes=5 * k)
+            row = dict(snapshot_ts=ts, cluster=cluster, group_id="g", group_state="STABLE", topic="t", partition=0,
+                       log_start_offset=0, log_end_offset=10, committed_offset=10 - k, lag=k, member_id="m",
+                       client_id="c", host="h", group_members=1)
+            write_snapshot(pa.Table.from_pylist([row], schema=snapshot_arrow_schema()), str(snapshots), cluster, ts)
+    before = sorted(read_snapshots(str(snapshots)).to_pylist(), key=lambda r: (r["cluster"], r["snapshot_ts"]))
+    result = run("compact", "--data-root", str(tmp_path / "data"), "--cluster", "prod")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"compacted 1 hour(s): 3 files folded, 3 rows; 0 covered files removed under {snapshots}"]
+    files = list_snapshot_files(str(snapshots))
+    assert sum("/compacted-" in f for f in files) == 1 and sum("cluster=dr" in f for f in files) == 3
+    after = sorted(read_snapshots(str(snapshots)).to_pylist(), key=lambda r: (r["cluster"], r["snapshot_ts"]))
+    assert after == before
+    # the data root from the environment, as the other commands take it
+    again = run("compact", env={"LAGDOCTOR_DATA_ROOT": str(tmp_path / "data")})
+    assert again.returncode == 0 and again.stdout.startswith("compacted 1 hour(s): 3 files folded"), again.stderr

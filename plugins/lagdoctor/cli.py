@@ -123,6 +123,18 @@ def cmd_diagnose(args: argparse.Namespace, passthrough: list[str]) -> int:
     )
 
 
+# -- compact ------------------------------------------------------------------
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    from lagdoctor.settings import Settings
+    from lagdoctor.store import compact_snapshots
+
+    settings = Settings(data_root=args.data_root) if args.data_root else Settings.from_env()
+    result = compact_snapshots(settings.snapshots_root, datetime.now(timezone.utc), cluster=args.cluster)
+    print(f"{result.summary()} under {settings.snapshots_root}", flush=True)
+    return 0
+
+
 # -- metrics ------------------------------------------------------------------
 
 def cmd_metrics(args: argparse.Namespace) -> int:
@@ -200,6 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window-minutes", type=float, default=None, metavar="N")
     p.add_argument("--master", default=None, help="Spark master (default: local[*])")
     p.set_defaults(func=cmd_diagnose)
+
+    p = sub.add_parser("compact", help="fold each closed hour's snapshot files into one file")
+    p.add_argument("--data-root", default=None, metavar="PATH",
+                   help="lagdoctor data root; snapshots under PATH/snapshots (default: $LAGDOCTOR_DATA_ROOT)")
+    p.add_argument("--cluster", default=None, metavar="NAME", help="only this cluster (default: all)")
+    p.set_defaults(func=cmd_compact)
 
     p = sub.add_parser("metrics", help="serve Prometheus metrics of the latest findings at /metrics")
     p.add_argument("--port", type=int, required=True, metavar="N", help="port to listen on (0: a free one)")
