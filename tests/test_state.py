@@ -104,3 +104,163 @@ def test_two_processes_racing_for_one_lease_exactly_one_wins(state_url):
     assert sum(outcomes.values()) == 1, outcomes
     winner = next(h for h, won in outcomes.items() if won)
     assert StateDB.from_url(state_url).lease_holder("prod/orders/restart_consumers") == winner
+
+
+# -- retention -----------------------------------------------------------------------
+
+def _record(key, status, ts, *, group="orders", dry_run=False, **extra):
+    return {"idempotency_key": key, "run_id": f"run-{key}", "action": "restart_consumers", "cluster": "prod",
+            "group_id": group, "topic": "orders", "status": status, "dry_run": dry_run, "ts": ts.isoformat(),
+            "target": f"deployment {group}", **extra}
+
+
+def test_pruning_the_action_log_changes_no_guardrail_verdict_and_keeps_a_key_whole(state_url):
+    from lagdoctor.remediation.audit import ActionLog, prune_action_log
+    from lagdoctor.remediation.config import RemediationConfig
+    from lagdoctor.remediation.guardrails import check_guardrails
+
+    db = StateDB.from_url(state_url)
+    audit = ActionLog(db)
+    for record in [
+        _record("old-executed", "started", NOW - timedelta(days=12)),
+        _record("old-executed", "executed", NOW - timedelta(days=12)),
+        _record("old-dry-run", "dry_run", NOW - timedelta(days=10), dry_run=True),
+        _record("old-failure", "started", NOW - timedelta(days=9)),
+        _record("old-failure", "failed", NOW - timedelta(days=9), may_have_changed=True),
+        # started 9 days ago, finished yesterday: its key is recent, so all of it stays
+        _record("long-running", "started", NOW - timedelta(days=9), group="billing"),
+        _record("long-running", "executed", NOW - timedelta(days=1), group="billing"),
+        # no outcome yet: counts against the cooldown and the cap
+        _record("in-flight", "started", NOW - timedelta(minutes=40), group="payments"),
+        _record("recent", "executed", NOW - timedelta(minutes=20), group="search"),
+    ]:
+        audit.append(record)
+    config = RemediationConfig(cooldown_minutes=60, max_actions_per_hour=2)
+
+    def verdicts():
+        history = audit.attempts_since(NOW - timedelta(hours=1))
+        return {g: check_guardrails(cluster="prod", group_id=g, action="restart_consumers", config=config,
+                                    history=history, now=NOW, target=f"deployment {g}")
+                for g in ("orders", "billing", "payments", "search")}
+
+    before = verdicts()
+    assert (before["payments"].rule, before["search"].rule, before["orders"].rule) == (
+        "cooldown", "cooldown", "hourly_cap")
+    assert prune_action_log(8, NOW, db=db, window=timedelta(hours=1)) == 5
+    assert verdicts() == before
+    assert {r["idempotency_key"] for r in audit.records()} == {"long-running", "in-flight", "recent"}
+    assert [r["status"] for r in audit.for_key("long-running")] == ["started", "executed"]
+
+
+def test_a_cooldown_longer_than_retention_keeps_its_records_until_it_ends(state_url, monkeypatch):
+    from types import SimpleNamespace
+
+    from lagdoctor.remediation.audit import ActionLog, guardrail_window, prune_action_log
+    from lagdoctor.remediation.config import RemediationConfig
+    from lagdoctor.remediation.guardrails import check_guardrails
+
+    monkeypatch.setenv("LAGDOCTOR_REMEDIATION_CONFIG", '{"cooldown_minutes": 20160}')  # two weeks
+    assert guardrail_window() == timedelta(days=14)
+    # A runbook may lengthen a cooldown, and then its window is the longest.
+    runbook = SimpleNamespace(actions=[SimpleNamespace(guardrails={"cooldown_minutes": 43200})])
+    assert guardrail_window(RemediationConfig(), [runbook]) == timedelta(days=30)
+
+    db = StateDB.from_url(state_url)
+    audit = ActionLog(db)
+    audit.append(_record("ten-days-ago", "executed", NOW - timedelta(days=10)))
+    assert prune_action_log(8, NOW, db=db) == 0
+    verdict = check_guardrails(cluster="prod", group_id="orders", action="restart_consumers",
+                               config=RemediationConfig.from_env(), now=NOW, target="deployment orders",
+                               history=audit.attempts_since(NOW - guardrail_window()))
+    assert verdict.rule == "cooldown"
+    assert prune_action_log(8, NOW + timedelta(days=5), db=db) == 1  # 15 days old: the cooldown is over
+
+
+class FlakySlack:
+    """A Slack sender that accepts `ok` more posts, then fails (None: always accepts)."""
+
+    kind = "test"
+
+    def __init__(self) -> None:
+        self.posts: list[dict] = []
+        self.ok: int | None = None
+
+    def post(self, *, text, blocks, thread_ts=None, channel=None):
+        from lagdoctor.notify.slack import Posted
+
+        if self.ok is not None:
+            if self.ok <= 0:
+                raise ConnectionError("Slack is unreachable")
+            self.ok -= 1
+        ts = f"1700000{len(self.posts):03d}.000100"
+        self.posts.append({"text": text, "thread_ts": thread_ts, "ts": ts})
+        return Posted(channel or "C0LAGDOC", ts)
+
+
+def _problem(group, severity="warning", lag=1000, diagnosis="slow_consumer"):
+    return {"cluster": "prod", "group_id": group, "topic": "t", "partitions": [0], "diagnosis": diagnosis,
+            "pattern": "steady_climb", "severity": severity, "summary": f"{group}: lag {lag}",
+            "evidence": {"lag_total": lag}, "window_start": "2026-11-01T09:30:00Z",
+            "window_end": "2026-11-01T10:00:00Z"}
+
+
+def test_pruning_slack_state_keeps_undelivered_messages_and_every_open_thread(state_url, tmp_path):
+    from types import SimpleNamespace
+
+    from lagdoctor.notify import incidents, outbox
+    from lagdoctor.state import prune_state, run_threads, slack_messages
+
+    settings = Settings(data_root=str(tmp_path))
+    db = StateDB.from_url(state_url)
+    slack = FlakySlack()
+    old = NOW - timedelta(days=20)
+    healthy = dict(_problem("billing", "ok", 0, "healthy"), pattern="flat")
+
+    # 20 days ago: orders opened an incident (still open); billing opened one and recovered;
+    # a manual run looked at search (nothing wrong); a sweep failed (its thread is open).
+    incidents.post_or_update_incident(_problem("orders"), run_id="r1", sender=slack, settings=settings, now=old)
+    incidents.post_or_update_incident(_problem("billing"), run_id="r1", sender=slack, settings=settings, now=old)
+    incidents.post_or_update_incident(healthy, run_id="r2", sender=slack, settings=settings, now=old)
+    incidents.post_incident_run([{"finding": dict(healthy, group_id="search"), "plan": None}], run_id="manual-1",
+                                scope="prod / search", sender=slack, settings=settings, now=old)
+    ti = SimpleNamespace(dag_id="kafka_lag_health_sweep", task_id="diagnose", run_id="scheduled__1")
+    incidents.notify_failure({"ti": ti, "run_id": "scheduled__1", "exception": RuntimeError("spark died")},
+                             sender=slack, settings=settings, now=old)
+    # Then Slack took a first message and failed the reply queued under it, and a notice.
+    with db.transaction() as conn:
+        first = outbox.queue_message(db, conn, dedupe_key="notice:first", text="first", blocks=[], now=old)
+        outbox.queue_message(db, conn, dedupe_key="notice:reply", text="reply", blocks=[], parent_id=first, now=old)
+        outbox.queue_message(db, conn, dedupe_key="notice:quarantine", text="quarantined", blocks=[], now=old)
+    slack.ok = 1
+    outbox.deliver_pending(db, slack, now=old, wait_s=0)
+    db.acquire_lease("deployment orders", "a-run-that-died", timedelta(minutes=15), now=old)
+    db.acquire_lease("deployment search", "a-live-run", timedelta(minutes=15), now=NOW)
+    posted = {p["text"]: p["ts"] for p in slack.posts}
+    assert len(outbox.pending_messages(db)) == 2
+
+    counts = prune_state(8, NOW, settings=settings)
+
+    assert counts["incident_threads"] == 1  # billing's, closed 20 days ago
+    assert counts["run_threads"] == 1 and counts["leases"] == 1
+    assert counts["slack_messages"] == 3  # billing's post and recovery, the manual run's header
+    with db.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(run_threads)).scalar() == 0
+        left = set(conn.execute(sa.select(slack_messages.c.text)).scalars())
+    assert {"first", "reply", "quarantined"} <= left
+    assert db.lease_holder("deployment search", now=NOW) == "a-live-run"
+    # Slack is back: what waited goes out, the reply in its parent's thread.
+    slack.ok = None
+    outbox.deliver_pending(db, slack, now=NOW, wait_s=0)
+    assert outbox.pending_messages(db) == []
+    sent = {p["text"]: p["thread_ts"] for p in slack.posts[-2:]}
+    assert sent == {"reply": posted["first"], "quarantined": None}
+    # The open incident still replies in its 20-day-old thread.
+    root_ts = slack.posts[0]["ts"]
+    incidents.post_or_update_incident(_problem("orders", "critical", 9000), run_id="r9", sender=slack,
+                                      settings=settings, now=NOW)
+    assert slack.posts[-1]["thread_ts"] == root_ts
+    # And so does the open failure thread.
+    incidents.notify_failure({"ti": ti, "run_id": "scheduled__9", "exception": RuntimeError("broker down")},
+                             sender=slack, settings=settings, now=NOW)
+    failure_root = next(p["ts"] for p in slack.posts if "kafka_lag_health_sweep" in p["text"])
+    assert slack.posts[-1]["thread_ts"] == failure_root

@@ -14,6 +14,11 @@ A non-local data root (s3a://...) with neither of the first two is refused
 with one line: SQLite on each worker would keep per-host state, and
 guardrails that hold per host only are not guardrails.
 
+Retention (``prune_state``) removes what only grows: delivered Slack messages,
+closed incident threads, manual runs' threads and leases that expired long
+ago, and the old action log (lagdoctor.remediation.audit.prune_action_log);
+never an undelivered message, nor anything an open thread still replies under.
+
 This is never Airflow's own metadata database: tasks in Airflow 3 may not
 touch it. Check-then-act goes through ``transaction()``: on SQLite it takes
 the write lock at BEGIN (``BEGIN IMMEDIATE``), on PostgreSQL the callers rely
@@ -363,3 +368,75 @@ def dispose_engines() -> None:
         for engine in _engines.values():
             engine.dispose()
         _engines.clear()
+
+
+# -- retention -------------------------------------------------------------------
+
+def _root_id(data: Any) -> int | None:
+    value = data.get("root_message_id") if isinstance(data, dict) else None
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def prune_notifications(db: StateDB, before: datetime) -> dict[str, int]:
+    """Delete Slack state older than ``before`` that nothing can use any more; rows deleted per table.
+
+    - ``slack_messages``: sent or rejected before ``before``, unless a pending
+      reply waits for it as its parent, or it is the first message of an open
+      incident or failure thread or of a kept run thread (replies take their
+      thread's ts from it). Pending messages are never deleted.
+    - ``incident_threads``: closed and not updated since ``before`` (a new
+      problem opens a new thread either way).
+    - ``run_threads``: not updated since ``before``, unless an open incident
+      thread still replies under its first message.
+    - ``leases``: expired before ``before`` (an expired lease is a free one).
+    """
+    before = as_utc(before)
+    with db.transaction() as conn:
+        roots = [_root_id(d) for d in conn.execute(
+            sa.select(incident_threads.c.data).where(incident_threads.c.status == "open")).scalars()]
+        roots += [_root_id(d) for d in conn.execute(sa.select(failure_threads.c.data)).scalars()
+                  if isinstance(d, dict) and d.get("status") == "open"]
+        keep = {r for r in roots if r is not None}
+        old_runs = []
+        for row in conn.execute(sa.select(run_threads.c.run_key, run_threads.c.data, run_threads.c.updated_at)).all():
+            root = _root_id(row.data)
+            if as_utc(row.updated_at) < before and root not in keep:
+                old_runs.append(row.run_key)
+            elif root is not None:
+                keep.add(root)
+        counts = {"run_threads": 0}
+        for i in range(0, len(old_runs), 500):
+            counts["run_threads"] += conn.execute(
+                sa.delete(run_threads).where(run_threads.c.run_key.in_(old_runs[i:i + 500]))).rowcount or 0
+        counts["incident_threads"] = conn.execute(sa.delete(incident_threads).where(
+            incident_threads.c.status == "closed", incident_threads.c.updated_at < before)).rowcount or 0
+        waiting_parents = sa.select(slack_messages.c.parent_id).where(
+            slack_messages.c.status == "pending", slack_messages.c.parent_id.is_not(None))
+        stmt = sa.delete(slack_messages).where(
+            slack_messages.c.status.in_(("sent", "rejected")),
+            sa.func.coalesce(slack_messages.c.sent_at, slack_messages.c.created_at) < before,
+            slack_messages.c.id.not_in(waiting_parents),
+        )
+        if keep:
+            stmt = stmt.where(slack_messages.c.id.not_in(sorted(keep)))
+        counts["slack_messages"] = conn.execute(stmt).rowcount or 0
+        counts["leases"] = conn.execute(sa.delete(leases).where(leases.c.expires_at < before)).rowcount or 0
+    return counts
+
+
+def prune_state(keep_days: float, now: datetime, *, settings: Any = None) -> dict[str, int]:
+    """Retention for the whole state database: rows deleted per table.
+
+    Slack state older than ``keep_days`` (``prune_notifications``) and the
+    action log (``prune_action_log``: never inside a guardrail's window).
+    """
+    # Imported here: remediation sits above this module; one call prunes all.
+    from lagdoctor.remediation.audit import prune_action_log
+
+    db = state_db(settings)
+    counts = prune_notifications(db, as_utc(now) - timedelta(days=keep_days))
+    counts["action_log"] = prune_action_log(keep_days, now, db=db)
+    for table, n in counts.items():
+        if n:
+            log.info("retention: %d row(s) removed from %s", n, table)
+    return counts

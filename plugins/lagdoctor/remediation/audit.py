@@ -9,6 +9,11 @@ Guardrails read it back through ``attempts_since``: a real change counts
 against cooldowns and the hourly cap from the moment its ``started`` record is
 written, and keeps counting unless its outcome proves nothing changed. Dry
 runs never count.
+
+Retention (``prune_action_log``) deletes an idempotency key's records once its
+newest record is older than both the retention and the longest guardrail
+window (``guardrail_window``): nothing older can count against a cooldown or
+the cap, and a key's history goes whole, so a retry never sees half of it.
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
-from datetime import datetime
-from typing import Any, Iterator
+from datetime import datetime, timedelta
+from typing import Any, Iterable, Iterator
 
 import sqlalchemy as sa
 
@@ -90,6 +95,17 @@ class ActionLog:
             record=data,
         ))
 
+    def prune(self, before: datetime, *, conn: sa.Connection | None = None) -> int:
+        """Delete the records of every idempotency key whose newest record is older
+        than ``before``; returns how many rows went."""
+        if conn is None:
+            with self.db.transaction() as c:
+                return self.prune(before, conn=c)
+        recent = sa.select(action_log.c.idempotency_key).where(action_log.c.ts >= before)
+        result = conn.execute(sa.delete(action_log).where(action_log.c.ts < before,
+                                                          action_log.c.idempotency_key.not_in(recent)))
+        return int(result.rowcount or 0)
+
     def records(self, *, conn: sa.Connection | None = None) -> Iterator[dict[str, Any]]:
         """Every record, oldest first."""
         yield from self._read(sa.select(action_log.c.record), conn)
@@ -139,3 +155,38 @@ class ActionLog:
             elif outcome["status"] == "failed" and outcome.get("may_have_changed", True):
                 counted.append({**records[last], "outcome": "failed"})
         return counted
+
+
+def guardrail_window(config: Any = None, runbooks: Iterable[Any] | None = None) -> timedelta:
+    """How far back any guardrail looks: the hourly cap's hour, the configured
+    cooldown, or a runbook's longer one (runbooks may only lengthen it).
+
+    ``config`` defaults to RemediationConfig.from_env(), ``runbooks`` to the
+    loaded runbooks; a record older than this can no longer block an action.
+    """
+    from lagdoctor.remediation.config import RemediationConfig
+
+    config = config if config is not None else RemediationConfig.from_env()
+    if runbooks is None:
+        from lagdoctor.runbooks import load_runbooks
+
+        runbooks = load_runbooks()
+    minutes = [60.0, float(config.cooldown_minutes)]
+    minutes += [float(a.guardrails["cooldown_minutes"]) for rb in runbooks for a in rb.actions
+                if a.guardrails.get("cooldown_minutes") is not None]
+    return timedelta(minutes=max(minutes))
+
+
+def prune_action_log(keep_days: float, now: datetime, *, settings: Any = None, db: StateDB | None = None,
+                     window: timedelta | None = None) -> int:
+    """Retention for the action log: delete the records of keys whose newest record is
+    older than ``keep_days`` and than the longest guardrail ``window`` (default:
+    ``guardrail_window()``). An unresolved ``started`` or a failure that may have
+    changed something counts for guardrails only inside that window, so it stays
+    at least that long. Returns how many rows went."""
+    window = window if window is not None else guardrail_window()
+    cutoff = as_utc(now) - max(timedelta(days=keep_days), window)
+    deleted = ActionLog(db or state_db(settings)).prune(cutoff)
+    if deleted:
+        log.info("retention: %d action log record(s) before %s removed", deleted, cutoff.isoformat())
+    return deleted
