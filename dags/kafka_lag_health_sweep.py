@@ -8,7 +8,8 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, Param
 
 from lagdoctor.notify.incidents import notify_failure, notify_recovery
-from lagdoctor.pipeline import build_pipeline, thresholds_param
+from lagdoctor.orchestration import sweep_clusters_default
+from lagdoctor.pipeline import build_pipeline, clusters_param, thresholds_param
 
 with DAG(
     dag_id="kafka_lag_health_sweep",
@@ -22,7 +23,9 @@ with DAG(
     default_args={"retries": 1, "retry_delay": timedelta(minutes=1), "on_failure_callback": notify_failure},
     params={
         "cluster": Param("kafka_default", type="string", minLength=1,
-                         description="Airflow connection id (type kafka) of the cluster to sweep."),
+                         description="Airflow connection id (type kafka) of the cluster to sweep "
+                                     "when `clusters` is empty."),
+        "clusters": clusters_param(sweep_clusters_default()),
         "group_pattern": Param("", type="string", description="Only groups matching this regex in full; empty: all."),
         "topic": Param("", type="string", description="Only this topic; empty: all."),
         "window_minutes": Param(30, type="integer", minimum=1, maximum=1440,
@@ -38,7 +41,8 @@ with DAG(
 ### Kafka lag health sweep
 
 Each run takes a few offset snapshots of every consumer group (`samples`,
-`interval_seconds` apart) into the Parquet store under `LAGDOCTOR_DATA_ROOT`,
+`interval_seconds` apart) on every cluster it covers, one `snapshot` task
+instance per cluster, in parallel, into the Parquet store under `LAGDOCTOR_DATA_ROOT`,
 so history accumulates run after run; a retention task keeps 7 days. The
 PySpark diagnosis then reads the last `window_minutes` of that history and the
 runbooks in `runbooks/` decide, per finding, what is posted to Slack and which
@@ -47,6 +51,22 @@ sweep never waits for a human: an action that needs approval is proposed in its
 Slack thread; to carry it out, trigger `kafka_lag_incident` for that group with
 `dry_run` off, which asks for approval. Every task has a time limit, and a form
 value that cannot work fails the first task at once, without retry.
+
+**Which clusters** (Airflow connection ids of type kafka; the first rule that applies wins):
+
+1. `clusters` given in the run's form or conf: a JSON array (`["kafka_eu", "kafka_us"]`)
+   or text (`kafka_eu,kafka_us`);
+2. `cluster` given in the run's conf without `clusters`: that one cluster only;
+3. `LAGDOCTOR_SWEEP_CLUSTERS` (comma-separated, read where this file is parsed, like
+   `LAGDOCTOR_SWEEP_SCHEDULE`): the default of `clusters`, so scheduled runs cover them;
+4. `cluster` (default `kafka_default`).
+
+Every id is checked before anything runs (duplicates dropped); one that is not a
+usable kafka connection fails the run at once, named. A cluster that cannot be
+read fails its own `snapshot` instance, named by its id in the grid, in Slack's
+failure thread and in `check_failures`; the other clusters are still diagnosed, in
+one Spark job, and the run ends failed. An unread cluster gets no finding that
+run: its open incident threads stay open (unknown is never healthy).
 """,
 ) as dag:
     build_pipeline(samples=3, interval_s=10.0, prune=True)

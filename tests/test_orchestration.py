@@ -106,6 +106,9 @@ def test_incident_scope_names_what_was_looked_at():
         "prod / orders-.*"
     assert orchestration.incident_scope({"cluster": "prod", "group_pattern": "", "topic": "clicks"}) == \
         "prod / .* / clicks"
+    # The validated form lists its clusters: the scope names them all.
+    assert orchestration.incident_scope({"cluster": "eu", "clusters": ["eu", "us"], "group_pattern": "g"}) == \
+        "eu, us / g"
 
 
 @pytest.mark.parametrize("overrides, expected", [
@@ -148,8 +151,9 @@ def _form(**kw):
 
 def test_a_good_form_comes_back_normalised(kafka_conn):
     form = orchestration.validate_params(_form(thresholds='{"warning_lag": "10"}', window_minutes="30"))
-    assert form == {"cluster": "kafka_default", "group_pattern": "orders-.*", "topic": None, "window_minutes": 30.0,
-                    "samples": 3, "interval_seconds": 5.0, "thresholds": {"warning_lag": 10}}
+    assert form == {"cluster": "kafka_default", "clusters": ["kafka_default"], "group_pattern": "orders-.*",
+                    "topic": None, "window_minutes": 30.0, "samples": 3, "interval_seconds": 5.0,
+                    "thresholds": {"warning_lag": 10}}
 
 
 @pytest.mark.parametrize("change, message", [

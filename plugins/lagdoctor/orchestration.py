@@ -25,6 +25,7 @@ from lagdoctor.settings import Settings, join
 log = logging.getLogger(__name__)
 
 DEFAULT_KAFKA_CONN_ID = "kafka_default"
+SWEEP_CLUSTERS_ENV = "LAGDOCTOR_SWEEP_CLUSTERS"
 SPARK_CONN_ID = "spark_default"
 SWEEP_WINDOW_MINUTES = 30
 SNAPSHOT_RETENTION_DAYS = 7
@@ -47,6 +48,10 @@ class FormError(ValueError):
 
 class SlackUndelivered(RuntimeError):
     """Slack did not take some messages; they wait in the outbox for the next run."""
+
+
+class ClusterUnreadable(RuntimeError):
+    """One cluster of a run could not be snapshotted: one line naming it (the others go on)."""
 
 
 def run_key(run_id: str, dag_id: str | None = None) -> str:
@@ -93,7 +98,7 @@ def kafka_admin(conn_id: str) -> tuple[Any, str]:
 
 # -- the form ------------------------------------------------------------------
 
-def check_cluster(conn_id: Any, environ: Mapping[str, str] | None = None) -> str:
+def check_cluster(conn_id: Any, environ: Mapping[str, str] | None = None, *, field: str = "cluster") -> str:
     """The `cluster` param names a usable `kafka` connection (or the default's env fallback)."""
     import os
 
@@ -101,26 +106,80 @@ def check_cluster(conn_id: Any, environ: Mapping[str, str] | None = None) -> str
     from lagdoctor.kafka_clients import BOOTSTRAP_ENV
 
     if not isinstance(conn_id, str) or not conn_id.strip():
-        raise FormError("cluster: required, the id of an Airflow connection of type kafka")
+        raise FormError(f"{field}: required, the id of an Airflow connection of type kafka")
     conn_id = conn_id.strip()
     try:
         exists = connection_exists(conn_id)
     except Exception as exc:  # a malformed AIRFLOW_CONN_*: its text may hold a secret, so only the type
-        raise FormError(f"cluster: connection {conn_id!r} cannot be read ({type(exc).__name__})") from None
+        raise FormError(f"{field}: connection {conn_id!r} cannot be read ({type(exc).__name__})") from None
     if exists:
         from airflow.sdk.bases.hook import BaseHook
 
         conn = BaseHook.get_connection(conn_id)
         if conn.conn_type != "kafka":
-            raise FormError(f"cluster: connection {conn_id!r} is of type {conn.conn_type!r}, expected kafka")
+            raise FormError(f"{field}: connection {conn_id!r} is of type {conn.conn_type!r}, expected kafka")
         if not (conn.extra_dejson or {}).get("bootstrap.servers"):
-            raise FormError(f"cluster: connection {conn_id!r} has no bootstrap.servers in its extra")
+            raise FormError(f"{field}: connection {conn_id!r} has no bootstrap.servers in its extra")
         return conn_id
     env = os.environ if environ is None else environ
     if conn_id == DEFAULT_KAFKA_CONN_ID and env.get(BOOTSTRAP_ENV):
         return conn_id
     hint = f", and {BOOTSTRAP_ENV} is not set" if conn_id == DEFAULT_KAFKA_CONN_ID else ""
-    raise FormError(f"cluster: no Airflow connection {conn_id!r} of type kafka{hint}")
+    raise FormError(f"{field}: no Airflow connection {conn_id!r} of type kafka{hint}")
+
+
+def parse_cluster_list(value: Any, field: str = "clusters") -> list[str]:
+    """Connection ids from a JSON array or its text, or comma/space-separated text;
+    de-duplicated in order. Empty (None, "", []) gives []."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except ValueError as exc:
+                raise FormError(f"{field}: not valid JSON ({exc.msg} at character {exc.pos})") from None
+        else:
+            # Airflow connection ids hold no comma or space: either separates them.
+            value = re.split(r"[,\s]+", text)
+    if not isinstance(value, (list, tuple)):
+        raise FormError(f"{field}: expected a list of connection ids like [\"kafka_eu\", \"kafka_us\"] "
+                        f"or \"kafka_eu,kafka_us\", got {type(value).__name__}")
+    ids: list[str] = []
+    for item in value:
+        if not isinstance(item, str):
+            raise FormError(f"{field}: expected connection ids (text), got {item!r}")
+        if item.strip() and item.strip() not in ids:
+            ids.append(item.strip())
+    return ids
+
+
+def sweep_clusters_default(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The sweep's `clusters` default: LAGDOCTOR_SWEEP_CLUSTERS (comma-separated), else []
+    (the single `cluster` param). Read where the DAG file is parsed, like its schedule."""
+    import os
+
+    env = os.environ if environ is None else environ
+    try:
+        return parse_cluster_list(env.get(SWEEP_CLUSTERS_ENV) or "", SWEEP_CLUSTERS_ENV)
+    except FormError:
+        return []  # a typo there must not break parsing; the run's form then shows []
+
+
+def resolve_clusters(params: Mapping[str, Any], conf: Mapping[str, Any] | None = None) -> tuple[str, list[Any]]:
+    """(the param they came from, the connection ids a run covers), before checking them. First wins:
+
+    1. `clusters`, when the run's conf (form, API) gives a non-empty list;
+    2. `cluster`, when the run's conf names it without `clusters` (an explicit single cluster);
+    3. `clusters` from the params' default (LAGDOCTOR_SWEEP_CLUSTERS at parse time);
+    4. `cluster` (default `kafka_default`).
+    """
+    conf = conf or {}
+    if "cluster" in conf and not parse_cluster_list(conf.get("clusters")):
+        return "cluster", [params.get("cluster")]
+    listed = parse_cluster_list(params.get("clusters"))
+    return ("clusters", listed) if listed else ("cluster", [params.get("cluster")])
 
 
 def _number(value: Any, field: str, *, whole: bool = False, low: float | None = None,
@@ -171,15 +230,19 @@ def check_thresholds(overrides: Any) -> dict[str, Any]:
     return checked
 
 
-def validate_params(params: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def validate_params(params: Mapping[str, Any], environ: Mapping[str, str] | None = None, *,
+                    conf: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The whole run form, checked before anything runs; raises FormError (one line, the field named).
 
     Returns the params the later tasks use: numbers as numbers, thresholds as
-    a dict, empty pattern/topic as None.
+    a dict, empty pattern/topic as None, `clusters` the checked connection ids
+    (see `resolve_clusters`; `conf` is the run's own conf) and `cluster` the first.
     """
     from lagdoctor.collector import compile_group_pattern
 
-    cluster = check_cluster(params.get("cluster"), environ)
+    field, ids = resolve_clusters(params, conf)
+    clusters = [check_cluster(c, environ, field=field) for c in ids]
+    clusters = list(dict.fromkeys(clusters))  # ids that differ only by spaces
     pattern = params.get("group_pattern") or None
     if pattern is not None:
         if not isinstance(pattern, str):
@@ -199,7 +262,8 @@ def validate_params(params: Mapping[str, Any], environ: Mapping[str, str] | None
     if samples * interval > MAX_SAMPLING_SECONDS:
         raise FormError(f"samples x interval_seconds: {samples} x {interval:g} s is more than the "
                         f"{MAX_SAMPLING_SECONDS} s a run may spend sampling")
-    return {"cluster": cluster, "group_pattern": pattern, "topic": topic, "window_minutes": window,
+    return {"cluster": clusters[0], "clusters": clusters, "group_pattern": pattern, "topic": topic,
+            "window_minutes": window,
             "samples": samples, "interval_seconds": interval,
             "thresholds": check_thresholds(params.get("thresholds"))}
 
@@ -263,6 +327,26 @@ def take_snapshots(
             "already_written": len(done)}
 
 
+def snapshot_cluster(cluster: str, run_id: str, form: Mapping[str, Any], *, dag_id: str | None = None,
+                     settings: Settings | None = None) -> dict[str, Any]:
+    """One cluster's part of a run (one mapped task instance): `take_snapshots` with
+    the run's form. Failing, it says which cluster in one line; its samples are
+    keyed by (run, cluster), so its retry never touches another cluster's."""
+    try:
+        return take_snapshots(cluster, run_id, group_pattern=form.get("group_pattern"), topic=form.get("topic"),
+                              samples=int(form.get("samples") or 1),
+                              interval_s=float(form.get("interval_seconds") or 0), settings=settings, dag_id=dag_id)
+    except Exception as exc:  # noqa: BLE001 (a timeout is a BaseException and passes through)
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ClusterUnreadable(f"cluster {cluster}: {reason[:400]}") from exc
+
+
+def snapshotted_clusters(clusters: list[str], results: list[Any]) -> list[str]:
+    """The clusters whose snapshot task succeeded (`results`: each map index's XCom,
+    None where it failed), in the run's order."""
+    return [c for c, r in zip(clusters, results) if isinstance(r, Mapping)]
+
+
 def prune_history(keep_days: int = SNAPSHOT_RETENTION_DAYS, settings: Settings | None = None,
                   now: datetime | None = None) -> int:
     """Retention: snapshot days and per-run findings/report folders older than `keep_days`.
@@ -301,7 +385,7 @@ def prune_history(keep_days: int = SNAPSHOT_RETENTION_DAYS, settings: Settings |
 # -- Spark -----------------------------------------------------------------------
 
 def prepare_diagnosis(
-    cluster: str,
+    clusters: str | list[str],
     run_id: str,
     *,
     window_minutes: float,
@@ -319,6 +403,11 @@ def prepare_diagnosis(
     `as_of` (default: now, after this run's samples were written) ends the
     window, so the job opens only the date folders the window reaches instead
     of every file's footer in a week of history.
+
+    `clusters`: the connection ids to diagnose, in one job. One cluster reads
+    its own `cluster=` folder, as it always did; several read the store's root
+    with `--clusters a,b`, which limits the job to those folders, so a cluster
+    this run could not snapshot is not judged on its stale history.
     """
     import os
     import sys
@@ -329,7 +418,16 @@ def prepare_diagnosis(
     settings = settings or Settings.from_env()
     work_dir = Path(os.environ.get("AIRFLOW_HOME", "/tmp")) / "lagdoctor-spark"
     output = join(settings.findings_root, run_key(run_id, dag_id))
-    snapshots = join(settings.snapshots_root, f"cluster={cluster}")
+    clusters = [clusters] if isinstance(clusters, str) else list(dict.fromkeys(clusters))
+    if not clusters:
+        raise ValueError("prepare_diagnosis: no cluster to diagnose")
+    if len(clusters) == 1:
+        from lagdoctor.store import cluster_folder_name
+
+        snapshots = join(settings.snapshots_root, cluster_folder_name(clusters[0]))
+        only: list[str] = []
+    else:
+        snapshots, only = settings.snapshots_root, ["--clusters", ",".join(clusters)]
     bindir = str(Path(sys.executable).parent)
     scope = {k: v for k, v in (("groups", group_pattern), ("topic", topic)) if v}
     return {
@@ -337,8 +435,9 @@ def prepare_diagnosis(
         "py_files": build_package_zip(work_dir),
         "args": job_arguments(snapshots, output, as_of=(as_of or datetime.now(timezone.utc)).isoformat(),
                               window_minutes=window_minutes, thresholds=check_thresholds(thresholds),
-                              quarantine=True, **scope),
+                              quarantine=True, **scope) + only,
         "output": output,
+        "clusters": clusters,
         "python": sys.executable,
         "spark_submit": str(Path(bindir) / "spark-submit"),
         "path": bindir + os.pathsep + os.environ.get("PATH", ""),
@@ -409,10 +508,14 @@ def plan_findings(
     kind: str = "sweep",
     threshold_overrides: Mapping[str, Any] | None = None,
     now: datetime | None = None,
+    clusters: list[str] | None = None,
+    clusters_unread: list[str] | None = None,
 ) -> dict[str, Any]:
     """Pair each finding with its runbook plan; write them, and which DAG run
     produced them (run.json: the lag page links back to it; `threshold_overrides`
     keeps an experiment from replacing the sweep's verdict), beside the findings.
+    `clusters`/`clusters_unread`: what the run diagnosed, and what it could not
+    read (no finding for those: unknown, never healthy).
 
     Returns a small summary: counts and, per registered action, how many
     findings want it (the branch task reads this).
@@ -443,7 +546,8 @@ def plan_findings(
         json.dump({"dag_id": dag_id, "run_id": run_id, "kind": kind,
                    "planned_at": (now or datetime.now(timezone.utc)).isoformat(),
                    "group_pattern": group_pattern, "topic": topic,
-                   "threshold_overrides": dict(threshold_overrides or {})}, fh)
+                   "threshold_overrides": dict(threshold_overrides or {}),
+                   "clusters": list(clusters or []), "clusters_unread": list(clusters_unread or [])}, fh)
     wanted: dict[str, int] = {}
     for item in planned:
         for action in item["plan"]["actions"]:
@@ -459,6 +563,7 @@ def plan_findings(
         "by_severity": by_severity,
         "actions": wanted,
         "quarantined": len(quarantined),
+        "clusters_unread": list(clusters_unread or []),
     }
 
 
@@ -580,7 +685,8 @@ def post_findings(
 
 def incident_scope(params: Mapping[str, Any]) -> str:
     """How an incident run names what it looked at, e.g. `kafka_default / orders-.* / orders`."""
-    parts = [str(params.get("cluster", "")), str(params.get("group_pattern") or ".*")]
+    clusters = params.get("clusters") or [params.get("cluster", "")]
+    parts = [", ".join(str(c) for c in clusters), str(params.get("group_pattern") or ".*")]
     if params.get("topic"):
         parts.append(str(params["topic"]))
     return " / ".join(parts)
@@ -645,7 +751,7 @@ def remediate(
             except RemediationFailed as exc:
                 # One group's failure must not stop the action for the others;
                 # the runner has audited it and the task fails at the end.
-                failures.append(f"{item['finding']['group_id']}: {exc}")
+                failures.append(f"cluster {item['finding'].get('cluster')}: {exc}")  # exc names the group
                 statuses["failed"] = statuses.get("failed", 0) + 1
                 continue
             posted.append(post_action_result(record, settings=settings))

@@ -6,11 +6,17 @@ runbook never changes the DAG's shape. Run-time values come from the DAG's
 params, checked once by the first task, so the scheduled sweep and a manual
 incident run share one graph.
 
-    validate_params -> snapshot -> prepare_diagnosis -> diagnose (spark-submit) -> plan
+    validate_params -> list_clusters -> snapshot[cluster] (mapped, one per cluster) -> prepare_diagnosis
+        -> diagnose (spark-submit, every snapshotted cluster in one job) -> plan
         -> write_reports -> post_findings -> route
     route -> remediate_<action>.gate -> [remediate_<action>.approve] -> remediate_<action>.run   (incident)
     route -> remediate_<action>.run                                                              (sweep)
     every non-branch task -> check_failures   (fails the run when any of them failed)
+
+One cluster that cannot be read fails its own snapshot instance (named by its
+connection id) and nothing else: prepare_diagnosis runs once every snapshot is
+done and at least one succeeded, and diagnoses only those; check_failures then
+fails the run, naming the cluster. The incident DAG maps over its one cluster.
 
 Failures a retry cannot fix (the form, the job's bad-input exit codes, a
 runbook error, Slack messages left in the outbox) fail at once, without retry.
@@ -44,6 +50,7 @@ SNAPSHOT_TIMEOUT_CEILING = timedelta(
     seconds=orchestration.MAX_SAMPLING_SECONDS + 60 * SNAPSHOT_SAMPLE_BUDGET_S + SNAPSHOT_MARGIN_S)
 TIMEOUTS = {
     "validate_params": timedelta(minutes=2),
+    "list_clusters": timedelta(minutes=2),
     "prepare_diagnosis": timedelta(minutes=5),
     "diagnose": timedelta(minutes=30),
     "plan": timedelta(minutes=5),
@@ -125,6 +132,10 @@ def _run_id() -> str:
     return str(get_current_context()["run_id"])
 
 
+SNAPSHOT_TASK_ID = "snapshot"
+CLUSTERS_TASK_ID = "list_clusters"
+
+
 def _narrow_snapshot_timeout(context: Any) -> None:
     """pre_execute: this run's snapshot timeout from its own samples and interval."""
     form = context["ti"].xcom_pull(task_ids=VALIDATE_TASK_ID) or {}
@@ -148,25 +159,40 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
 
     @task(task_id=VALIDATE_TASK_ID, execution_timeout=TIMEOUTS["validate_params"])
     def validate_params() -> dict[str, Any]:
+        params = {"samples": samples, "interval_seconds": interval_s, **_params()}
+        if kind == "incident":
+            params.pop("clusters", None)  # an incident looks at its one cluster
+        dag_run = get_current_context().get("dag_run")
         with no_retry(orchestration.FormError):
-            return orchestration.validate_params({"samples": samples, "interval_seconds": interval_s, **_params()})
+            return orchestration.validate_params(params, conf=getattr(dag_run, "conf", None) or {})
 
-    @task(execution_timeout=SNAPSHOT_TIMEOUT_CEILING, pre_execute=_narrow_snapshot_timeout)
-    def snapshot(form: dict[str, Any]) -> dict[str, Any]:
-        return orchestration.take_snapshots(
-            form["cluster"], _run_id(), group_pattern=form["group_pattern"], topic=form["topic"],
-            samples=int(form["samples"]), interval_s=float(form["interval_seconds"]),
-            dag_id=get_current_context()["dag"].dag_id,
-        )
+    # What the snapshot maps over: Airflow maps only over a task's whole return value.
+    @task(task_id=CLUSTERS_TASK_ID, execution_timeout=TIMEOUTS["list_clusters"])
+    def list_clusters(form: dict[str, Any]) -> list[str]:
+        return list(form["clusters"])
 
-    @task(execution_timeout=TIMEOUTS["prepare_diagnosis"])
-    def prepare_diagnosis(snap: dict[str, Any], form: dict[str, Any]) -> dict[str, Any]:
+    # One instance per cluster, each with its own time limit and retries; the
+    # grid names each by its connection id.
+    @task(task_id=SNAPSHOT_TASK_ID, execution_timeout=SNAPSHOT_TIMEOUT_CEILING, pre_execute=_narrow_snapshot_timeout,
+          map_index_template="{{ task.op_kwargs['cluster'] }}")
+    def snapshot(cluster: str, form: dict[str, Any]) -> dict[str, Any]:
+        return orchestration.snapshot_cluster(cluster, _run_id(), form, dag_id=get_current_context()["dag"].dag_id)
+
+    # After every snapshot is done (retries included), for the clusters that were read.
+    # The form comes from XCom: with validate_params upstream, its success alone would
+    # satisfy "one success" when every cluster failed.
+    @task(execution_timeout=TIMEOUTS["prepare_diagnosis"], trigger_rule="all_done_min_one_success")
+    def prepare_diagnosis() -> dict[str, Any]:
+        form, ti = _form(), get_current_context()["ti"]
+        results = ti.xcom_pull(task_ids=SNAPSHOT_TASK_ID, map_indexes=list(range(len(form["clusters"]))))
+        read = orchestration.snapshotted_clusters(form["clusters"], list(results))
         scoped = kind == "incident"  # a sweep's verdict covers every group; an incident only its own
-        return orchestration.prepare_diagnosis(
-            snap["cluster"], _run_id(), window_minutes=float(form["window_minutes"]), thresholds=form["thresholds"],
+        prep = orchestration.prepare_diagnosis(
+            read, _run_id(), window_minutes=float(form["window_minutes"]), thresholds=form["thresholds"],
             group_pattern=form["group_pattern"] if scoped else None, topic=form["topic"] if scoped else None,
             dag_id=get_current_context()["dag"].dag_id,
         )
+        return {**prep, "clusters_unread": [c for c in form["clusters"] if c not in read]}
 
     diagnose = DiagnoseLagOperator(task_id="diagnose", prepare_task_id="prepare_diagnosis",
                                    execution_timeout=TIMEOUTS["diagnose"])
@@ -178,7 +204,8 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
             return orchestration.plan_findings(
                 prep["output"], group_pattern=form["group_pattern"], topic=form["topic"],
                 dag_id=ctx["dag"].dag_id, run_id=str(ctx["run_id"]), kind=kind,
-                threshold_overrides=form["thresholds"],
+                threshold_overrides=form["thresholds"], clusters=prep.get("clusters"),
+                clusters_unread=prep.get("clusters_unread"),
             )
 
     # Reads the plan from XCom, not as an argument, and runs whatever Slack did:
@@ -215,12 +242,16 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
                                         task_ids=sorted(ctx["task"].upstream_task_ids)).get(ti.run_id, {})
         except Exception:  # noqa: BLE001 (the run fails either way; the names are a courtesy)
             states = {}
-        failed = sorted(t for t, state in states.items() if str(state) in ("failed", "TaskInstanceState.FAILED"))
-        raise AirflowFailException(f"this run failed at: {', '.join(failed) or 'an earlier task'} (see its log)")
+        failed = [t for t, state in states.items() if str(state) in ("failed", "TaskInstanceState.FAILED")]
+        clusters = (ti.xcom_pull(task_ids=VALIDATE_TASK_ID) or {}).get("clusters") or []
+        names = sorted(failed_task_label(t, clusters) for t in failed)
+        raise AirflowFailException(f"this run failed at: {', '.join(names) or 'an earlier task'} (see its log)")
 
     form = validate_params()
-    snap = snapshot(form)
-    prep = prepare_diagnosis(snap, form)
+    clusters = list_clusters(form)
+    snap = snapshot.partial(form=form).expand(cluster=clusters)
+    prep = prepare_diagnosis()
+    snap >> prep
     summary = plan(prep, form)
     prep >> diagnose >> summary
     reports = write_reports(prep)
@@ -231,13 +262,14 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
     # branch it follows, so the post must not sit between it and the actions.
     branches = route()
     posted >> branches
-    checked = [form, snap, prep, diagnose, summary, reports, posted]
+    checked = [form, clusters, snap, prep, diagnose, summary, reports, posted]
 
     for action in action_names():
         _remediation_group(action, branches, approvals=approvals)
 
     if prune:
-        @task(execution_timeout=TIMEOUTS["prune_history"])
+        # all_done: a cluster that stays unreachable must not stop retention for the others.
+        @task(execution_timeout=TIMEOUTS["prune_history"], trigger_rule="all_done")
         def prune_history() -> int:
             return orchestration.prune_history()
 
@@ -246,6 +278,15 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
         checked.append(pruned)
 
     checked >> check_failures()
+
+
+def failed_task_label(state_key: str, clusters: list[str]) -> str:
+    """`snapshot_1` (how Airflow keys a mapped instance's state) -> `snapshot[kafka_eu]`."""
+    prefix = SNAPSHOT_TASK_ID + "_"
+    if state_key.startswith(prefix) and state_key[len(prefix):].isdigit():
+        i = int(state_key[len(prefix):])
+        return f"{SNAPSHOT_TASK_ID}[{clusters[i] if i < len(clusters) else i}]"
+    return state_key
 
 
 def _remediation_group(action: str, branches, *, approvals: bool) -> None:
@@ -304,3 +345,13 @@ def thresholds_param(description: str):
     from airflow.sdk import Param
 
     return Param({}, type=["object", "string", "null"], title="Threshold overrides", description=description)
+
+
+def clusters_param(default: list[str]):
+    """The sweep's cluster list: a JSON array or its text (comma-separated), so the
+    form never disables Trigger; validate_params checks each id."""
+    from airflow.sdk import Param
+
+    return Param(list(default), type=["array", "string", "null"], title="Clusters",
+                 description="Airflow connection ids (type kafka) to sweep, e.g. kafka_eu,kafka_us; "
+                             "empty: the `cluster` param. Default from LAGDOCTOR_SWEEP_CLUSTERS.")

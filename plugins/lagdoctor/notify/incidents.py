@@ -330,7 +330,12 @@ def _context_ids(context: Mapping[str, Any]) -> tuple[str, str, str]:
     dag_id = (getattr(context.get("dag"), "dag_id", None) or getattr(ti, "dag_id", None)
               or getattr(dag_run, "dag_id", None) or "?")
     run_id = context.get("run_id") or getattr(ti, "run_id", None) or getattr(dag_run, "run_id", None) or "-"
-    return str(dag_id), str(getattr(ti, "task_id", "-")), str(run_id)
+    task_id = str(getattr(ti, "task_id", "-"))
+    map_index = getattr(ti, "map_index", None)
+    if isinstance(map_index, int) and map_index >= 0:
+        # A mapped instance (one cluster's snapshot): named as the grid names it, `snapshot[kafka_eu]`.
+        task_id = f"{task_id}[{getattr(ti, 'rendered_map_index', None) or map_index}]"
+    return str(dag_id), task_id, str(run_id)
 
 
 def _failure_signature(task_id: str, reason: str, run_id: str) -> str:
@@ -387,7 +392,7 @@ def _notify_failure(context: Mapping[str, Any], *, settings: Any, sender: Sender
             root = outbox.queue_message(db, conn, dedupe_key=f"failure:{dag_id}:{run_id}:{task_id}:open",
                                         text=msg["text"], blocks=msg["blocks"], now=at)
             data = {"status": "open", "root_message_id": root, "opened_at": at.isoformat(), "signature": signature,
-                    "failed_runs": 1, "recent_runs": [run_id], "seen": [f"{run_id}/{task_id}"], "repeats": 0,
+                    "signatures": [signature], "failed_runs": 1, "recent_runs": [run_id], "seen": [f"{run_id}/{task_id}"], "repeats": 0,
                     "replies": 0}
             decision = "posted"
         elif f"{run_id}/{task_id}" in data["seen"]:
@@ -398,7 +403,10 @@ def _notify_failure(context: Mapping[str, Any], *, settings: Any, sender: Sender
             if run_id not in data["recent_runs"]:
                 data["recent_runs"] = [*data["recent_runs"], run_id][-RECENT_FAILURES:]
                 data["failed_runs"] += 1
-            if signature == data["signature"]:
+            # Every failure this thread already told, not only the last: two clusters
+            # down at once alternate each run, and must not reply every run.
+            told = data.get("signatures") or [data["signature"]]
+            if signature in told:
                 data["repeats"] += 1
                 decision = "unchanged"
             else:
@@ -408,6 +416,7 @@ def _notify_failure(context: Mapping[str, Any], *, settings: Any, sender: Sender
                 outbox.queue_message(db, conn, dedupe_key=f"failure:{dag_id}:{data['root_message_id']}:{run_id}:{task_id}",
                                      text=msg["text"], blocks=msg["blocks"], parent_id=data["root_message_id"], now=at)
                 data["signature"], data["replies"] = signature, data["replies"] + 1
+                data["signatures"] = [*told, signature][-RECENT_FAILURES:]
                 decision = "replied"
         _save_failure(db, conn, dag_id, data, at)
     result = {"decision": decision, "failed_runs": data["failed_runs"], "repeats": data["repeats"],
