@@ -142,8 +142,8 @@ def test_commit_below_log_start_keeps_the_row(kafka_bootstrap, unique, monkeypat
     commit_offsets(kafka_bootstrap, group, topic, {0: 2})
     real = collector.log_offsets
 
-    def retention_deleted_up_to_6(admin, partitions, timeout_s):
-        starts, ends, errors = real(admin, partitions, timeout_s)
+    def retention_deleted_up_to_6(admin, partitions, timeout_s, *window):
+        starts, ends, errors = real(admin, partitions, timeout_s, *window)
         return {k: (6 if k == (topic, 0) else v) for k, v in starts.items()}, ends, errors
 
     monkeypatch.setattr(collector, "log_offsets", retention_deleted_up_to_6)

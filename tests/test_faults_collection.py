@@ -226,3 +226,154 @@ def test_airflow_connection_client_says_cannot_authenticate_and_keeps_stderr_cle
     assert str(err.value).startswith(f"cannot authenticate to Kafka at {kafka_bootstrap}: ")
     assert "\n" not in str(err.value) and "hunter2" not in str(err.value)
     assert "%3|" not in capfd.readouterr().err
+
+
+# -- many requests in flight: a bounded window, a read budget --------------------------
+
+
+class CountingAdmin:
+    """The real AdminClient, counting the group and ListOffsets requests outstanding at once."""
+
+    def __init__(self, admin):
+        import threading
+
+        self._admin, self._lock = admin, threading.Lock()
+        self.outstanding = self.most = self.calls = 0
+
+    def __getattr__(self, name):
+        return getattr(self._admin, name)
+
+    def _count(self, futures, requests):
+        with self._lock:
+            self.outstanding += requests
+            self.most = max(self.most, self.outstanding)
+            self.calls += 1
+        left = [len(futures)]
+
+        def done(_):
+            with self._lock:
+                left[0] -= 1
+                if left[0] == 0:
+                    self.outstanding -= requests
+
+        for fut in futures.values():
+            fut.add_done_callback(done)
+        return futures
+
+    def describe_consumer_groups(self, group_ids, **kwargs):
+        return self._count(self._admin.describe_consumer_groups(group_ids, **kwargs), len(group_ids))
+
+    def list_consumer_group_offsets(self, requests, **kwargs):
+        return self._count(self._admin.list_consumer_group_offsets(requests, **kwargs), 1)
+
+    def list_offsets(self, request, **kwargs):
+        return self._count(self._admin.list_offsets(request, **kwargs), 1)
+
+
+@pytest.fixture
+def six_groups(kafka_bootstrap, unique):
+    """A 5-partition topic (4 records each) and six EMPTY groups committed at 0..5 on every partition."""
+    topic = unique("wide")
+    create_topic(kafka_bootstrap, topic, 5)
+    produce_counts(kafka_bootstrap, topic, {p: 4 for p in range(5)})
+    groups = [unique(f"g{i}") for i in range(6)]
+    for i, group in enumerate(groups):
+        commit_offsets(kafka_bootstrap, group, topic, {p: min(i, 4) for p in range(5)})
+    return topic, groups, "|".join(re.escape(g) for g in groups)
+
+
+def test_one_failed_request_among_many_in_flight_marks_exactly_its_group(kafka_bootstrap, six_groups, monkeypatch):
+    import lagdoctor.collector as collector
+
+    topic, groups, pattern = six_groups
+    # ListOffsets in calls of 2 partitions: a topic's partitions span three calls.
+    monkeypatch.setattr(collector, "LIST_OFFSETS_BATCH", 2)
+    admin = FailingAdmin(admin_client(kafka_bootstrap), offset_fetch={groups[1], groups[4]}, describe={groups[2]},
+                         end_offsets={(topic, 3)})
+    table = collect_snapshot(admin, "prod", pattern, NOW, bootstrap=kafka_bootstrap, max_in_flight=2)
+    got = by_group(table)
+    assert set(got) == set(groups)  # none vanished
+    for failed in (groups[1], groups[4]):
+        (row,) = got[failed]
+        assert (row["topic"], row["partition"], row["committed_offset"], row["lag"]) == ("", -1, None, None)
+        assert row["read_error"].startswith("committed offsets: Broker: Coordinator load in progress")
+    assert {r["read_error"] for r in got[groups[2]] if r["partition"] != 3} == {
+        "group description: Broker: Group authorization failed (GROUP_AUTHORIZATION_FAILED)"}
+    for i in (0, 2, 3, 5):
+        rows = got[groups[i]]
+        assert [r["partition"] for r in rows] == [0, 1, 2, 3, 4]
+        assert [r["committed_offset"] for r in rows] == [min(i, 4)] * 5
+        # every partition's end offset read, across the ListOffsets calls, but partition 3's
+        assert [r["lag"] for r in rows] == [4 - min(i, 4)] * 3 + [None, 4 - min(i, 4)]
+        assert rows[3]["read_error"].endswith("log end offset: Local: Timed out (_TIMED_OUT)")
+        if i != 2:
+            assert [r["read_error"] for r in rows if r["partition"] != 3] == [None] * 4
+            assert {r["group_state"] for r in rows} == {"EMPTY"}
+
+
+@pytest.mark.parametrize("limit", [1, 3])
+def test_requests_in_flight_never_exceed_the_window(kafka_bootstrap, six_groups, limit):
+    topic, groups, pattern = six_groups
+    admin = CountingAdmin(admin_client(kafka_bootstrap))
+    table = collect_snapshot(admin, "prod", pattern, NOW, bootstrap=kafka_bootstrap, max_in_flight=limit)
+    assert table.num_rows == 30 and table.column("read_error").null_count == 30
+    # 6 offset fetches, describes in calls of one group, two ListOffsets calls
+    assert admin.calls == 6 + 6 + 2
+    assert 1 <= admin.most <= limit
+
+
+def test_reads_not_started_within_the_budget_are_read_errors(kafka_bootstrap, six_groups):
+    topic, groups, pattern = six_groups
+    table = collect_snapshot(admin_client(kafka_bootstrap), "prod", pattern, NOW, bootstrap=kafka_bootstrap,
+                             read_budget_s=0)
+    got = by_group(table)
+    assert set(got) == set(groups)  # kept, one group row each: their topics are unknown
+    budget = "not read: the snapshot's 0 s read budget ran out first"
+    for group in groups:
+        (row,) = got[group]
+        assert (row["topic"], row["partition"], row["group_state"], row["group_members"], row["lag"]) == (
+            "", -1, "UNKNOWN", None, None)
+        assert row["read_error"] == f"group description: {budget}; committed offsets: {budget}"
+
+
+def test_a_broker_that_dies_mid_snapshot_costs_the_budget_not_a_timeout_per_group(unique):
+    """Six groups read one at a time against a broker killed right after the group
+    listing: without the budget, twelve timeouts in a row; with it, the budget plus one."""
+    import time
+    from concurrent.futures import Future
+
+    from lagdoctor.broker import EmbeddedBroker
+
+    broker = EmbeddedBroker().start()
+    try:
+        topic = unique("dying")
+        create_topic(broker.bootstrap, topic, 2)
+        groups = [unique(f"d{i}") for i in range(6)]
+        for group in groups:
+            commit_offsets(broker.bootstrap, group, topic, {0: 0, 1: 0})
+        real = admin_client(broker.bootstrap)
+
+        class KilledAfterListing:
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def list_consumer_groups(self, **kwargs):
+                listed = real.list_consumer_groups(**kwargs).result()
+                broker.stop()
+                stopped.append(time.monotonic())
+                fut = Future()
+                fut.set_result(listed)
+                return fut
+
+        stopped: list[float] = []
+        table = collect_snapshot(KilledAfterListing(), "prod", "|".join(map(re.escape, groups)), NOW,
+                                 bootstrap=broker.bootstrap, timeout_s=2, read_budget_s=3, max_in_flight=1)
+        took = time.monotonic() - stopped[0]
+    finally:
+        broker.stop()
+    got = by_group(table)
+    assert set(got) == set(groups) and all(len(rows) == 1 and rows[0]["read_error"] for rows in got.values())
+    # One at a time, every group's two reads would time out in turn: 6 x 2 x 2 s. The budget
+    # (3 s) plus one timeout (2 s), with 3 s to spare for a busy 2-core machine.
+    assert took < 3 + 2 + 3, f"took {took:.1f} s after the broker died"
+    assert any("read budget ran out" in rows[0]["read_error"] for rows in got.values())
