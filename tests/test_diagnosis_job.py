@@ -116,3 +116,49 @@ def test_bad_input_exits_non_zero_with_one_line(tmp_path):
     assert (all_bad / "only.parquet").exists() and (mixed / "bad.parquet").exists()
     assert not (tmp_path / "all_bad" / "_quarantine").exists() and not (mixed / "_quarantine").exists()
     assert results["bad-regex"].returncode == 2  # before the JVM starts
+
+
+def test_clusters_and_a_window_without_as_of_read_only_what_they_name(tmp_path):
+    from datetime import datetime, timedelta
+
+    import pyarrow.compute as pc
+
+    from lagdoctor.sim import SEEDS_END, seeds_incident_table
+    from lagdoctor.store import write_snapshot
+
+    store = tmp_path / "snapshots"
+    table = seeds_incident_table()
+    for ts in sorted(set(table.column("snapshot_ts").to_pylist())):
+        write_snapshot(table.filter(pc.equal(table["snapshot_ts"], ts)), str(store), "prod", ts)
+    # unreadable files the runs must never open (neither run quarantines: one would fail the job)
+    old = store / "cluster=prod" / f"date={SEEDS_END:%Y-%m-%d}" / "hour=09" / "snapshot-old.parquet"
+    other = store / "cluster=dr" / f"date={SEEDS_END:%Y-%m-%d}" / f"hour={SEEDS_END:%H}" / "snapshot-dr.parquet"
+    for bad in (old, other):
+        bad.parent.mkdir(parents=True)
+        bad.write_bytes(b"PAR1" + b"\0" * 64)
+    cases = {
+        "prod": ["--clusters", "prod", "--window-minutes", "10"],
+        "unknown": ["--clusters", "nowhere"],
+    }
+    with ThreadPoolExecutor(2) as pool:
+        futures = {name: pool.submit(run_job, store, tmp_path / f"out-{name}", *extra) for name, extra in cases.items()}
+        results = {name: f.result() for name, f in futures.items()}
+
+    def stderr_lines(proc):
+        return [ln for ln in proc.stderr.splitlines() if ln.strip() and "incubator modules" not in ln]
+
+    prod = results["prod"]
+    assert prod.returncode == 0, prod.stderr
+    assert stderr_lines(prod) == []
+    findings = read_jsonl(tmp_path / "out-prod" / "findings.jsonl")
+    assert [(f["cluster"], f["diagnosis"], f["partitions"]) for f in findings] == [("prod", "partition_imbalance", [1])]
+    # the window's end is the latest snapshot, found in the footers
+    window = [datetime.fromisoformat(findings[0][k].replace("Z", "+00:00")) for k in ("window_start", "window_end")]
+    assert window == [SEEDS_END - timedelta(minutes=10), SEEDS_END]
+
+    unknown = results["unknown"]
+    assert unknown.returncode == 0, unknown.stderr
+    assert stderr_lines(unknown) == [f"diagnose_lag: WARNING: no snapshots for cluster(s) nowhere under {store}"]
+    out = tmp_path / "out-unknown"
+    assert (out / "findings.jsonl").read_text() == "" == (out / "partition_status.jsonl").read_text()
+    assert old.exists() and other.exists() and not (store / "_quarantine").exists()
