@@ -392,8 +392,8 @@ def _notify_failure(context: Mapping[str, Any], *, settings: Any, sender: Sender
             root = outbox.queue_message(db, conn, dedupe_key=f"failure:{dag_id}:{run_id}:{task_id}:open",
                                         text=msg["text"], blocks=msg["blocks"], now=at)
             data = {"status": "open", "root_message_id": root, "opened_at": at.isoformat(), "signature": signature,
-                    "signatures": [signature], "failed_runs": 1, "recent_runs": [run_id], "seen": [f"{run_id}/{task_id}"], "repeats": 0,
-                    "replies": 0}
+                    "signatures": [signature], "failed_runs": 1, "recent_runs": [run_id],
+                    "seen": [f"{run_id}/{task_id}"], "repeats": 0, "replies": 0}
             decision = "posted"
         elif f"{run_id}/{task_id}" in data["seen"]:
             decision = "unchanged"  # the same failure reported twice (a re-run callback)
