@@ -415,3 +415,14 @@ def test_clusters_limit_the_folders_listed_and_the_rows_kept(spark, tmp_path):
     write(pa.concat_tables([contract_table(cluster="prod"), contract_table(cluster="dr")]), str(loose / "all.parquet"))
     read = read_snapshot_store(spark, str(loose), T0, clusters=["dr"])
     assert {r["cluster"] for r in read.snapshots.collect()} == {"dr"} and read.missing_clusters == []
+
+
+def test_mixed_layouts_read_by_spark_alone(spark, tmp_path, monkeypatch):
+    from lagdoctor.diagnosis import snapshots
+
+    # a URI this machine has no filesystem for is handed to Spark whole: mixed layouts must not conflict
+    monkeypatch.setattr(snapshots, "store_filesystem", lambda path: None)
+    write(contract_table(), str(tmp_path / "cluster=prod/date=2026-11-21/old.parquet"))
+    hour_store(tmp_path, [12])
+    df = snapshots.read_snapshots(spark, str(tmp_path))
+    assert df.count() == 5 and {r["cluster"] for r in df.collect()} == {"prod"}

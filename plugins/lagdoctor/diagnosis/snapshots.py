@@ -743,11 +743,22 @@ def _read_groups(spark, inspection: StoreInspection):
 
 
 def _read_with_spark(spark, path: str):
-    """Spark reads `path` itself (a single file, or a URI this machine has no filesystem for)."""
+    """Spark reads `path` itself (a single file, or a URI this machine has no filesystem for).
+
+    Such a store is not listed here, so a compacted hour whose originals are
+    still within their grace period would be read twice: give the driver an
+    fsspec filesystem for the URI (s3fs, ...) wherever compaction runs.
+    """
     from pyspark.errors import AnalysisException
 
     try:
-        df = spark.read.option("mergeSchema", "true").parquet(path)
+        try:
+            df = spark.read.option("mergeSchema", "true").parquet(path)
+        except Exception as exc:
+            if "CONFLICTING_PARTITION_COLUMN_NAMES" not in str(exc):
+                raise
+            # date=D/file beside date=D/hour=H/file: no partition discovery (the files carry the columns)
+            df = spark.read.option("mergeSchema", "true").option("recursiveFileLookup", "true").parquet(path)
     except AnalysisException as exc:
         condition = exc.getCondition() or ""
         if condition == "UNABLE_TO_INFER_SCHEMA":
