@@ -27,6 +27,20 @@ def test_command_follows_contract_2(tmp_path):
     assert not any("__pycache__" in n for n in names)
 
 
+def test_c1_only_for_a_local_jvm(tmp_path):
+    """A local job's JVM stops at C1 (its compiles cost more than they give back in
+    seconds-long runs); a cluster's long-lived executors keep C2."""
+    from lagdoctor.diagnosis.submit import build_spark_submit_command
+
+    def java_options(master):
+        cmd = build_spark_submit_command("snap", "out", master=master, work_dir=tmp_path)
+        return cmd[cmd.index("--driver-java-options") + 1]
+
+    assert "-XX:TieredStopAtLevel=1" in java_options("local[2]")
+    assert "-XX:TieredStopAtLevel=1" not in java_options("spark://spark-master:7077")
+    assert "log4j2.configurationFile" in java_options("yarn")
+
+
 def test_scoped_run_flags():
     from lagdoctor.diagnosis.submit import job_arguments
 

@@ -1,4 +1,4 @@
-"""Writing the job's JSON Lines outputs: small, so through the driver, atomically.
+"""Writing the job's JSON Lines outputs: through the driver (one row per partition at most), atomically.
 
 A temporary file next to the target, then a rename: readers (the Airflow
 plugin, the Slack task) never see half a file. Local paths use os.replace;
@@ -70,9 +70,13 @@ def write_jsonl(records: Iterable[dict], output: str, filename: str) -> str:
 
 
 def dataframe_records(df, order_by: Iterable[str] = ()) -> list[dict]:
-    """Collect a small DataFrame as plain dicts (nested structs -> dicts)."""
+    """Collect a DataFrame as plain dicts (nested structs -> dicts).
+
+    Through Arrow batches, not pickled Rows: a status row per partition is
+    200k rows at 10,000 groups x 20 partitions, and Row objects cost seconds there.
+    """
     ordered = df.orderBy(*order_by) if order_by else df
-    return [row.asDict(recursive=True) for row in ordered.collect()]
+    return ordered.toArrow().to_pylist()
 
 
 def write_findings(findings_df, output: str) -> str:
