@@ -177,3 +177,19 @@ def test_parsing_a_dag_file_imports_no_heavy_library(dag_file):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+@pytest.mark.parametrize("host, c1", [("local[2]", True), ("spark://spark-master", False)])
+def test_diagnosis_jvm_options_follow_the_spark_connection(monkeypatch, tmp_path, host, c1):
+    """The spark-submit the DAG runs: the quiet log config always, C1 only on a local master."""
+    from lagdoctor.pipeline import DiagnoseLagOperator
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": host, "port": 7077}
+                                                                if not c1 else {"conn_type": "spark", "host": host}))
+    op = DiagnoseLagOperator(task_id="diagnose", prepare_task_id="prepare_diagnosis")
+    op._log_config = str(tmp_path / "log4j2.properties")
+    op.conf = {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{op._log_config}"}
+    cmd = op._get_hook()._build_spark_submit_command("job.py")
+    (options,) = [a.split("=", 1)[1] for a in cmd if a.startswith("spark.driver.extraJavaOptions=")]
+    assert f"-Dlog4j2.configurationFile=file:{op._log_config}" in options
+    assert ("-XX:TieredStopAtLevel=1" in options) is c1

@@ -199,3 +199,57 @@ def test_a_connection_of_another_type_is_named(monkeypatch):
 ])
 def test_the_jobs_own_failure_line_is_what_the_task_says(message, code, line):
     assert orchestration.diagnosis_failure_line(message) == (code, line)
+
+
+def test_the_sweep_compacts_closed_hours_and_reads_the_same_rows(tmp_path):
+    """The sweep's compact_history task: a closed hour's 12 sample files become one, the
+    rows read back are the same, the current hour is left as it is."""
+    import pyarrow as pa
+
+    from lagdoctor import store
+    from lagdoctor.contracts import snapshot_arrow_schema
+
+    settings = Settings(data_root=str(tmp_path))
+    now = datetime(2026, 11, 21, 9, 2, tzinfo=timezone.utc)
+
+    def sample(ts):
+        rows = [dict(snapshot_ts=ts, cluster="prod", group_id="g", group_state="STABLE", topic="t", partition=p,
+                     log_start_offset=0, log_end_offset=100, committed_offset=90, lag=10, member_id="m",
+                     client_id="c", host="h", group_members=1) for p in range(2)]
+        store.write_snapshot(pa.Table.from_pylist(rows, schema=snapshot_arrow_schema()), settings.snapshots_root,
+                             "prod", ts)
+
+    for k in range(12):
+        sample(datetime(2026, 11, 21, 5, 5 * k, tzinfo=timezone.utc))
+    sample(now)
+    before = store.read_snapshots(settings.snapshots_root).sort_by("snapshot_ts").to_pylist()
+
+    done = orchestration.compact_history(settings=settings, now=now)
+
+    assert done["hours"] == 1 and done["files_folded"] == 12
+    hour5 = [p.name for p in (tmp_path / "snapshots/cluster=prod/date=2026-11-21/hour=05").glob("*.parquet")]
+    assert sum(n.startswith("compacted-") for n in hour5) == 1
+    assert store.read_snapshots(settings.snapshots_root).sort_by("snapshot_ts").to_pylist() == before
+    orchestration.compact_history(settings=settings, now=now + timedelta(hours=2))  # past the grace: originals go
+    assert [p.name.startswith("compacted-") for p in
+            (tmp_path / "snapshots/cluster=prod/date=2026-11-21/hour=05").glob("*.parquet")] == [True]
+    assert store.read_snapshots(settings.snapshots_root).sort_by("snapshot_ts").to_pylist() == before
+
+
+def test_retention_also_prunes_the_state_database(tmp_path):
+    """Old closed leases go with the week's files; a live one stays."""
+    from lagdoctor.state import StateDB
+
+    settings = Settings(data_root=str(tmp_path))
+    now = datetime(2026, 11, 21, 0, 10, tzinfo=timezone.utc)
+    db = StateDB.from_settings(settings)
+    db.acquire_lease("deployment orders", "a-run-that-died", timedelta(minutes=15), now=now - timedelta(days=20))
+    db.acquire_lease("deployment search", "a-live-run", timedelta(minutes=15), now=now)
+    orchestration.prune_history(settings=settings, now=now)
+    assert db.lease_holder("deployment search", now=now) == "a-live-run"
+    from sqlalchemy import func, select
+
+    from lagdoctor.state import leases
+
+    with db.engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(leases)).scalar() == 1

@@ -379,7 +379,27 @@ def prune_history(keep_days: int = SNAPSHOT_RETENTION_DAYS, settings: Settings |
                 removed.append(run_dir["name"])
     for path in removed:
         log.info("retention: removed %s", path)
+    from lagdoctor.state import StateConfigError, prune_state
+
+    try:
+        pruned = prune_state(keep_days, now, settings=settings)
+    except StateConfigError as exc:  # files are pruned; the state's own retention waits for its config
+        log.error("retention: state database not pruned: %s", " ".join(str(exc).split()))
+    else:
+        log.info("retention: state rows removed: %s", pruned)
     return len(removed)
+
+
+def compact_history(settings: Settings | None = None, now: datetime | None = None) -> dict[str, Any]:
+    """Fold each closed hour's snapshot files into one (lagdoctor.store.compact_snapshots):
+    a day holds tens of files per cluster, not 864, so a week's window reads fast."""
+    from lagdoctor.store import compact_snapshots
+
+    settings = settings or Settings.from_env()
+    result = compact_snapshots(settings.snapshots_root, now or datetime.now(timezone.utc))
+    log.info("compaction: %s", result.summary())
+    return {"hours": len(result.compacted_hours), "files_folded": result.files_folded,
+            "files_removed": result.files_removed, "left_alone": len(result.left_alone)}
 
 
 # -- Spark -----------------------------------------------------------------------
@@ -601,7 +621,10 @@ def choose_branches(summary: Mapping[str, Any] | None, *, approvals: bool = True
 
 def write_reports(output: str) -> int:
     """One HTML report per problem (linked from Slack when LAGDOCTOR_REPORT_BASE_URL is set)."""
+    from lagdoctor.runindex import record_run
     from lagdoctor.web.report import write_incident_report
+
+    record_run(output)  # the lag page and the exporter find this run without a scan (never raises)
 
     try:
         paths = write_incident_report(output)

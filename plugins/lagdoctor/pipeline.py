@@ -61,6 +61,7 @@ TIMEOUTS = {
     "approve": timedelta(minutes=5),  # before it waits; the wait itself is APPROVAL_TIMEOUT
     "run": timedelta(minutes=15),
     "prune_history": timedelta(minutes=15),
+    "compact_history": timedelta(minutes=15),
     "check_failures": timedelta(minutes=2),
 }
 
@@ -94,6 +95,18 @@ class DiagnoseLagOperator(SparkSubmitOperator):
         super().__init__(application="", **kwargs)
         self.prepare_task_id = prepare_task_id
 
+    def _get_hook(self):
+        """The provider's hook, with the driver JVM options for the connection's master
+        (C1 only on a local master: see lagdoctor.diagnosis.submit.driver_java_options)."""
+        from lagdoctor.diagnosis.submit import driver_java_options
+
+        hook = super()._get_hook()
+        master = (getattr(hook, "_connection", None) or {}).get("master")
+        log_config = getattr(self, "_log_config", None)
+        if master and log_config and isinstance(getattr(hook, "_conf", None), dict):
+            hook._conf["spark.driver.extraJavaOptions"] = driver_java_options(master, log_config)
+        return hook
+
     def execute(self, context: Any) -> None:
         prep = context["ti"].xcom_pull(task_ids=self.prepare_task_id)
         self.application = prep["application"]
@@ -106,6 +119,7 @@ class DiagnoseLagOperator(SparkSubmitOperator):
             "spark.ui.enabled": "false",
             "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{prep['log_config']}",
         }
+        self._log_config = prep["log_config"]
         self.env_vars = {**(self.env_vars or {}), "PATH": prep["path"], "PYSPARK_PYTHON": prep["python"]}
         from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
@@ -276,6 +290,14 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
         pruned = prune_history()
         snap >> pruned
         checked.append(pruned)
+
+        @task(execution_timeout=TIMEOUTS["compact_history"], trigger_rule="all_done")
+        def compact_history() -> dict[str, Any]:
+            return orchestration.compact_history()
+
+        compacted = compact_history()
+        snap >> compacted
+        checked.append(compacted)
 
     checked >> check_failures()
 
