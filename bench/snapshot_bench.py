@@ -4,9 +4,10 @@ Each group commits offsets on its own topic of P partitions, so one snapshot
 has N*P rows. Prints seconds per snapshot and the broker requests sent,
 counted by librdkafka itself (statistics `tx` per broker).
 
-    python bench/snapshot_bench.py [--groups 500] [--partitions 20] [--repeat 3]
+    python bench/snapshot_bench.py [--groups 500] [--partitions 20] [--repeat 3] [--max-in-flight N]
 
 Target (issue #2): <= 5 s for 500 x 20 on the 2-core reference machine.
+bench/scale_bench.py measures 10,000 groups x 20 partitions (issue 9).
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from datetime import datetime, timezone
 
 
 def setup(bootstrap: str, groups: int, partitions: int) -> None:
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
     from confluent_kafka.admin import NewTopic
 
-    from lagdoctor.kafka_clients import admin_client, client_config
+    from lagdoctor.kafka_clients import admin_client
 
     admin = admin_client(bootstrap)
     topics = [f"bench-topic-{g:04d}" for g in range(groups)]
@@ -32,12 +33,16 @@ def setup(bootstrap: str, groups: int, partitions: int) -> None:
         futures = admin.create_topics([NewTopic(t, partitions, 1) for t in topics[start:start + 100]])
         for _, fut in futures.items():
             fut.result()
+    # Commits through the AdminClient, 200 groups in flight: a consumer per group took 25 s for 500.
+    pending = []
     for g, topic in enumerate(topics):
-        consumer = Consumer(client_config(bootstrap, {"group.id": f"bench-group-{g:04d}", "enable.auto.commit": False}))
-        try:
-            consumer.commit(offsets=[TopicPartition(topic, p, 0) for p in range(partitions)], asynchronous=False)
-        finally:
-            consumer.close()
+        request = ConsumerGroupTopicPartitions(f"bench-group-{g:04d}", [TopicPartition(topic, p, 0)
+                                                                      for p in range(partitions)])
+        pending.extend(admin.alter_consumer_group_offsets([request], request_timeout=60).values())
+        if len(pending) >= 200 or g == groups - 1:
+            for fut in pending:
+                fut.result()
+            pending = []
 
 
 class RequestCounter:
@@ -56,6 +61,8 @@ def main() -> int:
     parser.add_argument("--groups", type=int, default=500)
     parser.add_argument("--partitions", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--max-in-flight", type=int, default=None,
+                        help="collect_snapshot's max_in_flight (default: the collector's)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
 
@@ -71,10 +78,12 @@ def main() -> int:
         admin = admin_client(broker.bootstrap, {"stats_cb": counter, "statistics.interval.ms": 100})
         admin.poll(0.3)
         timings, requests, rows = [], [], 0
+        extra = {"max_in_flight": args.max_in_flight} if args.max_in_flight else {}
         for _ in range(args.repeat):
             before = counter.tx
             t = time.monotonic()
-            table = collect_snapshot(admin, "bench", "bench-group-.*", datetime.now(timezone.utc), timeout_s=60)
+            table = collect_snapshot(admin, "bench", "bench-group-.*", datetime.now(timezone.utc), timeout_s=60,
+                                     **extra)
             timings.append(time.monotonic() - t)
             admin.poll(0.3)  # let the statistics callback report the requests just sent
             requests.append(counter.tx - before)
