@@ -221,7 +221,7 @@ def duckdb_baseline(store: Path, as_of: datetime, window_minutes: float) -> tupl
         return None
     start = time.perf_counter()
     con = duckdb.connect()
-    table = con.execute(DUCKDB_FEATURES, [str(store / "date=*" / "*.parquet"),
+    table = con.execute(DUCKDB_FEATURES, [str(store / "**" / "*.parquet"),
                                           as_of - timedelta(minutes=window_minutes), as_of]).fetchnumpy()
     rows = len(table["snapshots"])
     con.close()

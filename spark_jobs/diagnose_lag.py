@@ -105,14 +105,15 @@ def main(argv=None) -> int:
         right_size_shuffle(spark, read.input_bytes)
         snapshots = scope_snapshots(read.snapshots, groups, args.topic)
         window = resolve_window(snapshots, as_of, args.window_minutes, ts_range=read.ts_range)
-        in_window = select_window(snapshots, *window) if window is not None else None
-        # a window from footers is the whole input's: the scoped rows may hold nothing in it
-        if window is None or (as_of is None and read.ts_range is not None and in_window.isEmpty()):
+        # (a window from footers is the whole input's: scoped rows may hold nothing in it,
+        # and then the transforms below give empty outputs without a scan to check first)
+        if window is None:
             write_findings(None, args.output)
             write_partition_status(None, args.output)
             write_quarantined(read.quarantined, args.output)
             return EXIT_OK
         start, end = window
+        in_window = select_window(snapshots, start, end)
         # transform
         partitions = partition_features(in_window, thresholds).cache()
         group_feats = group_features(group_series(in_window, partitions), thresholds).cache()

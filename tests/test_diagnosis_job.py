@@ -139,8 +139,10 @@ def test_clusters_and_a_window_without_as_of_read_only_what_they_name(tmp_path):
     cases = {
         "prod": ["--clusters", "prod", "--window-minutes", "10"],
         "unknown": ["--clusters", "nowhere"],
+        # a scope with no rows in the footers' window: empty outputs, no error
+        "scoped-out": ["--clusters", "prod", "--groups", "nobody-.*", "--window-minutes", "10"],
     }
-    with ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(3) as pool:
         futures = {name: pool.submit(run_job, store, tmp_path / f"out-{name}", *extra) for name, extra in cases.items()}
         results = {name: f.result() for name, f in futures.items()}
 
@@ -162,3 +164,8 @@ def test_clusters_and_a_window_without_as_of_read_only_what_they_name(tmp_path):
     out = tmp_path / "out-unknown"
     assert (out / "findings.jsonl").read_text() == "" == (out / "partition_status.jsonl").read_text()
     assert old.exists() and other.exists() and not (store / "_quarantine").exists()
+
+    scoped_out = results["scoped-out"]
+    assert scoped_out.returncode == 0, scoped_out.stderr
+    out = tmp_path / "out-scoped-out"
+    assert (out / "findings.jsonl").read_text() == "" == (out / "partition_status.jsonl").read_text()

@@ -20,6 +20,10 @@ _DEFAULT_CONF: dict[str, str] = {
     # nanosecond timestamps (pyarrow's default for pandas data) read as epoch ns;
     # snapshots.read_snapshot_store converts them to µs
     "spark.sql.legacy.parquet.nanosAsLong": "true",
+    # PySpark 4 records the Python call site of every Column call for error
+    # messages: four Py4J round trips each, two thirds of the ~17k calls that
+    # build the plan. The job's errors are one line without it anyway.
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 
 # Adaptive execution that really coalesces small shuffles, also under cache():
