@@ -27,18 +27,33 @@ def test_command_follows_contract_2(tmp_path):
     assert not any("__pycache__" in n for n in names)
 
 
-def test_c1_only_for_a_local_jvm(tmp_path):
-    """A local job's JVM stops at C1 (its compiles cost more than they give back in
-    seconds-long runs); a cluster's long-lived executors keep C2."""
-    from lagdoctor.diagnosis.submit import build_spark_submit_command
+def test_c1_only_for_a_small_window_on_a_local_jvm(tmp_path):
+    """C1 only (cheap JIT) when the window's files are small and the master is local; the size
+    comes from the window's folders alone, so a week of history outside it does not count."""
+    from datetime import datetime, timedelta, timezone
 
-    def java_options(master):
-        cmd = build_spark_submit_command("snap", "out", master=master, work_dir=tmp_path)
+    from lagdoctor.diagnosis.submit import C1_MAX_INPUT_BYTES, build_spark_submit_command, window_input_bytes
+
+    store = tmp_path / "snapshots"
+    now = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
+    recent = store / "cluster=prod" / "date=2026-11-21" / "hour=11"
+    old = store / "cluster=prod" / "date=2026-11-14" / "hour=11"
+    for folder, size in ((recent, 1000), (old, C1_MAX_INPUT_BYTES + 1)):
+        folder.mkdir(parents=True)
+        (folder / "snapshot-a.parquet").write_bytes(b"x" * size)
+
+    def java_options(master, **window):
+        cmd = build_spark_submit_command(str(store), "out", master=master, work_dir=tmp_path, **window)
         return cmd[cmd.index("--driver-java-options") + 1]
 
-    assert "-XX:TieredStopAtLevel=1" in java_options("local[2]")
-    assert "-XX:TieredStopAtLevel=1" not in java_options("spark://spark-master:7077")
+    window = {"as_of": now.isoformat(), "window_minutes": 30}
+    assert window_input_bytes(str(store), now, 30) == 1000
+    assert "-XX:TieredStopAtLevel=1" in java_options("local[2]", **window)
+    assert "-XX:TieredStopAtLevel=1" not in java_options("local[2]")  # the whole week: big
+    assert "-XX:TieredStopAtLevel=1" not in java_options("spark://spark-master:7077", **window)
     assert "log4j2.configurationFile" in java_options("yarn")
+    assert window_input_bytes(str(tmp_path / "missing")) is None
+    assert window_input_bytes(str(store), now - timedelta(days=30), 30) == 0
 
 
 def test_scoped_run_flags():

@@ -433,7 +433,13 @@ def prepare_diagnosis(
     import sys
     from pathlib import Path
 
-    from lagdoctor.diagnosis.submit import build_package_zip, default_job_script, job_arguments, quiet_log_config
+    from lagdoctor.diagnosis.submit import (
+        build_package_zip,
+        default_job_script,
+        job_arguments,
+        quiet_log_config,
+        window_input_bytes,
+    )
 
     settings = settings or Settings.from_env()
     work_dir = Path(os.environ.get("AIRFLOW_HOME", "/tmp")) / "lagdoctor-spark"
@@ -450,10 +456,11 @@ def prepare_diagnosis(
         snapshots, only = settings.snapshots_root, ["--clusters", ",".join(clusters)]
     bindir = str(Path(sys.executable).parent)
     scope = {k: v for k, v in (("groups", group_pattern), ("topic", topic)) if v}
+    as_of = as_of or datetime.now(timezone.utc)
     return {
         "application": default_job_script(),
         "py_files": build_package_zip(work_dir),
-        "args": job_arguments(snapshots, output, as_of=(as_of or datetime.now(timezone.utc)).isoformat(),
+        "args": job_arguments(snapshots, output, as_of=as_of.isoformat(),
                               window_minutes=window_minutes, thresholds=check_thresholds(thresholds),
                               quarantine=True, **scope) + only,
         "output": output,
@@ -462,6 +469,8 @@ def prepare_diagnosis(
         "spark_submit": str(Path(bindir) / "spark-submit"),
         "path": bindir + os.pathsep + os.environ.get("PATH", ""),
         "log_config": quiet_log_config(work_dir),
+        # decides the driver JVM's options (C1 only for a small local job)
+        "input_bytes": window_input_bytes(snapshots, as_of, window_minutes, clusters if only else None),
     }
 
 

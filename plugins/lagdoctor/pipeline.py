@@ -96,15 +96,16 @@ class DiagnoseLagOperator(SparkSubmitOperator):
         self.prepare_task_id = prepare_task_id
 
     def _get_hook(self):
-        """The provider's hook, with the driver JVM options for the connection's master
-        (C1 only on a local master: see lagdoctor.diagnosis.submit.driver_java_options)."""
+        """The provider's hook, with the driver JVM options for the connection's master and
+        the window's input size (C1 only for a small local job: submit.driver_java_options)."""
         from lagdoctor.diagnosis.submit import driver_java_options
 
         hook = super()._get_hook()
         master = (getattr(hook, "_connection", None) or {}).get("master")
         log_config = getattr(self, "_log_config", None)
         if master and log_config and isinstance(getattr(hook, "_conf", None), dict):
-            hook._conf["spark.driver.extraJavaOptions"] = driver_java_options(master, log_config)
+            hook._conf["spark.driver.extraJavaOptions"] = driver_java_options(
+                master, log_config, getattr(self, "_input_bytes", None))
         return hook
 
     def execute(self, context: Any) -> None:
@@ -120,6 +121,7 @@ class DiagnoseLagOperator(SparkSubmitOperator):
             "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{prep['log_config']}",
         }
         self._log_config = prep["log_config"]
+        self._input_bytes = prep.get("input_bytes")
         self.env_vars = {**(self.env_vars or {}), "PATH": prep["path"], "PYSPARK_PYTHON": prep["python"]}
         from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
