@@ -155,16 +155,20 @@ def test_columns_differ_between_files_union_with_nulls(tmp_path):
 def test_a_crash_while_writing_leaves_the_hour_as_it_was(tmp_path, monkeypatch):
     fill_hour(tmp_path)
     before = rows(tmp_path)
-    real_write = pq.write_table
+    written = []
+    real_write = pq.ParquetWriter.write_table
 
-    def crash(table, where, **kwargs):
-        where.write(b"PAR1 partial")
-        raise KeyboardInterrupt
+    def crash(self, table, *args, **kwargs):  # the second file's rows: the temp file holds the first
+        if written:
+            raise KeyboardInterrupt
+        written.append(table.num_rows)
+        return real_write(self, table, *args, **kwargs)
 
-    monkeypatch.setattr(pq, "write_table", crash)
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", crash)
     with pytest.raises(KeyboardInterrupt):
         store.compact_snapshots(str(tmp_path), LATER)
-    monkeypatch.setattr(pq, "write_table", real_write)
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", real_write)
+    assert written  # it crashed mid-way, not before starting
     assert compacted_in(tmp_path) == [] and rows(tmp_path) == before
     assert not (tmp_path / HOUR3 / ".compact.lock").exists()  # released: the next run is not blocked
     assert store.compact_snapshots(str(tmp_path), LATER).compacted_hours and rows(tmp_path) == before
@@ -283,3 +287,59 @@ def test_coverage_rule_never_reads_a_row_twice():
         "c1", "a", "b", "late"}
     skipped = store.covered_names({"x": frozenset({"a", "b"}), "y": frozenset({"b", "c", "d"})})
     assert skipped == {"x", "b", "c", "d"}  # y wins (larger); a is read as it is, x is not read
+
+
+def test_an_hour_is_folded_one_file_at_a_time(tmp_path, monkeypatch):
+    """Memory follows one sample file, not the hour: at 10,000 groups x 20 partitions an
+    hour is 36 files of 200k rows. No read ever returns more than one file's rows."""
+    fill_hour(tmp_path, samples=6)
+    before = rows(tmp_path)
+    biggest = []
+    real_read = pq.read_table
+
+    def read(source, *args, **kwargs):
+        table = real_read(source, *args, **kwargs)
+        biggest.append(table.num_rows)
+        return table
+
+    monkeypatch.setattr(pq, "read_table", read)
+    done = store.compact_snapshots(str(tmp_path), LATER)
+    monkeypatch.setattr(pq, "read_table", real_read)
+    assert done.files_folded == 6 and done.rows == 12
+    assert max(biggest) == 2  # one snapshot's two partitions
+    assert rows(tmp_path) == before
+
+
+def test_a_file_whose_data_cannot_be_read_is_named_and_nothing_is_folded(tmp_path):
+    """A readable footer over corrupt pages: the hour stays as it was, the file is named."""
+    paths = fill_hour(tmp_path, samples=3)
+    victim = paths[1]
+    data = bytearray(open(victim, "rb").read())
+    data[4:40] = b"\xff" * 36  # the first data page, not the footer
+    open(victim, "wb").write(bytes(data))
+    done = store.compact_snapshots(str(tmp_path), LATER)
+    assert done.compacted_hours == [] and compacted_in(tmp_path) == []
+    assert any(victim.rsplit("/", 1)[-1] in line for line in done.left_alone)
+    assert len(visible(tmp_path, HOUR3)) == 3 and not list((tmp_path / HOUR3).glob(".*.tmp"))
+
+
+def test_retention_deleting_a_day_mid_compaction_is_not_a_failure(tmp_path, monkeypatch):
+    """The sweep runs retention and compaction at once: a day folder that vanishes between
+    its listing and its hours is skipped, and the other days are still compacted."""
+    import shutil
+
+    fill_hour(tmp_path)
+    old_day = H3 - timedelta(days=8)
+    fill_hour(tmp_path, start=old_day)
+    real_ls = store._ls_or_gone
+    doomed = tmp_path / "cluster=prod" / f"date={old_day:%Y-%m-%d}"
+
+    def ls(fs, folder):
+        if folder.rstrip("/").endswith(doomed.name):
+            shutil.rmtree(doomed)  # retention, right between the listings
+        return real_ls(fs, folder)
+
+    monkeypatch.setattr(store, "_ls_or_gone", ls)
+    done = store.compact_snapshots(str(tmp_path), LATER)
+    assert done.compacted_hours and all(doomed.name not in h for h in done.compacted_hours)
+    assert len(compacted_in(tmp_path)) == 1

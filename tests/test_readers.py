@@ -330,3 +330,23 @@ def test_a_read_only_findings_root_still_answers(tmp_path, monkeypatch, new_proc
     monkeypatch.setattr(runindex, "_save", lambda fs, base, index: False)
     assert_same_as_full_read(root)
     assert not (root / runindex.INDEX_FILE).exists()
+
+
+def test_recording_a_run_a_scrape_already_folded_reads_no_older_run(tmp_path, opened, new_process):
+    """The sweep's write_reports records its run after a scrape may have folded it: a
+    group new in that run must not send the writer back through hundreds of older runs."""
+    root = tmp_path / "findings"
+    seed_history(root, 300, vanishing=False)
+    folder = write_run(root, "with-a-new-group", [("prod", "steady-0", "topic-0"), ("prod", "brand-new", "t")],
+                       T0 + timedelta(days=2), random.Random(3))
+    runindex.refresh(str(root))  # a scrape between the plan and write_reports
+    opened.clear()
+    runindex.record_run(str(folder))
+    assert [n for n in opened if n in ("run.json", "findings.jsonl")] == []
+    # and a run rewritten in place (a retried plan) is re-read alone, not its predecessors
+    (folder / "findings.jsonl").write_text((folder / "findings.jsonl").read_text() + "\n")
+    opened.clear()
+    runindex.record_run(str(folder))
+    assert opened.count("run.json") <= 2 and opened.count("findings.jsonl") <= 2
+    stored = json.loads((root / runindex.INDEX_FILE).read_text())
+    assert "with-a-new-group" in stored["runs"]

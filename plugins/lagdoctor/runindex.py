@@ -360,7 +360,9 @@ def _update(fs, base: str, index: RunIndex, force: set[str]) -> bool:
     stale = []
     for run_key in sorted(recheck & listed):
         signatures[run_key] = folder_signature(fs, f"{base}/{run_key}")
-        if run_key in force or signatures[run_key] != index.runs[run_key]["sig"]:
+        # `force` (the writer's record_run) rechecks a run even when it is not among the
+        # newest; unchanged files mean a reader folded it already: nothing to redo.
+        if signatures[run_key] != index.runs[run_key]["sig"]:
             stale.append(run_key)
     lost = []
     for run_key in gone:
@@ -370,6 +372,14 @@ def _update(fs, base: str, index: RunIndex, force: set[str]) -> bool:
     for run_key in stale:
         lost += index.remove(run_key)
     changed |= bool(gone or stale)
+    # A rewritten run that still names a key points at it again once re-read below:
+    # no walk back through older runs for those (a new group would read up to MAX_FOLD).
+    for run_key in stale:
+        run = read_folder(fs, f"{base}/{run_key}", signatures[run_key] or [])
+        if run is not None and not has_overrides(run.meta) and run.meta.get("dag_id"):
+            renamed = {(k, IN_FINDINGS) for k in run.in_findings} | {(k, IN_STATUS) for k in run.in_status}
+            lost = [item for item in lost
+                    if not (item[0][3] == run.meta.get("dag_id") and (item[0][:3], item[1]) in renamed)]
     index.find_again(fs, base, lost, MAX_FOLD)
 
     # Folders to read now: the stale runs, provisional folders whose files moved, new folders.

@@ -425,17 +425,28 @@ def compact_snapshots(
         for folder, hour_start in _hour_folders(fs, base, cluster):
             if hour_start + timedelta(hours=1) + min_age > now:
                 continue
-            entries = [_name(p) for p in fs.ls(folder, detail=False)]
-            if len([n for n in entries if n.endswith(_SUFFIX) and not n.startswith((".", "_"))]) < 2:
-                continue  # one file (the usual end state) or none: nothing to do
-            with _hour_lock(fs, folder, now, lease) as held:
-                if not held:
-                    result.busy_hours.append(folder)
-                    continue
-                _compact_hour(fs, folder, hour_start, now, grace, result)
+            try:
+                entries = [_name(p) for p in fs.ls(folder, detail=False)]
+                if len([n for n in entries if n.endswith(_SUFFIX) and not n.startswith((".", "_"))]) < 2:
+                    continue  # one file (the usual end state) or none: nothing to do
+                with _hour_lock(fs, folder, now, lease) as held:
+                    if not held:
+                        result.busy_hours.append(folder)
+                        continue
+                    _compact_hour(fs, folder, hour_start, now, grace, result)
+            except FileNotFoundError:
+                continue  # retention removed the day meanwhile (the sweep runs both at once)
     except OSError as exc:
         raise StoreError(f"cannot compact snapshots under {root}: {exc.strerror or exc}") from None
     return result
+
+
+def _ls_or_gone(fs: Any, folder: str) -> list[dict]:
+    """A folder's entries; none when retention deleted it since its parent was listed."""
+    try:
+        return fs.ls(folder, detail=True)
+    except FileNotFoundError:
+        return []
 
 
 def _hour_folders(fs: Any, base: str, cluster: str | None) -> Iterator[tuple[str, datetime]]:
@@ -447,7 +458,7 @@ def _hour_folders(fs: Any, base: str, cluster: str | None) -> Iterator[tuple[str
             continue
         if wanted is not None and name != wanted:
             continue
-        for day_entry in sorted(fs.ls(cluster_entry["name"], detail=True), key=lambda e: e["name"]):
+        for day_entry in sorted(_ls_or_gone(fs, cluster_entry["name"]), key=lambda e: e["name"]):
             day = _name(day_entry["name"])
             if day_entry["type"] != "directory" or not day.startswith("date="):
                 continue
@@ -455,7 +466,7 @@ def _hour_folders(fs: Any, base: str, cluster: str | None) -> Iterator[tuple[str
                 day_start = datetime.strptime(day[len("date="):], "%Y-%m-%d").replace(tzinfo=timezone.utc)
             except ValueError:
                 continue
-            for hour_entry in sorted(fs.ls(day_entry["name"], detail=True), key=lambda e: e["name"]):
+            for hour_entry in sorted(_ls_or_gone(fs, day_entry["name"]), key=lambda e: e["name"]):
                 hour = _name(hour_entry["name"])
                 if hour_entry["type"] != "directory" or not hour.startswith("hour="):
                     continue
@@ -494,26 +505,28 @@ def _compact_hour(fs: Any, folder: str, hour_start: datetime, now: datetime, gra
         return
     import pyarrow.parquet as pq
 
-    tables, folded = [], []
+    # Pass 1, footers only: which files fold, under which union schema.
+    folded: list[str] = []
     schema: dict[str, Any] = {}
+    present_in: dict[str, set[str]] = {}
     for name in candidates:
         path = f"{folder}/{name}"
         try:
             with fs.open(path, "rb") as fh:
-                table = pq.read_table(fh)
+                file_schema = pq.read_schema(fh)
         except Exception as exc:  # truncated or foreign: the diagnosis job quarantines it, not us
             result.left_alone.append(f"{path}: not a readable Parquet file: {_one_line(exc)}")
             continue
-        conflict = next((f for f in table.schema if f.name in schema and schema[f.name].type != f.type), None)
+        conflict = next((f for f in file_schema if f.name in schema and schema[f.name].type != f.type), None)
         if conflict is not None:
             result.left_alone.append(f"{path}: column {conflict.name} is {conflict.type} where the hour's "
                                      f"other files have {schema[conflict.name].type}")
             continue
-        for f in table.schema:
+        for f in file_schema:
             schema.setdefault(f.name, f)
             if f.nullable:
                 schema[f.name] = schema[f.name].with_nullable(True)
-        tables.append(table)
+        present_in[name] = set(file_schema.names)
         folded.append(name)
     if len(folded) < 2:
         return
@@ -523,8 +536,7 @@ def _compact_hour(fs: Any, folder: str, hour_start: datetime, now: datetime, gra
         all_covered |= covers.get(name, frozenset())
     keys = sorted({tag for n in all_covered if (tag := _tag_of(n)) is not None}
                   | {k for n in folded if facts.get(n) for k in facts[n].keys})
-    table = _fold(tables, schema)
-    table = table.replace_schema_metadata({
+    target = _union_schema(schema, [present_in[n] for n in folded]).with_metadata({
         META_COVERS: json.dumps(sorted(all_covered)),
         META_KEYS: json.dumps(keys),
         META_COMPACTED_AT: now.isoformat(),
@@ -532,32 +544,49 @@ def _compact_hour(fs: Any, folder: str, hour_start: datetime, now: datetime, gra
     digest = hashlib.sha256("\n".join(sorted(all_covered)).encode()).hexdigest()[:16]
     final = f"{folder}/{COMPACTED_PREFIX}{hour_start:%Y%m%dT%H}-{digest}{_SUFFIX}"
     tmp = f"{folder}/.{_name(final)}.{uuid.uuid4().hex[:8]}.tmp"
+    # Pass 2, one file in memory at a time: a cluster-hour at 10,000 groups x 20
+    # partitions is 36 files of 200k rows, gigabytes if held at once.
+    rows, current = 0, None
     try:
-        with fs.open(tmp, "wb") as fh:
-            pq.write_table(table, fh, compression="zstd", row_group_size=_ROW_GROUP_ROWS)
+        with fs.open(tmp, "wb") as fh, pq.ParquetWriter(fh, target, compression="zstd") as writer:
+            for name in folded:
+                current = f"{folder}/{name}"
+                with fs.open(current, "rb") as src:
+                    table = _conform(pq.read_table(src), target)
+                writer.write_table(table, row_group_size=_ROW_GROUP_ROWS)
+                rows += table.num_rows
+            current = None
         fs.mv(tmp, final)
+    except Exception as exc:
+        if current is None:
+            raise
+        # a footer that read but data that does not: fold nothing this time, name the file
+        result.left_alone.append(f"{current}: not a readable Parquet file: {_one_line(exc)}")
+        return
     finally:
         if fs.exists(tmp):
             fs.rm(tmp)
     result.compacted_hours.append(folder)
     result.files_folded += len(folded)
-    result.rows += table.num_rows
+    result.rows += rows
 
 
-def _fold(tables: list, schema: dict[str, Any]):
-    """One table: every file's rows under the union schema, sorted."""
+def _union_schema(schema: dict[str, Any], present: list[set[str]]):
+    """The hour's columns; one some file lacks is nullable (null in that file's rows)."""
     import pyarrow as pa
 
-    fields = [f if all(f.name in t.column_names for t in tables) else f.with_nullable(True)
-              for f in schema.values()]
-    target = pa.schema(fields)
-    parts = []
-    for t in tables:
-        columns = [t[f.name] if f.name in t.column_names else pa.nulls(t.num_rows, f.type) for f in target]
-        parts.append(pa.Table.from_arrays(columns, schema=target))
-    table = pa.concat_tables(parts)
+    return pa.schema([f if all(f.name in names for names in present) else f.with_nullable(True)
+                      for f in schema.values()])
+
+
+def _conform(table: Any, target: Any):
+    """One file's rows under the union schema, sorted (files are in time order already)."""
+    import pyarrow as pa
+
+    columns = [table[f.name] if f.name in table.column_names else pa.nulls(table.num_rows, f.type) for f in target]
+    table = pa.Table.from_arrays(columns, schema=target.remove_metadata())
     keys = [(k, "ascending") for k in _SORT_KEYS if k in table.column_names]
-    return table.sort_by(keys) if keys else table
+    return table.sort_by(keys).replace_schema_metadata(target.metadata) if keys else table
 
 
 def _one_line(exc: BaseException) -> str:
