@@ -377,3 +377,31 @@ def test_a_broker_that_dies_mid_snapshot_costs_the_budget_not_a_timeout_per_grou
     # (3 s) plus one timeout (2 s), with 3 s to spare for a busy 2-core machine.
     assert took < 3 + 2 + 3, f"took {took:.1f} s after the broker died"
     assert any("read budget ran out" in rows[0]["read_error"] for rows in got.values())
+
+
+def test_groups_that_ran_the_budget_out_still_get_their_log_end_offsets(kafka_bootstrap, six_groups):
+    """Slow group reads spend the snapshot's budget: the groups that were read still get
+    their partitions' end offsets (their own budget), so their lag is known, not blank."""
+    import time
+
+    topic, groups, pattern = six_groups
+    real = admin_client(kafka_bootstrap)
+
+    class SlowOffsetFetch:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def list_consumer_group_offsets(self, *args, **kwargs):
+            futures = real.list_consumer_group_offsets(*args, **kwargs)
+            time.sleep(0.6)
+            return futures
+
+    table = collect_snapshot(SlowOffsetFetch(), "prod", pattern, NOW, bootstrap=kafka_bootstrap,
+                             read_budget_s=1.0, max_in_flight=1)
+    got = by_group(table)
+    read = [g for g in groups if got[g][0]["partition"] != -1]
+    unread = [g for g in groups if got[g][0]["partition"] == -1]
+    assert read and unread  # the budget ran out part way
+    for group in read:
+        assert all(r["log_end_offset"] is not None and r["lag"] is not None for r in got[group]), got[group]
+    assert all("read budget ran out" in got[g][0]["read_error"] for g in unread)

@@ -17,8 +17,9 @@ Broker requests grow with groups and brokers, not with partitions per group:
 At most `max_in_flight` requests (default DEFAULT_MAX_IN_FLIGHT) wait on the
 cluster at once, describe and offset fetches interleaved; each one's timeout
 then measures the broker's answer rather than a queue of thousands ahead of
-it. No request starts after the read budget (default read_budget(timeout_s),
-60 s): a cluster that stops answering mid-snapshot costs at most the budget
+it. No group read starts after the read budget (default read_budget(timeout_s),
+60 s), and no log offset read after a quarter of it more (at least two
+timeouts): a cluster that stops answering mid-snapshot costs at most the budget
 plus one timeout, not a timeout per window of groups, and what was not read is
 a read error like any other.
 
@@ -448,7 +449,10 @@ def collect_snapshot(
         rows_of[group_id] = topics
 
     try:
-        starts, ends, offset_errors = log_offsets(admin, wanted, timeout_s, window)
+        # Log offsets get a budget of their own: a group read that ran the snapshot's
+        # budget out must not also leave every partition without its end offset.
+        offsets_window = RequestWindow(max_in_flight, max(2 * timeout_s, window.budget_s / 4))
+        starts, ends, offset_errors = log_offsets(admin, wanted, timeout_s, offsets_window)
     except KafkaException as exc:
         raise CollectionError(failure_message(exc, admin, where, "cannot list offsets")) from None
     offsets_read = time.monotonic()
