@@ -208,21 +208,10 @@ def ensure_window(root: Path, groups: int, partitions: int, seed: int) -> tuple[
 
 
 def duckdb_baseline(store: Path, as_of: datetime, window_minutes: float) -> tuple[float, int] | None:
-    """diagnose_bench's DuckDB query of per-partition features, over every file under the
-    cluster= folder (its own glob, date=*/*.parquet, misses the store's hour= folders)."""
-    from diagnose_bench import DUCKDB_FEATURES
+    """diagnose_bench's DuckDB query of per-partition features on the same files."""
+    from diagnose_bench import duckdb_baseline as baseline
 
-    try:
-        import duckdb
-    except ImportError:
-        print("  duckdb baseline skipped: install the bench extra (pip install -e '.[bench]')", flush=True)
-        return None
-    start = time.perf_counter()
-    con = duckdb.connect()
-    table = con.execute(DUCKDB_FEATURES, [str(store / "**" / "*.parquet"),
-                                          as_of - timedelta(minutes=window_minutes), as_of]).fetchnumpy()
-    con.close()
-    return time.perf_counter() - start, len(table["snapshots"])
+    return baseline(store, as_of, window_minutes)
 
 
 def run_diagnosis(args) -> dict:

@@ -35,7 +35,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -154,15 +154,10 @@ def _filesystem(root: str):
 
 
 def _parse_time(value: Any) -> float | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        ts = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if ts.tzinfo is None:
-        ts = ts.replace(tzinfo=timezone.utc)
-    return ts.timestamp()
+    from lagdoctor.runindex import parse_time
+
+    ts = parse_time(value)
+    return None if ts is None else ts.timestamp()
 
 
 def _mtime(info: Mapping[str, Any]) -> float | None:
