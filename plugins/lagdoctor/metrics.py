@@ -248,16 +248,7 @@ def read_runs(findings_root: str, cache: RunCache | None = None) -> list[Diagnos
     if not fs.exists(root):
         return []
     index = refresh(findings_root)
-    cache = cache or RunCache()
-    runs, seen = [], set()
-    for name in index.candidates():
-        entry = index.folders[name]
-        seen.add(entry["name"].rstrip("/"))
-        run = cache.get(fs, entry)
-        if run is not None:
-            runs.append(run)
-    cache.forget_except(seen)
-    return runs
+    return _cached_runs(fs, [index.folders[name] for name in index.candidates()], cache or RunCache())
 
 
 def read_all_runs(findings_root: str, cache: RunCache | None = None) -> list[DiagnosisRun]:
@@ -265,17 +256,15 @@ def read_all_runs(findings_root: str, cache: RunCache | None = None) -> list[Dia
     fs, root = _filesystem(findings_root)
     if not fs.exists(root):
         return []
-    cache = cache or RunCache()
-    runs, seen = [], set()
-    for entry in fs.ls(root, detail=True):
-        name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
-        if entry.get("type") != "directory" or name.startswith((".", "_")):
-            continue
-        seen.add(entry["name"].rstrip("/"))
-        run = cache.get(fs, entry)
-        if run is not None:
-            runs.append(run)
-    cache.forget_except(seen)
+    entries = [e for e in fs.ls(root, detail=True) if e.get("type") == "directory"
+               and not e["name"].rstrip("/").rsplit("/", 1)[-1].startswith((".", "_"))]
+    return _cached_runs(fs, entries, cache or RunCache())
+
+
+def _cached_runs(fs, entries: list[Mapping[str, Any]], cache: RunCache) -> list[DiagnosisRun]:
+    """The readable runs of these folder entries, through the cache (which forgets the rest)."""
+    runs = [run for run in (cache.get(fs, entry) for entry in entries) if run is not None]
+    cache.forget_except({entry["name"].rstrip("/") for entry in entries})
     return runs
 
 
