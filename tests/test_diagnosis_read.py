@@ -205,13 +205,13 @@ def test_missing_column_in_every_file_names_column_and_file(spark, tmp_path):
 
 
 def test_only_day_folders_of_the_window_are_inspected(tmp_path):
-    from lagdoctor.diagnosis.snapshots import inspect_store, parse_as_of, window_days
+    from lagdoctor.diagnosis.snapshots import inspect_store, parse_as_of, window_bounds
 
     for day in ("2026-11-19", "2026-11-20", "2026-11-21"):
         (tmp_path / f"cluster=prod/date={day}").mkdir(parents=True)
         (tmp_path / f"cluster=prod/date={day}/a.parquet").write_bytes(b"corrupt")
-    days = window_days(parse_as_of("2026-11-21T00:10:00Z"), 30)  # reaches back into the 20th
-    inspection = inspect_store(str(tmp_path), days)
+    window = window_bounds(parse_as_of("2026-11-21T00:10:00Z"), 30)  # reaches back into the 20th
+    inspection = inspect_store(str(tmp_path), window=window)
     assert sorted(b.file.relative for b in inspection.bad) == [
         "cluster=prod/date=2026-11-20/a.parquet", "cluster=prod/date=2026-11-21/a.parquet"]
     assert len(inspect_store(str(tmp_path)).bad) == 3  # unbounded window: every day

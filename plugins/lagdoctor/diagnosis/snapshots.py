@@ -166,22 +166,6 @@ def window_bounds(as_of: datetime | None, window_minutes: float | None) -> Windo
     return WindowBounds(as_of, window_minutes)
 
 
-def window_days(as_of: datetime | None, window_minutes: float | None) -> tuple[date, date] | None:
-    """The UTC days a window can touch, when --as-of and --window-minutes bound it."""
-    if as_of is None or window_minutes is None:
-        return None
-    end = as_of.astimezone(timezone.utc)
-    return (end - timedelta(minutes=window_minutes)).date(), end.date()
-
-
-def _days_range(days: tuple[date, date] | None) -> tuple[datetime | None, datetime | None]:
-    if days is None:
-        return None, None
-    first = datetime.combine(days[0], datetime.min.time(), timezone.utc)
-    last = datetime.combine(days[1], datetime.min.time(), timezone.utc) + timedelta(days=1, microseconds=-1)
-    return first, last
-
-
 def _descend(name: str, day: date | None, span):
     """(day, span) below a folder called `name`: date=D spans the day, hour=H (under a
     date) the hour; any other folder keeps its parent's."""
@@ -205,17 +189,17 @@ def _outside(span, lo: datetime | None, hi: datetime | None) -> bool:
     return span is not None and ((hi is not None and span[0] > hi) or (lo is not None and span[1] <= lo))
 
 
-def list_store_files(fs, root: str, uri_root: str, days: tuple[date, date] | None = None, *,
+def list_store_files(fs, root: str, uri_root: str, *,
                      span: tuple[datetime | None, datetime | None] | None = None,
                      clusters: list[str] | None = None, seen: set[str] | None = None) -> list[StoreFile]:
     """Parquet files under root, skipping hidden and `_` names below it (not in the
     root itself, which may live in a dot-folder), date= and hour= folders whose
-    time cannot meet `span` (or `days`), and cluster= folders not in `clusters`.
+    time cannot meet `span`, and cluster= folders not in `clusters`.
 
     Both layouts are read: date=D/file (before issue 9) and date=D/hour=H/file.
     `seen` collects the cluster= folder names listed.
     """
-    lo, hi = span if span is not None else _days_range(days)
+    lo, hi = span if span is not None else (None, None)
     from lagdoctor.store import cluster_folder_name
 
     allowed = None if clusters is None else {cluster_folder_name(c) for c in clusters}
@@ -496,11 +480,11 @@ def _micros(value: datetime) -> int:
     return (value.astimezone(timezone.utc) - _EPOCH) // timedelta(microseconds=1)
 
 
-def inspect_store(path: str, days: tuple[date, date] | None = None, *, window: WindowBounds | None = None,
+def inspect_store(path: str, *, window: WindowBounds | None = None,
                   clusters: list[str] | None = None) -> StoreInspection | None:
     """Sort a store directory's files into readable groups and bad files (pyarrow only).
 
-    With `window` (or the older `days`), only the date= and hour= folders that
+    With `window`, only the date= and hour= folders that
     can hold it are listed; files whose footer statistics put them outside are
     not read. Without --as-of but with a length, footers are read newest
     folder first until the window's start is passed: older files are never
@@ -518,7 +502,7 @@ def inspect_store(path: str, days: tuple[date, date] | None = None, *, window: W
         return None
     uri_root = path.rstrip("/")
     inspection = StoreInspection(fs, root.rstrip("/"), uri_root)
-    lo, hi = window.fixed_range() if window is not None else _days_range(days)
+    lo, hi = window.fixed_range() if window is not None else (None, None)
     listed = list_store_files(fs, inspection.root, uri_root, span=(lo, hi), clusters=clusters,
                               seen=inspection.clusters_seen)
     inspection.loose_files = any("cluster" not in f.folder_columns for f in listed) and not any(
@@ -616,8 +600,8 @@ class StoreRead:
     missing_clusters: list[str] = field(default_factory=list)
 
 
-def read_snapshots(spark, path: str, *, days: tuple[date, date] | None = None,
-                   window: WindowBounds | None = None, clusters: list[str] | None = None):
+def read_snapshots(spark, path: str, *, window: WindowBounds | None = None,
+                   clusters: list[str] | None = None):
     """Read every Parquet file under `path` (or the file itself) as contract 1.
 
     Raises SnapshotInputError (one line, naming the file and, for a schema
@@ -626,7 +610,7 @@ def read_snapshots(spark, path: str, *, days: tuple[date, date] | None = None,
     DataFrame: empty input is not an error. Moves nothing: see read_snapshot_store.
     """
     check_input_path(path)
-    inspection = inspect_store(path, days, window=window, clusters=clusters)
+    inspection = inspect_store(path, window=window, clusters=clusters)
     if inspection is None:
         return scope_clusters(_read_with_spark(spark, path), clusters)
     if inspection.bad:
@@ -635,9 +619,9 @@ def read_snapshots(spark, path: str, *, days: tuple[date, date] | None = None,
     return scope_clusters(_read_groups(spark, inspection), clusters)
 
 
-def read_snapshot_store(spark, path: str, now: datetime, *, days: tuple[date, date] | None = None,
-                        window: WindowBounds | None = None, clusters: list[str] | None = None,
-                        job: str = "diagnose_lag", quarantine: bool = True) -> StoreRead:
+def read_snapshot_store(spark, path: str, now: datetime, *, window: WindowBounds | None = None,
+                        clusters: list[str] | None = None, job: str = "diagnose_lag",
+                        quarantine: bool = True) -> StoreRead:
     """Like read_snapshots, but with `quarantine` files that cannot be read are
     moved aside, not fatal (the DAGs ask for it; a bare job run moves nothing).
 
@@ -649,7 +633,7 @@ def read_snapshot_store(spark, path: str, now: datetime, *, days: tuple[date, da
     poison file) or when a required column is missing from every file.
     """
     check_input_path(path)
-    inspection = inspect_store(path, days, window=window, clusters=clusters)
+    inspection = inspect_store(path, window=window, clusters=clusters)
     if inspection is None:
         return StoreRead(scope_clusters(_read_with_spark(spark, path), clusters), [])
     if inspection.bad and (not quarantine or not inspection.groups):
