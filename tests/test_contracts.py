@@ -116,7 +116,8 @@ def test_writer_schema_is_the_contract_with_offsets_nullable_only_for_read_error
     contract = contracts.snapshot_arrow_schema()
     written = snapshot_schema()
     assert written.names[: len(contract)] == contract.names
-    assert written.names[len(contract):] == ["leader_broker", "read_error"]
+    # every optional column, the committed record's included (null where not fetched)
+    assert written.names[len(contract):] == [c[0] for c in contracts.SNAPSHOT_OPTIONAL_COLUMNS]
     for f in contract:
         w = written.field(f.name)
         assert w.type == f.type

@@ -13,6 +13,14 @@ Broker requests grow with groups and brokers, not with partitions per group:
        (librdkafka fans each call out per partition leader; its cost per call
        grows faster than the partitions in it: 20,000 partitions in one call
        took 2 s, in calls of 1,000 0.25 s)
+    B  Fetch, per broker and round: the record at the committed offset of the
+       `record_partitions` most lagging partitions of each (group, topic)
+       (lagdoctor.records: one consumer, assign only, never a commit; groups at
+       different offsets of one partition take a round each), within
+       `record_budget_s`. Its timestamp is committed_record_ts (exact time lag);
+       its key hash, size and header names describe a stuck record. A position
+       it could not read has committed_record_error, and is not a read_error:
+       the offsets are known, only the record's time is not.
 
 At most `max_in_flight` requests (default DEFAULT_MAX_IN_FLIGHT) wait on the
 cluster at once, describe and offset fetches interleaved; each one's timeout
@@ -56,25 +64,30 @@ from datetime import datetime, timezone
 from typing import Any
 
 from lagdoctor.contracts import (
+    COMMITTED_RECORD_COLUMNS,
     GROUP_ROW_PARTITION,
     GROUP_ROW_TOPIC,
     SNAPSHOT_NULL_ON_READ_ERROR,
     snapshot_writer_schema,
 )
-from lagdoctor.kafka_clients import error_text, failure_message, forget_errors
+from lagdoctor.kafka_clients import config_of, error_text, failure_message, forget_errors
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 10.0
 # Longer patterns are refused: a group pattern is a name filter, not a program.
 MAX_GROUP_PATTERN_LENGTH = 1000
-WRITTEN_OPTIONAL_COLUMNS = ("leader_broker", "read_error")
+WRITTEN_OPTIONAL_COLUMNS = ("leader_broker", "read_error", *COMMITTED_RECORD_COLUMNS)
 # Requests waiting on the cluster at once: enough to hide round trips (the group
 # reads of 10,000 groups took about 6 s on the embedded broker, and 1,024 in flight
 # were no faster), far below a broker's request queue (queued.max.requests, 500).
 DEFAULT_MAX_IN_FLIGHT = 128
 # Partitions per ListOffsets call; see the module docstring.
 LIST_OFFSETS_BATCH = 1000
+# The record at the committed offset is read for this many most lagging
+# partitions of each (group, topic), within this many seconds per snapshot.
+DEFAULT_RECORD_PARTITIONS = 3
+DEFAULT_RECORD_BUDGET_S = 10.0
 
 # Group state names as confluent-kafka's ConsumerGroupState (PREPARING_REBALANCING),
 # as Kafka sends them (PreparingRebalance, and KIP-848's Assigning, Reconciling),
@@ -381,6 +394,9 @@ def collect_snapshot(
     group_ids: Collection[str] | None = None,
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     read_budget_s: float | None = None,
+    record_partitions: int = DEFAULT_RECORD_PARTITIONS,
+    record_budget_s: float = DEFAULT_RECORD_BUDGET_S,
+    consumer_config: Mapping[str, Any] | None = None,
 ):
     """Read one snapshot of all groups whose id matches `group_pattern` in full
     (or, with `group_ids`, exactly those groups).
@@ -392,6 +408,11 @@ def collect_snapshot(
     the cluster cannot be read at all. At most `max_in_flight` requests wait on
     the cluster at once; no read starts after `read_budget_s` (default
     read_budget(timeout_s)), and what was not read is a read error.
+
+    The record at the committed offset is read for the `record_partitions`
+    most lagging partitions of each (group, topic) (0: none) with
+    `consumer_config` (default: the config `admin` was built with, when it was
+    built here; otherwise no record is read).
     """
     import pyarrow as pa
     from confluent_kafka import KafkaException
@@ -457,16 +478,56 @@ def collect_snapshot(
         raise CollectionError(failure_message(exc, admin, where, "cannot list offsets")) from None
     offsets_read = time.monotonic()
 
+    records: dict[tuple[str, int, int], Any] = {}
+    record_errors: dict[tuple[str, int, int], str] = {}
+    config = consumer_config if consumer_config is not None else config_of(admin)
+    wanted = record_positions(views, rows_of, ends, offset_errors, record_partitions)
+    if wanted and config is not None:
+        from lagdoctor.records import read_records
+
+        try:
+            records, record_errors = read_records(config, wanted, budget_s=record_budget_s)
+        except Exception as exc:  # a consumer that cannot start: the offsets still stand
+            reason = f"record not read: {_reason(exc)}"
+            log.warning("records at committed offsets not read: %s", _reason(exc))
+            record_errors = dict.fromkeys(wanted, reason)
+    records_read = time.monotonic()
+
     table = _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, leader_of,
-                            starts, ends, offset_errors)
+                            starts, ends, offset_errors, records, record_errors)
     log.debug("snapshot of %d groups, %d rows: metadata and group list %.2f s, groups %.2f s, "
-              "log offsets %.2f s, table %.2f s", len(ids), table.num_rows, listed - started,
-              groups_read - listed, offsets_read - groups_read, time.monotonic() - offsets_read)
+              "log offsets %.2f s, %d records %.2f s, table %.2f s", len(ids), table.num_rows, listed - started,
+              groups_read - listed, offsets_read - groups_read, len(records), records_read - offsets_read,
+              time.monotonic() - records_read)
     return table
 
 
+def record_positions(views, rows_of, ends, offset_errors, per_topic: int) -> set[tuple[str, int, int]]:
+    """(topic, partition, committed offset) of the `per_topic` most lagging partitions
+    of each (group, topic) whose offsets were read and that have lag."""
+    wanted: set[tuple[str, int, int]] = set()
+    if per_topic <= 0:
+        return wanted
+    for view in views:
+        read = view.commits
+        if read.error:
+            continue
+        for topic, partitions in rows_of[view.group_id].items():
+            lagging = []
+            for p in partitions:
+                key = (topic, p)
+                committed, end = read.commits.get(key), ends.get(key)
+                if committed is None or end is None or key in read.partition_errors or key in offset_errors:
+                    continue
+                if end > committed >= 0:
+                    lagging.append((end - committed, -p, committed))
+            for _, neg_p, committed in sorted(lagging, reverse=True)[:per_topic]:
+                wanted.add((topic, -neg_p, committed))
+    return wanted
+
+
 def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, leader_of, starts, ends,
-                    offset_errors):
+                    offset_errors, records=None, record_errors=None):
     """The rows as Arrow columns, built column by column (one Python list each)."""
     group_id: list[str] = []
     group_state: list[str] = []
@@ -482,6 +543,8 @@ def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, lead
     host_col: list[str | None] = []
     leader_col: list[int | None] = []
     error_col: list[str | None] = []
+    records, record_errors = records or {}, record_errors or {}
+    record_cols: dict[str, list[Any]] = {name: [] for name in COMMITTED_RECORD_COLUMNS}
 
     for view in views:
         desc, read = view.description, view.commits
@@ -504,7 +567,7 @@ def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, lead
             partition_col.extend(partitions)
             if topic == GROUP_ROW_TOPIC and partitions == [GROUP_ROW_PARTITION]:
                 for column in (start_col, end_col, committed_col, lag_col, member_col, client_col, host_col,
-                               leader_col):
+                               leader_col, *record_cols.values()):
                     column.append(None)
                 error_col.append("; ".join(group_errors))
                 continue
@@ -531,6 +594,14 @@ def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, lead
                 client_col.append(owner.client_id if owner else None)
                 host_col.append(owner.host if owner else None)
                 leader_col.append(leader_of.get(key))
+                record = records.get((topic, partition, committed)) if committed is not None else None
+                record_cols["committed_record_ts"].append(record.timestamp if record else None)
+                record_cols["committed_record_offset"].append(record.offset if record else None)
+                record_cols["committed_record_key_sha256"].append(record.key_sha256 if record else None)
+                record_cols["committed_record_size"].append(record.size if record else None)
+                record_cols["committed_record_headers"].append(",".join(record.headers) if record else None)
+                record_cols["committed_record_error"].append(
+                    None if record or committed is None else record_errors.get((topic, partition, committed)))
                 if group_errors or topic_error or key in partition_errors or key in offset_errors:
                     errors = list(group_errors)
                     if topic_error:
@@ -562,6 +633,7 @@ def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, lead
         "group_members": group_members,
         "leader_broker": leader_col,
         "read_error": error_col,
+        **record_cols,
     }
     table = pa.Table.from_arrays(
         [columns[f.name] if isinstance(columns[f.name], pa.Array) else pa.array(columns[f.name], type=f.type)

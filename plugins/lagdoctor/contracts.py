@@ -32,10 +32,32 @@ SNAPSHOT_COLUMNS: Final[tuple[tuple[str, str, bool], ...]] = (
 # "group description: ..."). Values that read could not give are null and mean
 # "unknown": committed_offset/lag after a failed committed-offset read (not "no
 # commit"), log_start_offset/log_end_offset/lag after a failed ListOffsets.
+#
+# committed_record_*: the record at the committed offset (the next one the group
+# will read), fetched for the most lagging partitions of each group only, so
+# null elsewhere. The payload is never stored: its offset (the first record at
+# or after the committed offset: compaction and transaction markers leave gaps),
+# a 16-hex SHA-256 prefix of its key, its value's size and its header names
+# (comma-separated). committed_record_error says why a fetched position gave no
+# record (end of log, deleted by retention, the budget ran out).
 SNAPSHOT_OPTIONAL_COLUMNS: Final[tuple[tuple[str, str, bool], ...]] = (
     ("committed_record_ts", "timestamp[us, UTC]", True),
     ("leader_broker", "int32", True),
     ("read_error", "string", True),
+    ("committed_record_offset", "int64", True),
+    ("committed_record_key_sha256", "string", True),
+    ("committed_record_size", "int64", True),
+    ("committed_record_headers", "string", True),
+    ("committed_record_error", "string", True),
+)
+# The committed_record_* columns, as the collector writes them.
+COMMITTED_RECORD_COLUMNS: Final[tuple[str, ...]] = (
+    "committed_record_ts",
+    "committed_record_offset",
+    "committed_record_key_sha256",
+    "committed_record_size",
+    "committed_record_headers",
+    "committed_record_error",
 )
 SNAPSHOT_COLUMN_NAMES: Final[tuple[str, ...]] = tuple(c[0] for c in SNAPSHOT_COLUMNS)
 # Contract columns that are null on a row whose read_error says their read

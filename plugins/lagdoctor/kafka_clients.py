@@ -20,6 +20,7 @@ from typing import Any
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 _rdkafka_log = logging.getLogger("lagdoctor.librdkafka")
 # The attribute under which a client built here carries its ClientErrors.
+_CONFIG_ATTR = "_lagdoctor_config"
 _ERRORS_ATTR = "lagdoctor_errors"
 
 
@@ -137,7 +138,15 @@ def _admin_from_config(config: Mapping[str, Any], errors: ClientErrors):
 
     client = AdminClient(dict(config))
     setattr(client, _ERRORS_ATTR, errors)
+    # kept (in memory only) so a reader of the same cluster can open a consumer with it
+    setattr(client, _CONFIG_ATTR, dict(config))
     return client
+
+
+def config_of(client: Any) -> dict[str, Any] | None:
+    """The librdkafka config an admin client here was built with; None for any other client."""
+    config = getattr(client, _CONFIG_ATTR, None)
+    return dict(config) if isinstance(config, dict) else None
 
 
 def airflow_admin_client(conn_id: str):

@@ -29,7 +29,7 @@ import hashlib
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 Position = tuple[str, int]
 
@@ -74,9 +74,12 @@ def describe_message(message: Any) -> RecordMeta:
     )
 
 
+Wanted = tuple[str, int, int]  # (topic, partition, offset)
+
+
 def read_records_at(
     config: Mapping[str, Any],
-    positions: Mapping[Position, int],
+    positions: Mapping[Position, int | None],
     *,
     budget_s: float = 5.0,
     max_bytes: int = DEFAULT_MAX_BYTES,
@@ -86,12 +89,48 @@ def read_records_at(
     `config` is a librdkafka client config (bootstrap, security); consumer
     settings are added here. Every position ends up in exactly one dict.
     """
+    errors: dict[Position, str] = {pos: "no committed offset" for pos, off in positions.items()
+                                   if off is None or off < 0}
+    wanted = [(t, p, int(off)) for (t, p), off in positions.items() if (t, p) not in errors]
+    found, failed = read_records(config, wanted, budget_s=budget_s, max_bytes=max_bytes)
+    errors.update({(t, p): reason for (t, p, _), reason in failed.items()})
+    return {(t, p): meta for (t, p, _), meta in found.items()}, errors
+
+
+def rounds_of(wanted: Iterable[Wanted]) -> list[dict[Position, int]]:
+    """Split (topic, partition, offset) into assignments: one assignment holds one
+    offset per partition, so groups at different offsets of a shared partition take
+    one round each (the first round holds the most partitions)."""
+    offsets: dict[Position, list[int]] = {}
+    for t, p, off in sorted(set(wanted)):
+        offsets.setdefault((t, p), []).append(off)
+    rounds: list[dict[Position, int]] = []
+    for pos, offs in offsets.items():
+        for i, off in enumerate(offs):
+            if i == len(rounds):
+                rounds.append({})
+            rounds[i][pos] = off
+    return rounds
+
+
+def read_records(
+    config: Mapping[str, Any],
+    wanted: Iterable[Wanted],
+    *,
+    budget_s: float = 5.0,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> tuple[dict[Wanted, RecordMeta], dict[Wanted, str]]:
+    """({(topic, partition, offset): the record there}, {(topic, partition, offset): why not}).
+
+    One consumer for every round (see rounds_of); the budget covers them all.
+    Every wanted position ends up in exactly one dict.
+    """
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    wanted = {pos: int(offset) for pos, offset in positions.items() if offset is not None and offset >= 0}
-    errors: dict[Position, str] = {pos: "no committed offset" for pos in positions if pos not in wanted}
-    found: dict[Position, RecordMeta] = {}
-    if not wanted:
+    rounds = rounds_of(wanted)
+    found: dict[Wanted, RecordMeta] = {}
+    errors: dict[Wanted, str] = {}
+    if not rounds:
         return found, errors
     consumer = Consumer({
         **{k: v for k, v in config.items() if k not in ("error_cb",)},
@@ -106,32 +145,38 @@ def read_records_at(
         "fetch.wait.max.ms": 100,
     })
     deadline = time.monotonic() + max(0.0, budget_s)
+    out_of_budget = f"not read: the {budget_s:g} s record budget ran out first"
     try:
-        consumer.assign([TopicPartition(t, p, off) for (t, p), off in sorted(wanted.items())])
-        pending = set(wanted)
-        while pending and time.monotonic() < deadline:
-            message = consumer.poll(min(0.5, max(0.0, deadline - time.monotonic())))
-            if message is None:
+        for assignment in rounds:
+            if time.monotonic() >= deadline:
+                errors.update({(t, p, off): out_of_budget for (t, p), off in assignment.items()})
                 continue
-            error = message.error()
-            pos = (message.topic(), message.partition()) if message.topic() is not None else None
-            if error is not None:
-                if pos in pending:
-                    pending.discard(pos)
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        errors[pos] = "at the end of the log (nothing to read at the committed offset)"
-                    elif error.code() == KafkaError.OFFSET_OUT_OF_RANGE:
-                        errors[pos] = "offset out of range: retention deleted it, or the log restarted"
-                    else:
-                        errors[pos] = " ".join(str(error.str()).split())
-                continue
-            if pos in pending and message.offset() >= wanted[pos]:
-                found[pos] = describe_message(message)
-                pending.discard(pos)
-                # one record is all we need here: stop fetching this partition
-                consumer.pause([TopicPartition(pos[0], pos[1])])
-        for pos in pending:
-            errors[pos] = f"not read: the {budget_s:g} s record budget ran out first"
+            pending = dict(assignment)
+            consumer.assign([TopicPartition(t, p, off) for (t, p), off in sorted(assignment.items())])
+            while pending and time.monotonic() < deadline:
+                message = consumer.poll(min(0.5, max(0.0, deadline - time.monotonic())))
+                if message is None:
+                    continue
+                error = message.error()
+                pos = (message.topic(), message.partition()) if message.topic() is not None else None
+                if error is not None:
+                    if pos in pending:
+                        key = (*pos, pending.pop(pos))
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            errors[key] = "at the end of the log (nothing to read at the committed offset)"
+                        elif error.code() == KafkaError.OFFSET_OUT_OF_RANGE:
+                            errors[key] = "offset out of range: retention deleted it, or the log restarted"
+                        else:
+                            errors[key] = " ".join(str(error.str()).split())
+                    continue
+                if pos in pending and message.offset() >= pending[pos]:
+                    found[(*pos, pending.pop(pos))] = describe_message(message)
+                    # one record is all we need here: stop fetching this partition
+                    consumer.pause([TopicPartition(pos[0], pos[1])])
+            errors.update({(t, p, off): out_of_budget for (t, p), off in pending.items()})
+            # the next round assigns afresh; a paused partition must not stay paused in it
+            consumer.resume([TopicPartition(t, p) for (t, p) in assignment])
+            consumer.unassign()
     finally:
         consumer.close()
     return found, errors

@@ -1,0 +1,91 @@
+"""The snapshot carries the record at the committed offset of each (group, topic)'s most
+lagging partitions (issue 10): its timestamp for the exact time lag, and what it looks like
+(key hash, size, header names) for a stuck partition; never its payload, never a read_error."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from lagdoctor.collector import collect_snapshot
+from lagdoctor.kafka_clients import admin_client
+from lagdoctor.workload import commit_offsets, create_topic
+
+broker = pytest.mark.broker
+
+NOW = datetime(2026, 11, 21, 3, 14, tzinfo=timezone.utc)
+T0 = NOW - timedelta(hours=2)
+
+
+@pytest.fixture(scope="module")
+def stamped_topic(kafka_bootstrap):
+    """4 partitions of 10 records each; record j of every partition was produced at T0 + j minutes."""
+    import uuid
+
+    from confluent_kafka import Producer
+
+    topic = f"payments-{uuid.uuid4().hex[:6]}"
+    create_topic(kafka_bootstrap, topic, 4)
+    # one record per batch: Tansu's end offset is exact then (STACK.md)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "batch.num.messages": 1, "linger.ms": 0})
+    for p in range(4):
+        for j in range(10):
+            producer.produce(topic, partition=p, key=f"card-{p}-{j}".encode(), value=b"x" * (50 + j),
+                             headers=[("traceparent", b"00-secret"), ("retry", b"1")],
+                             timestamp=int((T0 + timedelta(minutes=j)).timestamp() * 1000))
+            producer.flush(10)
+    return topic
+
+
+def rows(table, group):
+    return {r["partition"]: r for r in table.to_pylist() if r["group_id"] == group}
+
+
+@broker
+def test_the_most_lagging_partitions_carry_their_committed_record(kafka_bootstrap, stamped_topic, unique):
+    topic = stamped_topic
+    a, b = unique("ledger"), unique("audit")
+    commit_offsets(kafka_bootstrap, a, topic, {0: 2, 1: 5, 2: 9, 3: 10})  # lags 8, 5, 1, 0
+    commit_offsets(kafka_bootstrap, b, topic, {0: 4})  # shares partition 0 at another offset: a second round
+    table = collect_snapshot(admin_client(kafka_bootstrap), "local", f"{a}|{b}", NOW, bootstrap=kafka_bootstrap,
+                             record_partitions=2)
+    ra, rb = rows(table, a), rows(table, b)
+
+    assert ra[0]["committed_record_ts"] == T0 + timedelta(minutes=2)
+    assert ra[1]["committed_record_ts"] == T0 + timedelta(minutes=5)
+    assert rb[0]["committed_record_ts"] == T0 + timedelta(minutes=4)
+    r = ra[0]
+    assert r["committed_record_offset"] == 2 and r["committed_record_size"] == 52
+    assert r["committed_record_key_sha256"] == hashlib.sha256(b"card-0-2").hexdigest()[:16]
+    assert r["committed_record_headers"] == "traceparent,retry"
+    assert "secret" not in repr(table.to_pylist())  # header values and payloads are never kept
+    # only the 2 most lagging partitions are read; a caught-up one has nothing to read
+    assert ra[2]["committed_record_ts"] is None and ra[2]["committed_record_error"] is None
+    assert ra[3]["committed_record_ts"] is None and ra[3]["committed_record_error"] is None
+    assert all(row["read_error"] is None for row in table.to_pylist())
+
+
+@broker
+def test_a_record_that_cannot_be_read_is_named_and_the_offsets_stand(kafka_bootstrap, stamped_topic, unique):
+    group = unique("ledger")
+    commit_offsets(kafka_bootstrap, group, stamped_topic, {0: 3})
+    # the records' consumer cannot reach any broker: the offsets came from the admin client
+    table = collect_snapshot(admin_client(kafka_bootstrap), "local", group, NOW, bootstrap=kafka_bootstrap,
+                             consumer_config={"bootstrap.servers": "127.0.0.1:1"}, record_budget_s=1)
+    row = rows(table, group)[0]
+    assert (row["committed_offset"], row["lag"]) == (3, 7)
+    assert row["read_error"] is None  # the offsets are known: the data is complete
+    assert row["committed_record_ts"] is None
+    assert row["committed_record_error"] == "not read: the 1 s record budget ran out first"
+
+
+@broker
+def test_record_partitions_zero_reads_no_record(kafka_bootstrap, stamped_topic, unique):
+    group = unique("ledger")
+    commit_offsets(kafka_bootstrap, group, stamped_topic, {0: 3})
+    table = collect_snapshot(admin_client(kafka_bootstrap), "local", group, NOW, bootstrap=kafka_bootstrap,
+                             record_partitions=0)
+    row = rows(table, group)[0]
+    assert row["committed_record_ts"] is None and row["committed_record_error"] is None
