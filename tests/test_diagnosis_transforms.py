@@ -17,17 +17,21 @@ T0 = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
 
 
 def snap(t, partition, leo, committed, *, lag=None, state="STABLE", members=1, member="consumer-1-aaa",
-         host="10.0.0.1", group="g", topic="t", cluster="c", log_start=0, record_ts=None, read_error=None):
+         host="10.0.0.1", group="g", topic="t", cluster="c", log_start=0, record_ts=None, read_error=None, record=None):
     """One contract-1 row (with the optional columns) at T0 + t seconds."""
     if lag is None and committed is not None and leo is not None:
         lag = max(0, leo - committed)
     client = member.rsplit("-", 1)[0] if member else None
-    row = (T0 + timedelta(seconds=t), cluster, group, state, topic, partition, log_start, leo, committed, lag,
-           member, client, host if member else None, members,
-           None if record_ts is None else T0 + timedelta(seconds=record_ts), None)
-    from lagdoctor.diagnosis.snapshots import optional_columns
+    from lagdoctor.diagnosis.snapshots import snapshot_schema_with_optional
 
-    return row + (None,) * (len(optional_columns()) - 3) + (read_error,)  # read_error is last
+    values = dict(snapshot_ts=T0 + timedelta(seconds=t), cluster=cluster, group_id=group, group_state=state,
+                  topic=topic, partition=partition, log_start_offset=log_start, log_end_offset=leo,
+                  committed_offset=committed, lag=lag, member_id=member, client_id=client,
+                  host=host if member else None, group_members=members,
+                  committed_record_ts=None if record_ts is None else T0 + timedelta(seconds=record_ts),
+                  read_error=read_error)
+    values.update(record or {})
+    return tuple(values.get(f.name) for f in snapshot_schema_with_optional())
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +108,42 @@ def test_stalled_partitions_but_not_batch_committers(spark, frame):
     assertDataFrameEqual(got, expected)
 
 
+def test_a_stalled_finding_names_the_stuck_record_never_its_payload(frame):
+    stuck = {"committed_record_ts": T0 - timedelta(minutes=30), "committed_record_offset": 240_000,
+             "committed_record_key_sha256": "3fa9c2d1e0b4a7f6", "committed_record_size": 2048,
+             "committed_record_headers": "traceparent,retry"}
+    rows = []
+    for k in range(11):  # partition 0 frozen at 240,000 from minute 4 while 1,000 msg/s arrive
+        t, leo = 60 * k, 60_000 * k
+        rows.append(snap(t, 0, leo, 60_000 * min(k, 4), record=stuck if k >= 4 else None))
+        rows.append(snap(t, 1, leo, leo))
+    (f,) = run_findings(frame(rows))
+    assert f["diagnosis"] == "stalled_consumer"
+    assert f["summary"].endswith(
+        "; stuck record: offset 240000, key #3fa9c2d1e0b4a7f6, 2,048 bytes, headers traceparent,retry, "
+        "produced 2026-11-21T11:30:00.000Z")
+    ev = f["evidence"]
+    assert ev["committed_record"] == {"offset": 240_000, "timestamp": "2026-11-21T11:30:00.000Z",
+                                      "key_sha256": "3fa9c2d1e0b4a7f6", "size": 2048,
+                                      "headers": ["traceparent", "retry"], "error": None}
+    # the record's own time: 30 minutes before the window began plus its 10 minutes, not capped at 10
+    assert (ev["time_lag_seconds"], ev["time_lag_lower_bound"], ev["time_lag_source"]) == (2400.0, False, "record")
+
+
+def test_a_stuck_record_that_could_not_be_read_says_why(frame):
+    rows = []
+    for k in range(11):
+        t, leo = 60 * k, 60_000 * k
+        failed = {"committed_record_error": "offset out of range: retention deleted it, or the log restarted"}
+        rows.append(snap(t, 0, leo, 60_000 * min(k, 4), record=failed if k == 10 else None))
+        rows.append(snap(t, 1, leo, leo))
+    (f,) = run_findings(frame(rows))
+    assert f["summary"].endswith(
+        "; the stuck record was not read: offset out of range: retention deleted it, or the log restarted")
+    assert f["evidence"]["committed_record"]["offset"] is None
+    assert f["evidence"]["time_lag_source"] == "interpolated"
+
+
 def test_retention_loss_is_reported(spark, frame):
     from lagdoctor.diagnosis.features import partition_features
 
@@ -133,9 +173,13 @@ def test_time_lag_interpolates_caps_and_uses_record_time(spark, frame):
         rows.append(snap(t, 2, leo, 1900 if last else 1000, record_ts=180 - 42 if last else None))
         # 3: commit read a moment after the end offset, a little above it: lag 0, time lag 0
         rows.append(snap(t, 3, leo, leo + 7, lag=0))
-    got = time_lag_by_partition(frame(rows)).select("partition", "time_lag_seconds", "time_lag_lower_bound")
+        # 4: as 1, but the record's timestamp is known: exact an hour beyond the window, not capped
+        rows.append(snap(t, 4, leo, 500, record_ts=-3600 if last else None))
+    got = time_lag_by_partition(frame(rows)).select("partition", "time_lag_seconds", "time_lag_lower_bound",
+                                                    "time_lag_source")
     expected = spark.createDataFrame(
-        [(0, 90.0, False), (1, 180.0, True), (2, 42.0, False), (3, 0.0, False)], got.schema
+        [(0, 90.0, False, "interpolated"), (1, 180.0, True, "lower_bound"), (2, 42.0, False, "record"),
+         (3, 0.0, False, "caught_up"), (4, 3780.0, False, "record")], got.schema
     )
     assertDataFrameEqual(got, expected)
 

@@ -82,7 +82,9 @@ _FOCUS_FIELDS = (
     "produce_rate",
     "time_lag_seconds",
     "time_lag_lower_bound",
+    "time_lag_source",
     "frozen_seconds",
+    "committed_record",
 )
 
 
@@ -195,6 +197,28 @@ def _partitions_text(arr):
 
     return F.when(F.size(arr) == 1, F.concat(F.lit("partition "), F.array_join(arr, ", "))).otherwise(
         F.concat(F.lit("partitions "), F.array_join(arr, ", "))
+    )
+
+
+def _record_text(focus):
+    """What the record at a stuck offset looks like, as the collector read it
+    (never its payload): "; stuck record: offset 120, key #3fa9..., 2,048 bytes,
+    headers traceparent,retry, produced 2026-11-21T01:14:00.000Z"."""
+    from pyspark.sql import functions as F
+
+    r = focus["committed_record"]
+    seen = F.concat_ws(
+        ", ",
+        F.format_string("offset %d", r["offset"]),
+        F.when(r["key_sha256"].isNotNull(), F.concat(F.lit("key #"), r["key_sha256"])).otherwise(F.lit("no key")),
+        F.concat(_num(r["size"].cast("double"), 0), F.lit(" bytes")),
+        F.when(F.size(r["headers"]) > 0, F.concat(F.lit("headers "), F.array_join(r["headers"], ","))),
+        F.when(r["timestamp"].isNotNull(), F.concat(F.lit("produced "), r["timestamp"])),
+    )
+    return (
+        F.when(r["offset"].isNotNull(), F.concat(F.lit("; stuck record: "), seen))
+        .when(r["error"].isNotNull(), F.concat(F.lit("; the stuck record was not read: "), r["error"]))
+        .otherwise(F.lit(""))
     )
 
 
@@ -360,11 +384,12 @@ def findings(
                 c("stalled_partitions"),
                 ws,
                 F.format_string(
-                    "%s stopped committing: no progress for %s while lag grew to %s; owner %s",
+                    "%s stopped committing: no progress for %s while lag grew to %s; owner %s%s",
                     _partitions_text(c("stalled_partitions")),
                     _duration(ws["frozen_seconds"]),
                     _num(ws["lag_end"]),
                     _owner_text(ws),
+                    _record_text(ws),
                 ),
             ),
         ),
@@ -471,6 +496,7 @@ def findings(
         F.round(c("surge_ratio"), 3).alias("surge_ratio"),
         F.round(f["time_lag_seconds"], 3).alias("time_lag_seconds"),
         f["time_lag_lower_bound"].alias("time_lag_lower_bound"),
+        f["time_lag_source"].alias("time_lag_source"),
         F.round(c("max_time_lag_seconds"), 3).alias("max_time_lag_seconds"),
         F.round(f["frozen_seconds"], 3).alias("frozen_seconds"),
         c("stalled_partitions").alias("stalled_partitions"),
@@ -488,6 +514,7 @@ def findings(
         c("read_error_count").alias("read_error_count"),
         F.coalesce(c("lag_unknown_partitions"), F.array().cast("array<int>")).alias("lag_unknown_partitions"),
         reset_parts.alias("offset_reset_partitions"),
+        f["committed_record"].alias("committed_record"),
     )
     incomplete_note = F.when(
         ~c("data_complete"),

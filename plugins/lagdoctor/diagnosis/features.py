@@ -52,6 +52,8 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     committed_end, log_end_offset_end, log_start_offset_end, produce_rate,
     consume_rate, late_produce_rate, late_consume_rate, member_id, client_id,
     host (owner at the end), time_lag_seconds, time_lag_lower_bound,
+    time_lag_source, committed_record (the record at the committed offset at
+    the last snapshot, when the collector read it),
     frozen_seconds / frozen_snapshots (since the committed offset last
     advanced), max_commit_gap_seconds (longest completed gap between
     advances), stalled, slow, retention_loss, status_window (the last
@@ -67,7 +69,7 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     from pyspark.sql import functions as F
 
     th = thresholds
-    snapshots = _with_read_error(snapshots)
+    snapshots = timelag.with_record_columns(_with_read_error(snapshots))
     # The history is sorted once per partition. The rows that go through that
     # shuffle and sort carry a 64-bit hash of the partition key and numbers
     # only; names and owners come from a cheap map-side aggregation, joined
@@ -89,7 +91,7 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         "log_end_offset",
         "committed_offset",
         "lag",
-        "committed_record_ts",
+        *(name for name, _ in timelag.RECORD_COLUMNS),
         "read_error",
     )
     # The series restarts where the log end offset last fell below the last
@@ -199,7 +201,7 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         "lag_end", F.coalesce(F.col("lag_known_end"), F.when(~F.col("lag_end_unknown"), F.lit(0).cast("long")))
     )
     span = F.col("tl_last") - F.col("tl_first")
-    time_lag, lower = timelag.time_lag_expr(
+    time_lag, lower, time_lag_source = timelag.time_lag_expr(
         F.col("t_first"), F.col("t_last"), F.col("leo_first"), F.col("committed_end"), F.col("lag_end")
     )
     feats = agg.withColumns(
@@ -213,6 +215,7 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
             "frozen_seconds": F.col("t_last") - F.col("last_adv_t"),
             "time_lag_seconds": time_lag,
             "time_lag_lower_bound": lower,
+            "time_lag_source": time_lag_source,
             "retention_loss": F.coalesce(F.col("committed_end") < F.col("log_start_offset_end"), F.lit(False)),
         }
     )

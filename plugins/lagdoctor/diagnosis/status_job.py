@@ -24,7 +24,7 @@ STATUS_DDL = (
     "cluster string, group_id string, topic string, partition int, status string, lag long, "
     "time_lag_seconds double, consume_rate double, produce_rate double, time_lag_lower_bound boolean, "
     "committed_offset long, log_end_offset long, member_id string, client_id string, host string, "
-    "read_error string, lag_unknown boolean"
+    "read_error string, lag_unknown boolean, time_lag_source string"
 )
 _ACTIVE_STATES = ("STABLE", "PREPARING_REBALANCE", "COMPLETING_REBALANCE", "ASSIGNING", "RECONCILING")
 
@@ -135,4 +135,5 @@ def partition_status(partition_feats, group_feats, now_ms: int, thresholds: Thre
         "host",
         "read_error",
         F.coalesce(F.col("lag_end_unknown"), F.lit(False)).alias("lag_unknown"),
+        "time_lag_source",
     )

@@ -5,12 +5,16 @@ over time curve (linear interpolation between the two snapshots whose end
 offsets bracket it) and subtract that time from the snapshot's time.
 
 - exact instead, when the collector recorded `committed_record_ts` (the
-  timestamp of the record at the committed offset);
+  timestamp of the record at the committed offset), also far beyond the
+  window: no cap, no lower bound;
 - 0 when lag is 0 (including a commit briefly above the end offset);
 - no extrapolation beyond the window: when the committed offset is older than
   the window's first end offset the value is CAPPED at the window's span and
   `time_lag_lower_bound` is true ("at least this far behind");
 - null when there is no committed offset.
+
+`time_lag_source` says which: "record", "interpolated", "lower_bound", or
+"caught_up" (lag 0: nothing waits); null when the time lag is unknown.
 
 These are Column builders so the features pass computes time lag in the same
 window sort as everything else; `time_lag_by_partition` is the stand-alone
@@ -35,18 +39,50 @@ def row_columns():
     return {"tl_t_at": F.when(bracket, t_at)}
 
 
-def aggregate_columns():
-    """Per-partition aggregates feeding `time_lag_expr`."""
+RECORD_COLUMNS = (
+    ("committed_record_ts", "timestamp"),
+    ("committed_record_offset", "bigint"),
+    ("committed_record_key_sha256", "string"),
+    ("committed_record_size", "bigint"),
+    ("committed_record_headers", "string"),
+    ("committed_record_error", "string"),
+)
+
+
+def with_record_columns(snapshots):
+    """Rows from a writer that did not read records: every committed_record_* column null."""
     from pyspark.sql import functions as F
 
+    missing = {name: F.lit(None).cast(kind) for name, kind in RECORD_COLUMNS if name not in snapshots.columns}
+    return snapshots.withColumns(missing) if missing else snapshots
+
+
+def aggregate_columns():
+    """Per-partition aggregates feeding `time_lag_expr`, and the record at the
+    committed offset at the partition's last snapshot (`committed_record`: null
+    when none was fetched; its `error` says why a fetch gave none)."""
+    from pyspark.sql import functions as F
+
+    record = F.struct(
+        F.col("committed_record_offset").alias("offset"),
+        F.date_format(F.col("committed_record_ts"), "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'").alias("timestamp"),
+        F.col("committed_record_key_sha256").alias("key_sha256"),
+        F.col("committed_record_size").alias("size"),
+        F.when(F.col("committed_record_headers") != "", F.split("committed_record_headers", ",")).otherwise(
+            F.when(F.col("committed_record_headers").isNotNull(), F.array().cast("array<string>"))
+        ).alias("headers"),
+        F.col("committed_record_error").alias("error"),
+    )
+    fetched = F.col("committed_record_offset").isNotNull() | F.col("committed_record_error").isNotNull()
     return [
         F.max("tl_t_at").alias("tl_t_at"),
         F.max_by("committed_record_ts", "t").cast("double").alias("tl_record_t"),
+        F.max_by(F.when(fetched, record), "t").alias("committed_record"),
     ]
 
 
 def time_lag_expr(t_first, t_last, leo_first, committed_end, lag_end):
-    """(time_lag_seconds, time_lag_lower_bound) from per-partition aggregates."""
+    """(time_lag_seconds, time_lag_lower_bound, time_lag_source) from per-partition aggregates."""
     from pyspark.sql import functions as F
 
     seconds = (
@@ -65,7 +101,14 @@ def time_lag_expr(t_first, t_last, leo_first, committed_end, lag_end):
         & F.col("tl_t_at").isNull()
         & (committed_end < leo_first)
     )
-    return seconds, F.coalesce(lower_bound, F.lit(False))
+    source = (
+        F.when(committed_end.isNull(), F.lit(None))
+        .when(lag_end <= 0, F.lit("caught_up"))
+        .when(F.col("tl_record_t").isNotNull(), F.lit("record"))
+        .when(F.col("tl_t_at").isNotNull(), F.lit("interpolated"))
+        .when(committed_end < leo_first, F.lit("lower_bound"))
+    )
+    return seconds, F.coalesce(lower_bound, F.lit(False)), source
 
 
 def time_lag_by_partition(snapshots):
@@ -75,7 +118,7 @@ def time_lag_by_partition(snapshots):
 
     w = Window.partitionBy(*PARTITION_KEY).orderBy("t")
     wall = w.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
-    rows = snapshots.withColumn("t", F.col("snapshot_ts").cast("double"))
+    rows = with_record_columns(snapshots).withColumn("t", F.col("snapshot_ts").cast("double"))
     rows = rows.withColumns(
         {
             "prev_t": F.lag("t").over(w),
@@ -92,5 +135,7 @@ def time_lag_by_partition(snapshots):
         F.max_by("lag", "t").alias("lag_end"),
         *aggregate_columns(),
     )
-    seconds, lower = time_lag_expr(F.col("t_first"), F.col("t_last"), F.col("leo_first"), F.col("c_end"), F.col("lag_end"))
-    return agg.select(*PARTITION_KEY, seconds.alias("time_lag_seconds"), lower.alias("time_lag_lower_bound"))
+    seconds, lower, source = time_lag_expr(F.col("t_first"), F.col("t_last"), F.col("leo_first"), F.col("c_end"),
+                                           F.col("lag_end"))
+    return agg.select(*PARTITION_KEY, seconds.alias("time_lag_seconds"), lower.alias("time_lag_lower_bound"),
+                      source.alias("time_lag_source"))
