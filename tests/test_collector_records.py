@@ -89,3 +89,24 @@ def test_record_partitions_zero_reads_no_record(kafka_bootstrap, stamped_topic, 
                              record_partitions=0)
     row = rows(table, group)[0]
     assert row["committed_record_ts"] is None and row["committed_record_error"] is None
+
+
+@broker
+def test_each_row_carries_its_topics_retention(kafka_bootstrap, unique):
+    from confluent_kafka.admin import NewTopic
+
+    admin = admin_client(kafka_bootstrap)
+    kept, plain, group = unique("audit-log"), unique("clicks"), unique("auditor")
+    fs = admin.create_topics([NewTopic(kept, 1, 1, config={"retention.ms": "3600000", "retention.bytes": "-1"})])
+    fs[kept].result(10)
+    create_topic(kafka_bootstrap, plain, 1)
+    commit_offsets(kafka_bootstrap, group, kept, {0: 0})
+    commit_offsets(kafka_bootstrap, group, plain, {0: 0})
+    by_topic = {r["topic"]: r for r in collect_snapshot(admin, "local", group, NOW, bootstrap=kafka_bootstrap)
+                .to_pylist()}
+    assert (by_topic[kept]["retention_ms"], by_topic[kept]["retention_bytes"]) == (3_600_000, -1)
+    if by_topic[plain]["retention_ms"] is None:
+        # Tansu lists no value for a topic created without one: unknown, never a made-up default
+        assert by_topic[plain]["retention_bytes"] is None
+    else:  # a real cluster answers with the broker's default
+        assert by_topic[plain]["retention_ms"] != 0

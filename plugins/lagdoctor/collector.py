@@ -13,6 +13,8 @@ Broker requests grow with groups and brokers, not with partitions per group:
        (librdkafka fans each call out per partition leader; its cost per call
        grows faster than the partitions in it: 20,000 partitions in one call
        took 2 s, in calls of 1,000 0.25 s)
+    1  DescribeConfigs of the groups' topics (retention.ms, retention.bytes:
+       the data-loss forecast's input)
     B  Fetch, per broker and round: the record at the committed offset of the
        `record_partitions` most lagging partitions of each (group, topic)
        (lagdoctor.records: one consumer, assign only, never a commit; groups at
@@ -77,7 +79,8 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 10.0
 # Longer patterns are refused: a group pattern is a name filter, not a program.
 MAX_GROUP_PATTERN_LENGTH = 1000
-WRITTEN_OPTIONAL_COLUMNS = ("leader_broker", "read_error", *COMMITTED_RECORD_COLUMNS)
+WRITTEN_OPTIONAL_COLUMNS = ("leader_broker", "read_error", *COMMITTED_RECORD_COLUMNS, "retention_ms",
+                            "retention_bytes")
 # Requests waiting on the cluster at once: enough to hide round trips (the group
 # reads of 10,000 groups took about 6 s on the embedded broker, and 1,024 in flight
 # were no faster), far below a broker's request queue (queued.max.requests, 500).
@@ -478,28 +481,63 @@ def collect_snapshot(
         raise CollectionError(failure_message(exc, admin, where, "cannot list offsets")) from None
     offsets_read = time.monotonic()
 
+    retention = topic_retention(admin, {t for t, _ in wanted}, timeout_s)
     records: dict[tuple[str, int, int], Any] = {}
     record_errors: dict[tuple[str, int, int], str] = {}
     config = consumer_config if consumer_config is not None else config_of(admin)
-    wanted = record_positions(views, rows_of, ends, offset_errors, record_partitions)
-    if wanted and config is not None:
+    positions = record_positions(views, rows_of, ends, offset_errors, record_partitions)
+    if positions and config is not None:
         from lagdoctor.records import read_records
 
         try:
-            records, record_errors = read_records(config, wanted, budget_s=record_budget_s)
+            records, record_errors = read_records(config, positions, budget_s=record_budget_s)
         except Exception as exc:  # a consumer that cannot start: the offsets still stand
             reason = f"record not read: {_reason(exc)}"
             log.warning("records at committed offsets not read: %s", _reason(exc))
-            record_errors = dict.fromkeys(wanted, reason)
+            record_errors = dict.fromkeys(positions, reason)
     records_read = time.monotonic()
 
     table = _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, leader_of,
-                            starts, ends, offset_errors, records, record_errors)
+                            starts, ends, offset_errors, records, record_errors, retention)
     log.debug("snapshot of %d groups, %d rows: metadata and group list %.2f s, groups %.2f s, "
               "log offsets %.2f s, %d records %.2f s, table %.2f s", len(ids), table.num_rows, listed - started,
               groups_read - listed, offsets_read - groups_read, len(records), records_read - offsets_read,
               time.monotonic() - records_read)
     return table
+
+
+def topic_retention(admin: Any, topics: Iterable[str], timeout_s: float) -> dict[str, tuple[int | None, int | None]]:
+    """{topic: (retention.ms, retention.bytes)} from DescribeConfigs, one call per snapshot.
+
+    A value the broker does not list, or a read that failed, is None (unknown):
+    the forecast then says it cannot tell, never "safe"."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    names = sorted(topics)
+    if not names or not hasattr(admin, "describe_configs"):
+        return {}
+    out: dict[str, tuple[int | None, int | None]] = {}
+    try:
+        futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in names],
+                                         request_timeout=timeout_s)
+    except Exception as exc:
+        log.warning("topic retention unknown: %s", _reason(exc))
+        return {}
+    for resource, fut in futures.items():
+        try:
+            entries = fut.result(timeout=timeout_s + 1)
+        except Exception as exc:
+            log.warning("retention of topic %s unknown: %s", resource.name, _reason(exc))
+            continue
+        out[resource.name] = (_config_int(entries.get("retention.ms")), _config_int(entries.get("retention.bytes")))
+    return out
+
+
+def _config_int(entry: Any) -> int | None:
+    try:
+        return None if entry is None or entry.value is None else int(entry.value)
+    except (TypeError, ValueError):
+        return None
 
 
 def record_positions(views, rows_of, ends, offset_errors, per_topic: int) -> set[tuple[str, int, int]]:
@@ -527,7 +565,7 @@ def record_positions(views, rows_of, ends, offset_errors, per_topic: int) -> set
 
 
 def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, leader_of, starts, ends,
-                    offset_errors, records=None, record_errors=None):
+                    offset_errors, records=None, record_errors=None, retention=None):
     """The rows as Arrow columns, built column by column (one Python list each)."""
     group_id: list[str] = []
     group_state: list[str] = []
@@ -545,6 +583,9 @@ def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, lead
     error_col: list[str | None] = []
     records, record_errors = records or {}, record_errors or {}
     record_cols: dict[str, list[Any]] = {name: [] for name in COMMITTED_RECORD_COLUMNS}
+    retention = retention or {}
+    retention_ms_col: list[int | None] = []
+    retention_bytes_col: list[int | None] = []
 
     for view in views:
         desc, read = view.description, view.commits
@@ -567,7 +608,7 @@ def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, lead
             partition_col.extend(partitions)
             if topic == GROUP_ROW_TOPIC and partitions == [GROUP_ROW_PARTITION]:
                 for column in (start_col, end_col, committed_col, lag_col, member_col, client_col, host_col,
-                               leader_col, *record_cols.values()):
+                               leader_col, *record_cols.values(), retention_ms_col, retention_bytes_col):
                     column.append(None)
                 error_col.append("; ".join(group_errors))
                 continue
@@ -594,6 +635,8 @@ def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, lead
                 client_col.append(owner.client_id if owner else None)
                 host_col.append(owner.host if owner else None)
                 leader_col.append(leader_of.get(key))
+                retention_ms_col.append(retention.get(topic, (None, None))[0])
+                retention_bytes_col.append(retention.get(topic, (None, None))[1])
                 record = records.get((topic, partition, committed)) if committed is not None else None
                 record_cols["committed_record_ts"].append(record.timestamp if record else None)
                 record_cols["committed_record_offset"].append(record.offset if record else None)
@@ -634,6 +677,8 @@ def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, lead
         "leader_broker": leader_col,
         "read_error": error_col,
         **record_cols,
+        "retention_ms": retention_ms_col,
+        "retention_bytes": retention_bytes_col,
     }
     table = pa.Table.from_arrays(
         [columns[f.name] if isinstance(columns[f.name], pa.Array) else pa.array(columns[f.name], type=f.type)

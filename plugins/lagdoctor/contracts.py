@@ -49,7 +49,12 @@ SNAPSHOT_OPTIONAL_COLUMNS: Final[tuple[tuple[str, str, bool], ...]] = (
     ("committed_record_size", "int64", True),
     ("committed_record_headers", "string", True),
     ("committed_record_error", "string", True),
+    ("retention_ms", "int64", True),
+    ("retention_bytes", "int64", True),
 )
+# retention_ms / retention_bytes: the topic's retention.ms and retention.bytes
+# (DescribeConfigs, once per snapshot per topic); -1 is Kafka's "no limit";
+# null when the broker did not say (the read failed or it lists no value).
 # The committed_record_* columns, as the collector writes them.
 COMMITTED_RECORD_COLUMNS: Final[tuple[str, ...]] = (
     "committed_record_ts",
