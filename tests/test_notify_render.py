@@ -198,8 +198,18 @@ def _hostile_messages(h: str):
                           "read_errors": [f"OffsetFetch {h}: timed out"], "offset_reset_partitions": [3]})
     record = {"status": "awaiting_approval", "action": "restart_consumers", "group_id": h, "topic": h, "cluster": h,
               "message": f"needs approval: restart {h}", "warning": f"careful with {h}"}
+    # Header names and a read error come from producers and brokers (issue 10's stuck record).
+    stuck = finding(group_id=h, topic=h, cluster=h, diagnosis="stalled_consumer", summary=f"stuck on {h}",
+                    evidence={"partition": 3, "catch_up": {"state": "never", "seconds": None},
+                              "data_loss": {"state": "at_risk", "seconds": 60, "partitions": [3]},
+                              "committed_record": {"offset": 1, "key_sha256": "00ff", "headers": [h, "retry"],
+                                                   "timestamp": h, "size": 2, "error": None}})
+    unread = finding(group_id=h, topic=h, cluster=h, diagnosis="stalled_consumer",
+                     evidence={"partition": 3, "committed_record": {"offset": None, "error": f"fetch {h} failed"}})
     return {
         "render_incident": render_incident(f, PLAN, run_id=h),
+        "render_incident stuck record": render_incident(stuck, None, run_id=h),
+        "render_incident unread record": render_incident(unread, None, run_id=h),
         "render_update": render_update(f, [f"severity warning -> critical on {h}"], run_id=h),
         "render_recovery": render_recovery(f, diagnosis="partition_imbalance", duration_seconds=60),
         "render_action_result": render_action_result(record),

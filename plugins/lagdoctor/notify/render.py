@@ -24,6 +24,14 @@ struct today; these of its keys are read when the rows above are absent::
     partition_lag, owner_member_id, owner_client_id, owner_host,
     partition_produce_rate, partition_consume_rate, time_lag_seconds (focus)
 
+and, from findings of issue 10 on (absent or null in older ones: nothing is shown)::
+
+    time_lag_source        "record" | "interpolated" | "lower_bound" | "caught_up" (also per status row)
+    committed_record       the record at the focus partition's committed offset (never its payload)
+    catch_up               {"state": "clearing" | "never" | "caught_up" | "unknown", "seconds"}
+    data_loss              {"state": "already" | "at_risk" | "safe" | "unknown", "seconds", "partitions",
+                            "retention_ms", "retention_bytes", "basis"}
+
 ``with_partition_status(finding, rows)`` fills ``evidence["partitions"]`` from
 contract 2's partition_status.jsonl rows (lag, time lag, rates per partition).
 Without any of it, the table shows one row per partition number in
@@ -84,6 +92,38 @@ def fmt_duration(seconds: Any) -> str:
     return f"{s // 86400}d {s % 86400 // 3600:02d}h"
 
 
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def fmt_eta(seconds: Any) -> str:
+    """A forecast or a retention, as coarse as it is sure: 45s, 12m, 1h05m, 2d03h, 7d ("-" when unknown)."""
+    value = _finite(seconds)
+    if value is None or value < 0:
+        return "-"
+    if value < 60:
+        return f"{int(round(value))}s"
+    m = int(round(value / 60))
+    if m < 60:
+        return f"{m}m"
+    if m < 24 * 60:
+        return f"{m // 60}h{m % 60:02d}m"
+    h = int(round(value / 3600))
+    return f"{h // 24}d{h % 24:02d}h" if h % 24 else f"{h // 24}d"
+
+
+def fmt_bytes(value: Any) -> str:
+    number = _finite(value)
+    if number is None or number < 0:
+        return "-"
+    for div, unit in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if number >= div:
+            return f"{number / div:,.1f} {unit}"
+    return f"{int(number):,} bytes"
+
+
 def _cell(value: Any) -> str:
     text = code_safe("-" if value is None or value == "" else value)
     return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
@@ -101,6 +141,7 @@ def _focus_row(ev: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"partition": ev["partition"], "lag": ev.get("partition_lag"),
             "member_id": ev.get("owner_member_id"), "client_id": ev.get("owner_client_id"),
             "host": ev.get("owner_host"), "time_lag_seconds": ev.get("time_lag_seconds"),
+            "time_lag_source": ev.get("time_lag_source"), "time_lag_lower_bound": ev.get("time_lag_lower_bound"),
             "produce_rate": ev.get("partition_produce_rate"), "consume_rate": ev.get("partition_consume_rate")}
 
 
@@ -130,7 +171,8 @@ def with_partition_status(finding: Mapping[str, Any], status_rows: Iterable[Mapp
         if (r.get("cluster"), r.get("group_id"), r.get("topic")) != key:
             continue
         row = {k: r.get(k) for k in ("partition", "lag", "time_lag_seconds", "consume_rate", "produce_rate", "status",
-                                     "committed_offset", "log_end_offset", "member_id", "client_id", "host")}
+                                     "committed_offset", "log_end_offset", "member_id", "client_id", "host",
+                                     "time_lag_source", "time_lag_lower_bound")}
         if focus.get("partition") == row["partition"]:
             # The status row's owner is the same snapshot's; the engine's focus fills gaps only.
             row.update({k: focus[k] for k in ("member_id", "client_id", "host") if row.get(k) is None})
@@ -161,7 +203,7 @@ def evidence_table(finding: Mapping[str, Any], limit: int = WORST_ROWS) -> str:
             group, topic, r.get("partition"),
             current if current is not None else None, r.get("log_end_offset"), r.get("lag"),
             r.get("member_id") or r.get("consumer_id"), r.get("host"), r.get("client_id"),
-        )) + (fmt_duration(r.get("time_lag_seconds")), fmt_rate(r.get("produce_rate")), fmt_rate(r.get("consume_rate"))))
+        )) + (table_time_lag(r), fmt_rate(r.get("produce_rate")), fmt_rate(r.get("consume_rate"))))
     if len(lines) == 1:
         return ""
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
@@ -186,6 +228,199 @@ def _time_lag(finding: Mapping[str, Any]) -> Any:
             return ev[k]
     tls = [r.get("time_lag_seconds") for r in partition_rows(finding) if isinstance(r.get("time_lag_seconds"), (int, float))]
     return max(tls) if tls else None
+
+
+# ---------------------------------------------------------------- issue 10: time lag source, forecasts, stuck record
+# Plain phrases (not escaped): Slack's templates escape them, the page's autoescape does.
+
+def is_lower_bound(row: Mapping[str, Any]) -> bool:
+    """A time lag older than the window: the value is a minimum."""
+    return row.get("time_lag_source") == "lower_bound" or row.get("time_lag_lower_bound") is True
+
+
+def time_lag_source_of(seconds: Any, rows: Iterable[Mapping[str, Any]]) -> str | None:
+    """The source of a time lag shown as the worst of ``rows`` (status rows, evidence):
+    that of a row holding the same value, "lower_bound" first; None when no row says.
+
+    The group's worst time lag may be another partition's than the focus, whose
+    source the evidence carries: then only a status row can tell."""
+    shown = _finite(seconds)
+    if shown is None:
+        return None
+    sources = {"lower_bound" if is_lower_bound(r) else r.get("time_lag_source")
+               for r in rows if _finite(r.get("time_lag_seconds")) is not None
+               and abs(float(r["time_lag_seconds"]) - shown) < 0.01}
+    return next((s for s in ("lower_bound", "record", "interpolated", "caught_up") if s in sources), None)
+
+
+def time_lag_text(seconds: Any, source: str | None) -> str:
+    """``40m 00s (exact, from the record's timestamp)``, ``at least 30m 00s (older than the window)``;
+    an interpolated or caught-up time lag is the usual estimate and says nothing more."""
+    text = fmt_duration(seconds)
+    if text == "-":
+        return text
+    if source == "lower_bound":
+        return f"at least {text} (older than the window)"
+    if source == "record":
+        return f"{text} (exact, from the record's timestamp)"
+    return text
+
+
+def table_time_lag(row: Mapping[str, Any]) -> str:
+    """A time lag cell: ``≥`` marks a minimum (older than the window)."""
+    text = fmt_duration(row.get("time_lag_seconds"))
+    return "≥" + text if text != "-" and is_lower_bound(row) else text
+
+
+def _forecast(ev: Mapping[str, Any], key: str) -> tuple[str | None, float | None]:
+    value = ev.get(key)
+    if not isinstance(value, Mapping) or not isinstance(value.get("state"), str):
+        return None, None
+    return value["state"], _finite(value.get("seconds"))
+
+
+def partitions_text(partitions: Iterable[Any], limit: int = 10) -> str:
+    """``partition 3`` / ``partitions 0, 3`` (the first ``limit``, then ``and N more``)."""
+    parts = [one_line_id(p) for p in partitions if p is not None]
+    if not parts:
+        return ""
+    shown = ", ".join(parts[:limit]) + (f" and {len(parts) - limit} more" if len(parts) > limit else "")
+    return f"partition{'s' if len(parts) > 1 else ''} {shown}"
+
+
+def _in(seconds: float) -> str:
+    # A forecast of a few seconds is "now" within the snapshot interval, never "in 0s".
+    return "in under a minute" if seconds < 60 else f"in {fmt_eta(seconds)}"
+
+
+def catch_up_text(ev: Mapping[str, Any]) -> str:
+    """When the lag clears at current rates; "" for a finding written before the forecast existed."""
+    state, seconds = _forecast(ev, "catch_up")
+    if state == "clearing":
+        return f"{_in(seconds)} at current rates" if seconds is not None else "clearing at current rates"
+    if state == "never":
+        consume, produce = _finite(ev.get("consume_rate")), _finite(ev.get("produce_rate"))
+        # "never" is the worst partition's, on the window's late rates; the topic's whole-window
+        # rates are shown only when they agree with it, never as a contradiction.
+        rates = (f" (consuming {fmt_rate(consume)} of {fmt_rate(produce)} msg/s)"
+                 if consume is not None and produce is not None and consume < produce else "")
+        return "never at current rates" + rates
+    if state == "caught_up":
+        return "caught up"
+    return "unknown" if state == "unknown" else ""
+
+
+def _loss_partitions(ev: Mapping[str, Any]) -> list[Any]:
+    """The partitions a data-loss line names: for "already", those that lost data
+    (retention_loss_partitions; data_loss.partitions also holds those only at risk)."""
+    loss = ev.get("data_loss") if isinstance(ev.get("data_loss"), Mapping) else {}
+    at_risk = loss.get("partitions") if isinstance(loss.get("partitions"), list) else []
+    lost = ev.get("retention_loss_partitions") if isinstance(ev.get("retention_loss_partitions"), list) else []
+    return (lost or at_risk) if loss.get("state") == "already" else at_risk
+
+
+def data_loss_text(ev: Mapping[str, Any]) -> str:
+    """When retention deletes records the group has not read; "" without the forecast."""
+    state, seconds = _forecast(ev, "data_loss")
+    where = partitions_text(_loss_partitions(ev))
+    if state == "already":
+        return f"already lost on {where}" if where else "already lost: retention deleted unread records"
+    if state == "at_risk":
+        # From retention.ms the forecast is when deletion can start (whole segments go at once).
+        verb = "can start deleting" if ev["data_loss"].get("basis") == "retention_ms" else "will delete"
+        text = f"retention {verb} unread records"
+        if seconds is not None:
+            text += " in under a minute" if seconds < 60 else f" in ~{fmt_eta(seconds)}"
+        text += f" ({where})" if where else ""
+        return text if seconds is not None else text + "; when is unknown"
+    if state == "safe":
+        return "none expected at current rates"
+    return "unknown" if state == "unknown" else ""
+
+
+def data_loss_state(ev: Mapping[str, Any]) -> str | None:
+    return _forecast(ev, "data_loss")[0]
+
+
+DATA_LOSS_BASIS = {"log_start": "from how fast the log start offset advances",
+                   "retention_ms": "from the topic's retention.ms and the unread records' age"}
+
+
+def retention_text(ev: Mapping[str, Any]) -> str:
+    """The topic's retention as the collector read it: ``retention.ms 7d · retention.bytes 1.0 GiB``."""
+    loss = ev.get("data_loss") if isinstance(ev.get("data_loss"), Mapping) else {}
+    parts = []
+    for key, fmt in (("retention_ms", lambda v: fmt_eta(v / 1000)), ("retention_bytes", fmt_bytes)):
+        value = _finite(loss.get(key))
+        if value is not None:
+            parts.append(f"{key.replace('_', '.')} {'infinite' if value < 0 else fmt(value)}")
+    return " · ".join(parts)
+
+
+MAX_HEADER_NAMES = 8
+
+
+def _produced_at(value: Any) -> str:
+    from datetime import datetime, timezone
+
+    try:
+        ts = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return one_line_id(value)
+    ts = ts.astimezone(timezone.utc) if ts.tzinfo else ts
+    return ts.strftime("%Y-%m-%dT%H:%M:%S") + (f".{ts.microsecond // 1000:03d}" if ts.microsecond else "") + "Z"
+
+
+def stuck_record_parts(ev: Mapping[str, Any]) -> list[str] | None:
+    """The record at the committed offset as the collector saw it: offset, key hash, value
+    size, header NAMES, produce time. Never a payload or a header value (evidence holds
+    none). None when there is no record."""
+    rec = ev.get("committed_record")
+    if not isinstance(rec, Mapping) or not isinstance(rec.get("offset"), int) or isinstance(rec.get("offset"), bool):
+        return None
+    key = rec.get("key_sha256")
+    parts = [f"offset {rec['offset']}", f"key #{one_line_id(key)}" if key else "no key"]
+    if _finite(rec.get("size")) is not None:
+        parts.append(f"{fmt_int(rec['size'])} bytes")
+    headers = [one_line_id(h)[:MAX_CELL] for h in rec.get("headers") or [] if h is not None]
+    if headers:
+        more = f" and {len(headers) - MAX_HEADER_NAMES} more" if len(headers) > MAX_HEADER_NAMES else ""
+        parts.append("headers " + ",".join(headers[:MAX_HEADER_NAMES]) + more)
+    if rec.get("timestamp"):
+        parts.append("produced " + _produced_at(rec["timestamp"]))
+    return parts
+
+
+def stuck_record_text(finding: Mapping[str, Any]) -> str:
+    """A stalled consumer's stuck record (``offset 120, key #3fa9…, 2,048 bytes, …``), or
+    ``not read: <why>``; "" for any other diagnosis or without a record."""
+    ev = _evidence(finding)
+    rec = ev.get("committed_record")
+    if finding.get("diagnosis") != "stalled_consumer" or not isinstance(rec, Mapping):
+        return ""
+    parts = stuck_record_parts(ev)
+    if parts:
+        return ", ".join(parts)
+    return f"not read: {one_line_id(rec['error'])}" if rec.get("error") else ""
+
+
+def forecast_text(finding: Mapping[str, Any]) -> str:
+    """Slack lines for catch-up, data loss and the stuck record; quiet when there is
+    nothing to act on (caught up, safe, unknown) or the finding predates them."""
+    ev = _evidence(finding)
+    lines = []
+    catch_up_state = _forecast(ev, "catch_up")[0]
+    if catch_up_state in ("clearing", "never"):
+        lines.append(render("catch_up", text=catch_up_text(ev)))
+    if data_loss_state(ev) in ("at_risk", "already"):
+        lines.append(render("data_loss", text=data_loss_text(ev)))
+    record = stuck_record_text(finding)
+    if record:
+        partition = ev.get("partition")
+        lines.append(render("stuck_record", text=record,
+                            partition=partition if isinstance(partition, int) and not isinstance(partition, bool)
+                            else ""))
+    return "\n".join(lines)
 
 
 def _title(diagnosis: str) -> str:
@@ -216,8 +451,13 @@ def _values(finding: Mapping[str, Any]) -> dict[str, Any]:
         "severity_word": severity.upper() or "FINDING",
         "emoji": SEVERITY_EMOJI.get(severity, ":grey_question:"),
         "pattern": finding.get("pattern") or "-", "summary": finding.get("summary") or "",
-        "time_lag": fmt_duration(_time_lag(finding)), "lag_total": fmt_int(_lag_total(finding)),
+        "time_lag": _time_lag_shown(finding), "lag_total": fmt_int(_lag_total(finding)),
     }
+
+
+def _time_lag_shown(finding: Mapping[str, Any]) -> str:
+    seconds = _time_lag(finding)
+    return time_lag_text(seconds, time_lag_source_of(seconds, [*partition_rows(finding), _evidence(finding)]))
 
 
 def action_lines(actions: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -280,6 +520,9 @@ def render_incident(finding: Mapping[str, Any], plan: Mapping[str, Any] | None =
             for name in ("field_cluster", "field_topic", "field_pattern", "field_time_lag", "field_lag", "field_severity")
         ]},
     ]
+    forecast = forecast_text(finding)
+    if forecast:
+        blocks.append(_text_section(forecast))
     incomplete = incomplete_data_text(finding)
     if incomplete:
         blocks.append(_text_section(incomplete))
@@ -320,6 +563,9 @@ def render_update(finding: Mapping[str, Any], changes: Sequence[str], *, run_id:
     blocks = [_text_section(render("update", changes=changes_text, **{k: v[k] for k in ("emoji", "summary")})),
               {"type": "section", "fields": [
                   {"type": "mrkdwn", "text": render(n, **v)} for n in ("field_pattern", "field_time_lag", "field_lag", "field_severity")]}]
+    forecast = forecast_text(finding)
+    if forecast:
+        blocks.append(_text_section(forecast))
     incomplete = incomplete_data_text(finding)
     if incomplete:
         blocks.append(_text_section(incomplete))

@@ -23,6 +23,10 @@ TEMPLATES: dict[str, str] = {
     "field_time_lag": "*Time lag*\n{{ time_lag }}",
     "field_lag": "*Total lag*\n{{ lag_total }} messages",
     "field_severity": "*Severity*\n{{ severity }}",
+    # Forecasts and the stuck record (issue 10); the phrases come from render.py, shared with the page.
+    "catch_up": ":hourglass_flowing_sand: *Catch-up:* {{ text }}",
+    "data_loss": ":warning: *Data loss:* {{ text }}",
+    "stuck_record": ":pushpin: *Stuck record*{% if partition != '' %} (partition {{ partition }}){% endif %}: {{ text }}",
     "evidence_title": "*Worst partitions* (as `kafka-consumer-groups.sh --describe`, plus time lag and rates)",
     "next_steps_title": "*Next steps* ({{ runbook }})",
     "actions_title": "*Actions*",

@@ -70,7 +70,7 @@ def _write_atomic(path: str, text: str) -> None:
 def render_report(finding: Mapping[str, Any], view, *, plan: Mapping[str, Any] | None = None,
                   generated_at: datetime | None = None) -> str:
     from lagdoctor.web.html import render
-    from lagdoctor.web.views import DESCRIBE_HEADER, FindingView, title_of
+    from lagdoctor.web.views import DESCRIBE_HEADER, FindingView, stuck_record_of, title_of
 
     plan = {"title": "", "next_steps": [], "diagnostic_steps": [], "actions": [], **(plan or {})}
     f = FindingView(diagnosis=str(finding.get("diagnosis") or ""), title=title_of(str(finding.get("diagnosis") or "")),
@@ -78,7 +78,8 @@ def render_report(finding: Mapping[str, Any], view, *, plan: Mapping[str, Any] |
                     summary=str(finding.get("summary") or ""), partitions=list(finding.get("partitions") or []),
                     report_url=None, plan=plan, raw=finding)
     when = (generated_at or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M:%S")
-    return render("report.html", f=f, v=view, plan=plan, describe_header=DESCRIBE_HEADER, generated_at=when)
+    return render("report.html", f=f, v=view, plan=plan, describe_header=DESCRIBE_HEADER, generated_at=when,
+                  stuck=stuck_record_of(finding))
 
 
 def write_incident_report(run_dir: str, *, settings: Settings | None = None, base_url: str | None = None,

@@ -17,11 +17,20 @@ from urllib.parse import quote
 from markupsafe import Markup
 
 from lagdoctor.notify.render import (
+    DATA_LOSS_BASIS,
     DESCRIBE_COLUMNS,
     EXTRA_COLUMNS,
-    fmt_duration,
+    catch_up_text,
+    data_loss_state,
+    data_loss_text,
     fmt_int,
     fmt_rate,
+    is_lower_bound,
+    retention_text,
+    stuck_record_parts,
+    table_time_lag,
+    time_lag_source_of,
+    time_lag_text,
 )
 from lagdoctor.web import charts
 from lagdoctor.web.data import GroupHistory, GroupState, Run
@@ -29,6 +38,9 @@ from lagdoctor.web.data import GroupHistory, GroupState, Run
 CHART_PARTITIONS = 8  # lines drawn one per partition; the rest are summed into "others"
 UNKNOWN_MEMBERS = "unknown (broker reports no member list)"
 STATUS_RANK = {"OK": 0, "WARN": 1, "REWIND": 2, "STALL": 3, "STOP": 4, "ERR": 5}
+TIME_LAG_NOTES = {"record": "exact, from the timestamp of the record at the committed offset",
+                  "lower_bound": "at least: the committed offset is older than the window",
+                  "interpolated": "estimated from the log end offsets over the window"}
 
 
 def title_of(diagnosis: str) -> str:
@@ -73,6 +85,7 @@ class PartitionRow:
     host: str | None
     involved: bool = False
     lag_value: float = -1.0
+    time_lag_note: str = ""  # how the time lag is known (a tooltip), "" when the run did not say
 
     @property
     def status_class(self) -> str:
@@ -114,6 +127,11 @@ class GroupView:
     time_lag_chart: Markup
     rate_chart: Markup | None = None
     describe_rows: list[list[str]] = field(default_factory=list)
+    catch_up: str = ""  # "" for runs before the forecasts (issue 10): nothing is shown
+    data_loss: str = ""
+    data_loss_state: str = ""
+    data_loss_basis: str = ""
+    retention: str = ""
 
     @property
     def healthy(self) -> bool:
@@ -173,7 +191,8 @@ def partition_rows(state: GroupState, history: GroupHistory) -> list[PartitionRo
         s, h = status.get(p, {}), snap.get(p, {})
         lag = s.get("lag", h.get("lag"))
         rows.append(PartitionRow(
-            partition=p, status=s.get("status"), lag=fmt_int(lag), time_lag=fmt_duration(s.get("time_lag_seconds")),
+            partition=p, status=s.get("status"), lag=fmt_int(lag), time_lag=table_time_lag(s),
+            time_lag_note=TIME_LAG_NOTES.get("lower_bound" if is_lower_bound(s) else str(s.get("time_lag_source")), ""),
             produce_rate=fmt_rate(s.get("produce_rate")), consume_rate=fmt_rate(s.get("consume_rate")),
             current_offset=fmt_int(h.get("committed_offset")), log_end_offset=fmt_int(h.get("log_end_offset")),
             member_id=h.get("member_id"), client_id=h.get("client_id"), host=h.get("host"),
@@ -258,12 +277,58 @@ def _time_lag(state: GroupState) -> Any:
     return max(values) if values else None
 
 
+def _time_lag_text(state: GroupState) -> str:
+    seconds = _time_lag(state)
+    rows = [*state.status_rows, *((f.get("evidence") or {}) for f in state.findings)]
+    return time_lag_text(seconds, time_lag_source_of(seconds, rows))
+
+
+def _forecast_evidence(state: GroupState, key: str) -> Mapping[str, Any]:
+    """The evidence of the worst finding that carries ``key`` (the group's forecasts are
+    the same in each of its findings), or {}."""
+    return next((ev for ev in ((f.get("evidence") or {}) for f in state.findings)
+                 if isinstance(ev.get(key), Mapping)), {})
+
+
+@dataclass
+class StuckRecord:
+    """The record a stalled consumer is stuck on, as the collector saw it (never its payload)."""
+
+    partition: str | None
+    offset: str | None = None
+    key: str | None = None
+    size: str | None = None
+    headers: str | None = None
+    produced: str | None = None
+    error: str | None = None
+
+
+def stuck_record_of(finding: Mapping[str, Any]) -> StuckRecord | None:
+    """A stalled_consumer finding's committed record, or None (other diagnoses, older runs)."""
+    ev = finding.get("evidence") or {}
+    rec = ev.get("committed_record")
+    if finding.get("diagnosis") != "stalled_consumer" or not isinstance(rec, Mapping):
+        return None
+    partition = str(ev["partition"]) if isinstance(ev.get("partition"), int) else None
+    parts = stuck_record_parts(ev)
+    if parts is None:
+        return StuckRecord(partition, error=str(rec["error"])) if rec.get("error") else None
+    headers = [str(h) for h in rec.get("headers") or [] if h is not None]
+    return StuckRecord(
+        partition, offset=fmt_int(rec.get("offset")), key=str(rec["key_sha256"]) if rec.get("key_sha256") else "no key",
+        size=f"{fmt_int(rec['size'])} bytes" if _num(rec.get("size")) is not None else None,
+        headers=", ".join(headers) if headers else None,
+        produced=next((p.removeprefix("produced ") for p in parts if p.startswith("produced ")), None),
+    )
+
+
 def group_view(state: GroupState, history: GroupHistory, *, airflow_base: str = "", with_rates: bool = False) -> GroupView:
     start, end = state.window
     x_range = (start, end) if start and end else None
     name = f"{state.group_id} on {state.topic}"
     lag_svg, tl_svg = lag_charts(history, name, x_range)
     members, group_state = _members_text(state, history)
+    loss = _forecast_evidence(state, "data_loss")
     findings = [
         FindingView(diagnosis=str(f.get("diagnosis") or ""), title=title_of(str(f.get("diagnosis") or "")),
                     severity=str(f.get("severity") or "ok"), pattern=str(f.get("pattern") or "-"),
@@ -275,11 +340,15 @@ def group_view(state: GroupState, history: GroupHistory, *, airflow_base: str = 
         cluster=state.cluster, group_id=state.group_id, topic=state.topic, anchor=anchor_of(state.key),
         severity=state.severity, findings=findings, run=state.run, run_href=dag_run_href(state.run, airflow_base),
         window_start=f"{start:%Y-%m-%d %H:%M:%S}" if start else "-", window_end=f"{end:%H:%M:%S} UTC" if end else "-",
-        lag_total=fmt_int(_lag_total(state)), time_lag=fmt_duration(_time_lag(state)),
+        lag_total=fmt_int(_lag_total(state)), time_lag=_time_lag_text(state),
         group_state=group_state, members=members, owners=owners_of(state, history),
         rows=partition_rows(state, history), lag_chart=lag_svg, time_lag_chart=tl_svg,
         rate_chart=rate_chart(history, name, x_range) if with_rates else None,
         describe_rows=describe_rows(state, history) if with_rates else [],
+        catch_up=catch_up_text(_forecast_evidence(state, "catch_up")),
+        data_loss=data_loss_text(loss), data_loss_state=data_loss_state(loss) or "",
+        data_loss_basis=DATA_LOSS_BASIS.get(str((loss.get("data_loss") or {}).get("basis")), ""),
+        retention=retention_text(loss),
     )
 
 
