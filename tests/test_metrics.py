@@ -194,6 +194,57 @@ def test_group_metrics_aggregate_partitions_and_findings(seeded):
     assert only(samples, "lagdoctor_last_diagnosis_timestamp_seconds", cluster_name="local") == T0.timestamp()
 
 
+def forecasts(catch_up=None, data_loss=None, **extra):
+    """Issue 10's evidence: catch_up and data_loss as the job writes them."""
+    ev = dict(extra)
+    if catch_up is not None:
+        ev["catch_up"] = {"state": catch_up[0], "seconds": catch_up[1]}
+    if data_loss is not None:
+        ev["data_loss"] = {"state": data_loss[0], "seconds": data_loss[1], "partitions": [0],
+                           "retention_ms": 604800000, "retention_bytes": -1, "basis": "retention_ms"}
+    return ev
+
+
+def test_catch_up_and_data_loss_gauges_per_group_and_topic(tmp_path):
+    groups = {  # group: (catch_up, data_loss)
+        "clearing": (("clearing", 725.5), ("at_risk", 3900.0)),
+        "never": (("never", None), ("already", None)),
+        "caught-up": (("caught_up", 0), ("safe", None)),
+        "unknown": (("unknown", None), ("unknown", None)),
+        "old-run": (None, None),  # written before the forecasts existed
+    }
+    write_run(tmp_path, "run", [finding(g, "slow_consumer", "warning", evidence=forecasts(*f))
+                                for g, f in groups.items()],
+              [status_row(g, 0, "WARN", 10) for g in groups], planned_at=T0)
+    text = render_metrics(str(tmp_path))
+    assert ('lagdoctor_lag_catch_up_seconds{cluster_name="local",group="never",topic="orders"} +Inf'
+            in text.splitlines())
+    samples = parse_exposition(text)
+    where = dict(cluster_name="local", topic="orders")
+    assert only(samples, "lagdoctor_lag_catch_up_seconds", group="clearing", **where) == 725.5
+    assert only(samples, "lagdoctor_lag_catch_up_seconds", group="caught-up", **where) == 0
+    assert only(samples, "lagdoctor_data_loss_seconds", group="clearing", **where) == 3900
+    assert only(samples, "lagdoctor_data_loss_seconds", group="never", **where) == 0  # already losing
+    # Unknown, safe or not forecast at all: no sample, never a 0 that reads as "now".
+    assert series(samples, "lagdoctor_lag_catch_up_seconds", group="unknown") == []
+    assert series(samples, "lagdoctor_lag_catch_up_seconds", group="old-run") == []
+    for group in ("caught-up", "unknown", "old-run"):
+        assert series(samples, "lagdoctor_data_loss_seconds", group=group) == [], group
+    for name in ("lagdoctor_lag_catch_up_seconds", "lagdoctor_data_loss_seconds"):
+        assert FAMILY_LABELS[name] == ("cluster_name", "group", "topic")
+        assert f"# TYPE {name} gauge" in text and f"# HELP {name} " in text
+
+
+def test_forecast_gauges_take_the_worst_of_a_groups_findings(tmp_path):
+    write_run(tmp_path, "run", [
+        finding("g", "slow_consumer", "warning", evidence=forecasts(("clearing", 600), ("at_risk", 7200))),
+        finding("g", "partition_imbalance", "critical", evidence=forecasts(("clearing", 900), ("at_risk", 3600))),
+    ], [status_row("g", 0, "WARN", 10)], planned_at=T0)
+    samples = parse_exposition(render_metrics(str(tmp_path)))
+    assert only(samples, "lagdoctor_lag_catch_up_seconds", group="g") == 900
+    assert only(samples, "lagdoctor_data_loss_seconds", group="g") == 3600
+
+
 def test_output_is_ordered_and_stable(tmp_path):
     write_run(tmp_path, "run", [finding("g")],
               [status_row("g", p, lag=p) for p in (10, 2, 0, 1)], planned_at=T0)

@@ -15,7 +15,9 @@ listing of the root per scrape.
 Names follow kafka-lag-exporter for lag (`kafka_consumergroup_group_*`, same
 labels, so its dashboards work) and Burrow for status codes (1 OK .. 6 REWIND,
 0 when unknown, as Burrow's StatusConstant numbers them). lagdoctor's own
-verdicts are `lagdoctor_*`. Member labels (member_host, consumer_id,
+verdicts are `lagdoctor_*`; the forecasts (`lagdoctor_lag_catch_up_seconds`,
+`lagdoctor_data_loss_seconds`) come from findings' evidence and are absent for
+runs written before it held them. Member labels (member_host, consumer_id,
 client_id) are the partition's owner at the window's end when the diagnosis
 knows it, and empty otherwise (Prometheus reads an empty label as absent).
 
@@ -120,6 +122,18 @@ FAMILIES: tuple[MetricFamily, ...] = (
         "lagdoctor_finding",
         "1 for each current non-healthy finding, labelled by what lagdoctor diagnosed.",
         ("cluster_name", "group", "topic", "diagnosis", "severity", "pattern"),
+    ),
+    MetricFamily(
+        "lagdoctor_lag_catch_up_seconds",
+        "Seconds until the group's lag on this topic clears at current rates: +Inf when consumers are "
+        "slower than producers, 0 when caught up (no lag). Absent when unknown.",
+        ("cluster_name", "group", "topic"),
+    ),
+    MetricFamily(
+        "lagdoctor_data_loss_seconds",
+        "Seconds until retention deletes records of this topic the group has not read yet, at current "
+        "rates; 0 when it already has. Absent when no loss is expected or it is unknown.",
+        ("cluster_name", "group", "topic"),
     ),
     MetricFamily(
         "lagdoctor_last_diagnosis_timestamp_seconds",
@@ -325,6 +339,43 @@ def _owner(row: Mapping[str, Any], findings: list[dict[str, Any]]) -> tuple[str,
     return "", "", ""
 
 
+def _forecast(findings: list[dict[str, Any]], key: str) -> list[tuple[str, float | None]]:
+    """(state, seconds) of each finding's evidence[key] (catch_up, data_loss); none in runs before issue 10."""
+    out = []
+    for finding in findings:
+        value = (finding.get("evidence") or {}).get(key)
+        if isinstance(value, Mapping) and isinstance(value.get("state"), str):
+            seconds = _number(value.get("seconds"))
+            out.append((value["state"], seconds if seconds is None or math.isfinite(seconds) else None))
+    return out
+
+
+def catch_up_seconds(findings: list[dict[str, Any]]) -> float | None:
+    """+Inf for never, 0 once caught up (no lag left), the forecast while clearing; None when
+    unknown. Findings of one group and topic share the forecast; the slowest one wins."""
+    values = []
+    for state, seconds in _forecast(findings, "catch_up"):
+        if state == "never":
+            values.append(math.inf)
+        elif state == "caught_up":
+            values.append(0.0)
+        elif state == "clearing" and seconds is not None:
+            values.append(max(0.0, seconds))
+    return max(values, default=None)
+
+
+def data_loss_seconds(findings: list[dict[str, Any]]) -> float | None:
+    """0 when retention already deleted unread records, the forecast when at risk; None for
+    safe or unknown (an alert reads presence). The soonest one wins."""
+    values = []
+    for state, seconds in _forecast(findings, "data_loss"):
+        if state == "already":
+            values.append(0.0)
+        elif state == "at_risk" and seconds is not None:
+            values.append(max(0.0, seconds))
+    return min(values, default=None)
+
+
 def collect_samples(runs: Iterable[DiagnosisRun]) -> Samples:
     """Every sample to expose, by family name; pure (no I/O, no clock)."""
     runs = list(runs)
@@ -368,6 +419,10 @@ def collect_samples(runs: Iterable[DiagnosisRun]) -> Samples:
             if offset is not None and (held is None or run.ran_at > held[0]):
                 latest_offsets[(cluster, topic, partition)] = (run.ran_at, offset)
         put("kafka_consumergroup_group_topic_sum_lag", topic_lag, cluster_name=cluster, group=group, topic=topic)
+        put("lagdoctor_lag_catch_up_seconds", catch_up_seconds(findings), cluster_name=cluster, group=group,
+            topic=topic)
+        put("lagdoctor_data_loss_seconds", data_loss_seconds(findings), cluster_name=cluster, group=group,
+            topic=topic)
         for finding in findings:
             severity = str(finding.get("severity"))
             if severity in SEVERITY_CODES:
