@@ -17,7 +17,8 @@ T0 = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
 
 
 def snap(t, partition, leo, committed, *, lag=None, state="STABLE", members=1, member="consumer-1-aaa",
-         host="10.0.0.1", group="g", topic="t", cluster="c", log_start=0, record_ts=None, read_error=None, record=None):
+         host="10.0.0.1", group="g", topic="t", cluster="c", log_start=0, record_ts=None, read_error=None, record=None,
+         retention_ms=None):
     """One contract-1 row (with the optional columns) at T0 + t seconds."""
     if lag is None and committed is not None and leo is not None:
         lag = max(0, leo - committed)
@@ -29,7 +30,7 @@ def snap(t, partition, leo, committed, *, lag=None, state="STABLE", members=1, m
                   committed_offset=committed, lag=lag, member_id=member, client_id=client,
                   host=host if member else None, group_members=members,
                   committed_record_ts=None if record_ts is None else T0 + timedelta(seconds=record_ts),
-                  read_error=read_error)
+                  read_error=read_error, retention_ms=retention_ms)
     values.update(record or {})
     return tuple(values.get(f.name) for f in snapshot_schema_with_optional())
 
@@ -119,10 +120,7 @@ def test_a_stalled_finding_names_the_stuck_record_never_its_payload(frame):
         rows.append(snap(t, 1, leo, leo))
     (f,) = run_findings(frame(rows))
     assert f["diagnosis"] == "stalled_consumer"
-    assert f["summary"].endswith(
-        "; stuck record: offset 240000, key #3fa9c2d1e0b4a7f6, 2,048 bytes, headers traceparent,retry, "
-        "produced 2026-11-21T11:30:00.000Z")
-    ev = f["evidence"]
+    ev = f["evidence"]  # the Slack message and the report render it (test_forecast_render.py)
     assert ev["committed_record"] == {"offset": 240_000, "timestamp": "2026-11-21T11:30:00.000Z",
                                       "key_sha256": "3fa9c2d1e0b4a7f6", "size": 2048,
                                       "headers": ["traceparent", "retry"], "error": None}
@@ -138,10 +136,67 @@ def test_a_stuck_record_that_could_not_be_read_says_why(frame):
         rows.append(snap(t, 0, leo, 60_000 * min(k, 4), record=failed if k == 10 else None))
         rows.append(snap(t, 1, leo, leo))
     (f,) = run_findings(frame(rows))
-    assert f["summary"].endswith(
-        "; the stuck record was not read: offset out of range: retention deleted it, or the log restarted")
+    assert f["evidence"]["committed_record"]["error"] == (
+        "offset out of range: retention deleted it, or the log restarted")
     assert f["evidence"]["committed_record"]["offset"] is None
     assert f["evidence"]["time_lag_source"] == "interpolated"
+
+
+# -- forecasts (classify.py case 11, forecast.py) ----------------------------------------------
+
+
+def test_catch_up_clears_at_the_net_rate_or_never(frame):
+    rows = []
+    for k in range(11):
+        t = 60 * k
+        # draining: 100 msg/s arrive, 150 consumed: lag 30,000 -> 0 at 50 msg/s net
+        rows.append(snap(t, 0, 6_000 * k + 60_000, 9_000 * k, group="draining"))
+        # falling behind: 100 arrive, 50 consumed
+        rows.append(snap(t, 0, 6_000 * k + 60_000, 3_000 * k, group="behind"))
+    found = {f["group_id"]: f["evidence"] for f in run_findings(frame(rows))}
+    # lag 30,000 at the end (120,000 produced, 90,000 consumed), 50 msg/s net: 600 s
+    assert found["draining"]["catch_up"] == {"state": "clearing", "seconds": pytest.approx(600, rel=0.01)}
+    behind = found["behind"]["catch_up"]
+    assert behind == {"state": "never", "seconds": None}
+
+
+def test_retention_outrunning_the_group_is_critical_before_any_data_is_lost(frame):
+    rows = []
+    for k in range(11):
+        t = 60 * k
+        # the log start moves 0 -> 100,000 in 600 s (retention.bytes deleting segments), the group consumes
+        # 100/s: at the end committed 120,000, log start 100,000: the 20,000 left go in 20,000 / 66.7 = 300 s,
+        # inside the 10-minute window
+        rows.append(snap(t, 0, 200_000 + 12_000 * k, 6_000 * k + 60_000, log_start=max(0, 12_000 * k - 20_000),
+                         group="outrun", retention_ms=-1))
+    found = run_findings(frame(rows))
+    assert {f["severity"] for f in found} == {"critical"}
+    loss = found[0]["evidence"]["data_loss"]
+    assert loss["state"] == "at_risk" and loss["basis"] == "log_start" and loss["partitions"] == [0]
+    assert loss["seconds"] == pytest.approx(20_000 / (100_000 / 600 - 100), rel=0.01)
+    assert found[0]["evidence"]["retention_loss_partitions"] == []  # nothing lost yet
+
+
+def test_time_lag_meeting_retention_ms_is_at_risk_and_infinite_retention_is_safe(frame):
+    rows = []
+    for k in range(11):
+        t = 60 * k
+        # nobody consumes; the record at the committed offset is 55 minutes old at the end; retention 1 h
+        rows.append(snap(t, 0, 1_000 + 600 * k, 500, state="EMPTY", members=0, member=None, group="old",
+                         record_ts=600 - 3_300 if k == 10 else None, retention_ms=3_600_000))
+        rows.append(snap(t, 0, 1_000 + 600 * k, 500, state="EMPTY", members=0, member=None, group="kept",
+                         retention_ms=-1))
+        rows.append(snap(t, 0, 1_000 + 600 * k, 500, state="EMPTY", members=0, member=None, group="unsaid"))
+    found = {f["group_id"]: f for f in run_findings(frame(rows))}
+    old = found["old"]["evidence"]["data_loss"]
+    assert (old["state"], old["basis"], old["retention_ms"]) == ("at_risk", "retention_ms", 3_600_000)
+    assert old["seconds"] == pytest.approx(300, abs=1)  # the time lag grows 1 s per s with nobody consuming
+    assert found["old"]["severity"] == "critical"
+    assert found["kept"]["evidence"]["data_loss"]["state"] == "safe"
+    # no retention known and a log start that never moved: cannot tell, and says so
+    assert found["unsaid"]["evidence"]["data_loss"] == {"state": "unknown", "seconds": None, "partitions": [],
+                                                        "retention_ms": None, "retention_bytes": None,
+                                                        "basis": None}
 
 
 def test_retention_loss_is_reported(spark, frame):

@@ -52,6 +52,11 @@ is the problem):
                                                                                   above a new log's end is lag 0
                                                                                   by contract 1, not health
 
+11 data loss ahead      retention will delete records the group has not read     critical: waiting for the lag to
+                         within the window's length (forecast.py: the log start   clear loses data; the estimate is
+                         outruns consumption, or the time lag meets retention.ms) in evidence.data_loss, with
+                                                                                  evidence.catch_up beside it
+
 "Growing": the fitted rise of lag over the window is positive and at least
 growth_fraction of the end lag. Severity: critical at critical_lag or when a
 growing lag >= warning_lag at least doubled; warning at warning_lag and
@@ -64,6 +69,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from lagdoctor.contracts import INACTIVE_GROUP_STATES
+from lagdoctor.diagnosis import forecast
 from lagdoctor.diagnosis.features import GROUP_KEY
 from lagdoctor.diagnosis.patterns import pattern_column
 from lagdoctor.diagnosis.snapshots import GROUP_MARKER_PARTITION, GROUP_MARKER_TOPIC
@@ -144,6 +150,7 @@ def partition_rollup(partition_feats, thresholds: Thresholds = Thresholds()):
         F.array_sort(F.collect_list(F.when(F.col("offset_reset"), F.col("partition")))).alias(
             "offset_reset_partitions"
         ),
+        *forecast.rollup_columns(),
     )
 
 
@@ -197,28 +204,6 @@ def _partitions_text(arr):
 
     return F.when(F.size(arr) == 1, F.concat(F.lit("partition "), F.array_join(arr, ", "))).otherwise(
         F.concat(F.lit("partitions "), F.array_join(arr, ", "))
-    )
-
-
-def _record_text(focus):
-    """What the record at a stuck offset looks like, as the collector read it
-    (never its payload): "; stuck record: offset 120, key #3fa9..., 2,048 bytes,
-    headers traceparent,retry, produced 2026-11-21T01:14:00.000Z"."""
-    from pyspark.sql import functions as F
-
-    r = focus["committed_record"]
-    seen = F.concat_ws(
-        ", ",
-        F.format_string("offset %d", r["offset"]),
-        F.when(r["key_sha256"].isNotNull(), F.concat(F.lit("key #"), r["key_sha256"])).otherwise(F.lit("no key")),
-        F.concat(_num(r["size"].cast("double"), 0), F.lit(" bytes")),
-        F.when(F.size(r["headers"]) > 0, F.concat(F.lit("headers "), F.array_join(r["headers"], ","))),
-        F.when(r["timestamp"].isNotNull(), F.concat(F.lit("produced "), r["timestamp"])),
-    )
-    return (
-        F.when(r["offset"].isNotNull(), F.concat(F.lit("; stuck record: "), seen))
-        .when(r["error"].isNotNull(), F.concat(F.lit("; the stuck record was not read: "), r["error"]))
-        .otherwise(F.lit(""))
     )
 
 
@@ -384,12 +369,11 @@ def findings(
                 c("stalled_partitions"),
                 ws,
                 F.format_string(
-                    "%s stopped committing: no progress for %s while lag grew to %s; owner %s%s",
+                    "%s stopped committing: no progress for %s while lag grew to %s; owner %s",
                     _partitions_text(c("stalled_partitions")),
                     _duration(ws["frozen_seconds"]),
                     _num(ws["lag_end"]),
                     _owner_text(ws),
-                    _record_text(ws),
                 ),
             ),
         ),
@@ -472,6 +456,9 @@ def findings(
     reset_parts = F.coalesce(c("offset_reset_partitions"), F.array().cast("array<int>"))
     doubtful = ~c("data_complete") | (F.size(reset_parts) > 0)  # rules 7 and 10
     level = F.when((c("finding.diagnosis") == "healthy") & ~doubtful, F.lit(0)).otherwise(F.greatest(level, F.lit(1)))
+    # unread data deleted within the window's length: critical, whatever the cause (case 11)
+    level = F.when(forecast.loses_data_within(c("window_seconds")), F.lit(2)).otherwise(level)
+    catch_up, data_loss = forecast.evidence_columns()
     severity = F.element_at(F.array(F.lit("ok"), F.lit("warning"), F.lit("critical")), level + 1)
 
     f = c("finding.focus")
@@ -515,6 +502,8 @@ def findings(
         F.coalesce(c("lag_unknown_partitions"), F.array().cast("array<int>")).alias("lag_unknown_partitions"),
         reset_parts.alias("offset_reset_partitions"),
         f["committed_record"].alias("committed_record"),
+        catch_up.alias("catch_up"),
+        data_loss.alias("data_loss"),
     )
     incomplete_note = F.when(
         ~c("data_complete"),

@@ -16,7 +16,7 @@ feature counts from the last such reset (`offset_reset_t`).
 from __future__ import annotations
 
 from lagdoctor.contracts import INACTIVE_GROUP_STATES, REBALANCING_GROUP_STATES
-from lagdoctor.diagnosis import timelag
+from lagdoctor.diagnosis import forecast, timelag
 from lagdoctor.diagnosis.thresholds import Thresholds
 
 PARTITION_KEY = ("cluster", "group_id", "topic", "partition")
@@ -53,7 +53,9 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     consume_rate, late_produce_rate, late_consume_rate, member_id, client_id,
     host (owner at the end), time_lag_seconds, time_lag_lower_bound,
     time_lag_source, committed_record (the record at the committed offset at
-    the last snapshot, when the collector read it),
+    the last snapshot, when the collector read it), retention_ms,
+    retention_bytes, catch_up_state/seconds and data_loss_state/seconds/basis
+    (forecast.py),
     frozen_seconds / frozen_snapshots (since the committed offset last
     advanced), max_commit_gap_seconds (longest completed gap between
     advances), stalled, slow, retention_loss, status_window (the last
@@ -69,7 +71,7 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     from pyspark.sql import functions as F
 
     th = thresholds
-    snapshots = timelag.with_record_columns(_with_read_error(snapshots))
+    snapshots = forecast.with_input_columns(timelag.with_record_columns(_with_read_error(snapshots)))
     # The history is sorted once per partition. The rows that go through that
     # shuffle and sort carry a 64-bit hash of the partition key and numbers
     # only; names and owners come from a cheap map-side aggregation, joined
@@ -92,6 +94,7 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         "committed_offset",
         "lag",
         *(name for name, _ in timelag.RECORD_COLUMNS),
+        *(name for name, _ in forecast.INPUT_COLUMNS),
         "read_error",
     )
     # The series restarts where the log end offset last fell below the last
@@ -193,6 +196,7 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         F.coalesce(F.max("gap"), F.lit(0.0)).alias("max_commit_gap_seconds"),
         F.collect_list(F.when(keep_for_status, status_row)).alias("status_window"),
         *timelag.aggregate_columns(),
+        *forecast.aggregate_columns(),
     )
     # Unknown at the end: the last row's lag is missing because a read failed.
     # Never known and no failure: the group has no commit there (lag 0, as before).
@@ -248,6 +252,7 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         & (F.col("consume_rate") < (1.0 - th.slow_rate_slack) * F.col("produce_rate"))
         & (F.col("lag_end") > F.col("lag_start")),
     )
+    feats = feats.withColumns(forecast.partition_columns())
     owners = snapshots.groupBy(*PARTITION_KEY).agg(
         F.max_by("member_id", "snapshot_ts").alias("member_id"),
         F.max_by("client_id", "snapshot_ts").alias("client_id"),
@@ -256,7 +261,7 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     feats = owners.join(feats, "pk").drop("pk")
     return feats.drop("leo_first", "c_first", "tc_first", "tc_last", "late_produced", "late_consumed",
                       "late_seconds", "late_advances", "last_adv_t", "tl_t_at", "tl_record_t", "tl_first", "tl_last",
-                      "lag_known_end", "lag_null_at_end")
+                      "lag_known_end", "lag_null_at_end", "fc_ls_first", "fc_ls_t_first", "fc_ls_t_last")
 
 
 def group_series(snapshots, partition_feats=None):
