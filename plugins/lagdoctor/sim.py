@@ -769,3 +769,89 @@ def write_benchmark_history(path: str, rows: int, seed: int = 1, partitions_per_
         if writer is not None:
             writer.close()
     return written
+
+
+# -- scoring: the engine's answers against the labels ------------------------------
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    xs = sorted(values)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def score(labels: list[dict], findings: Iterable[dict], partitions: Iterable[dict] = ()) -> dict[str, Any]:
+    """Compare findings (cluster, group_id, topic, diagnosis, pattern) and
+    partition features (cluster, group_id, topic, partition, time_lag_seconds)
+    with the labels. A (group, topic) is right when its set of diagnoses equals
+    the true set exactly (a miss and an extra both count as wrong)."""
+    import collections
+
+    key = lambda r: (r["cluster"], r["group_id"], r["topic"])  # noqa: E731
+    got, pattern = collections.defaultdict(set), {}
+    for f in findings:
+        got[key(f)].add(f["diagnosis"])
+        pattern[key(f)] = f["pattern"]
+    time_lag = {(*key(p), str(p["partition"])): p["time_lag_seconds"] for p in partitions}
+    hits, totals, false_alarms = collections.Counter(), collections.Counter(), collections.Counter()
+    p_hits, p_totals = collections.Counter(), collections.Counter()
+    by_condition: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    wrong, errors = [], collections.defaultdict(list)
+    for lab in labels:
+        k, truth = key(lab), set(lab["diagnoses"])
+        right = got[k] == truth
+        cond = by_condition[lab.get("condition", "baseline")]
+        cond["units"] += 1
+        cond["right"] += right
+        for d in truth:
+            totals[d] += 1
+            hits[d] += right
+        for d in got[k] - truth:
+            false_alarms[d] += 1
+        if not right:
+            wrong.append((lab.get("condition"), lab["scenario"], k, sorted(truth), sorted(got[k])))
+        if lab["pattern"] is not None:
+            ok = pattern.get(k) == lab["pattern"]
+            p_totals[lab["pattern"]] += 1
+            p_hits[lab["pattern"]] += ok
+            cond["patterns"] += 1
+            cond["pattern_right"] += ok
+        for p, truth_s in lab.get("true_time_lag_seconds", {}).items():
+            seen = time_lag.get((*k, p))
+            if truth_s <= 0 or seen is None:
+                continue
+            where = "beyond" if lab["beyond_window"][p] else "in"
+            how = "record" if lab.get("record_ts") else "interpolated"
+            errors[(where, how)].append(abs(seen - truth_s))
+            cond["tl_" + where] += 1
+    return {"hits": hits, "totals": totals, "false_alarms": false_alarms, "pattern_hits": p_hits,
+            "pattern_totals": p_totals, "by_condition": dict(by_condition), "wrong": wrong,
+            "time_lag_errors": dict(errors), "units": len(labels)}
+
+
+def score_text(result: dict[str, Any]) -> str:
+    """The score as the plain-text tables the bench prints."""
+    from lagdoctor.contracts import DIAGNOSES
+
+    hits, totals = result["hits"], result["totals"]
+    right = sum(c["right"] for c in result["by_condition"].values())
+    lines = [f"causes: {right}/{result['units']} (group, topic) units with exactly the true set = "
+             f"{right / max(result['units'], 1):.4f}",
+             f"  {'diagnosis':20s} {'right':>11s} {'accuracy':>8s}  false alarms"]
+    for d in DIAGNOSES:
+        if totals[d]:
+            lines.append(f"  {d:20s} {hits[d]:5d}/{totals[d]:5d} {hits[d] / totals[d]:8.4f}  {result['false_alarms'][d]}")
+    ph, pt = result["pattern_hits"], result["pattern_totals"]
+    lines.append(f"patterns: {sum(ph.values())}/{sum(pt.values())} = {sum(ph.values()) / max(sum(pt.values()), 1):.4f}")
+    for p in sorted(pt):
+        lines.append(f"  {p:20s} {ph[p]:5d}/{pt[p]:5d} {ph[p] / pt[p]:8.4f}")
+    lines.append(f"  {'condition':18s} {'units':>5s} {'causes':>7s} {'patterns':>8s}")
+    for name, c in result["by_condition"].items():
+        pat = f"{c['pattern_right'] / c['patterns']:8.4f}" if c["patterns"] else f"{'-':>8s}"
+        lines.append(f"  {name:18s} {c['units']:5d} {c['right'] / c['units']:7.4f} {pat}")
+    lines.append("time-lag error |job - truth| (s), lagging partitions:")
+    for (where, how), errs in sorted(result["time_lag_errors"].items()):
+        lines.append(f"  {where + ' window':14s} {how:12s} n={len(errs):5d}  median {_quantile(errs, 0.5):9.2f}"
+                     f"  p90 {_quantile(errs, 0.9):9.2f}")
+    return "\n".join(lines)
