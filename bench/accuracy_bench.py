@@ -62,6 +62,8 @@ def run(seeds, groups: int, conditions=None, overrides=None, show_wrong: bool = 
     if show_wrong:
         for w in result["wrong"]:
             print("  wrong:", *w)
+        for (truth, got), count in result["pattern_confusion"].most_common():
+            print(f"  pattern {truth} read as {got}: {count}")
     return result
 
 

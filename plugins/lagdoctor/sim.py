@@ -91,7 +91,8 @@ class _Group:
                  n_partitions: int | None = None, window_seconds: float | None = None,
                  interval: float | None = None, members: int | None = None, rate: float | None = None,
                  cadence: str | None = None, gap_rate: float = 0.03, snap_times: list[float] | None = None,
-                 hexes: list[str] | None = None, record_ts: bool = False, optional_columns: bool = False):
+                 hexes: list[str] | None = None, record_ts: bool = False, optional_columns: bool = False,
+                 fractional_capacity: bool = False):
         import numpy as np
 
         self.np = np
@@ -124,6 +125,9 @@ class _Group:
         self.cadence, self.gap_rate, self.snap_times = cadence, gap_rate, snap_times
         self.record_ts, self.optional_columns = record_ts, optional_columns or record_ts
         self.pramp = None  # (ticks, n) produce multiplier over time per partition (a hot key's rise)
+        # carry a tick's unused fraction of a message over (the classic scenarios round it away,
+        # which starves partitions under ~0.1 msg/s: kept for them so their data stays as it was)
+        self.fractional_capacity = fractional_capacity
 
     # member naming as the Java client does: <client.id>-<uuid>
     def member_id(self, i: int) -> str:
@@ -195,6 +199,7 @@ class _Group:
             slow[rng.integers(0, n)] = True
             cap[slow] = self.base[slow] * rng.uniform(0.4, 0.92, int(slow.sum()))
             lag0[slow] += self.base[slow] * rng.uniform(0, 120, int(slow.sum()))
+            cap[self._most(slow)] = self.base[self._most(slow)] * 0.8
         elif sc == "stalled_consumer":
             if rng.random() < 0.2:
                 stuck = np.arange(n)  # the only consumer hangs
@@ -255,6 +260,7 @@ class _Group:
                 cap[slow] = self.base[slow] * trough * rng.uniform(0.4, 0.8, int(slow.sum()))
                 cap[~slow] = self.base[~slow] * 3 * trough * rng.uniform(1.4, 2.5, int((~slow).sum()))
                 lag0[slow] += self.base[slow] * rng.uniform(0, 120, int(slow.sum()))
+                cap[self._most(slow)] = self.base[self._most(slow)] * trough * 0.7
         elif sc.startswith("mixed_"):
             # two causes at once: a rebalance loop with headroom (each pause's backlog
             # drains within a few minutes) on top of stalled or slow-owner partitions
@@ -277,6 +283,15 @@ class _Group:
         return self._simulate(times, mult, pmult, cap, active, state, stable_members, frozen_from, trickle,
                               commit_every, churn_at, lag0, members_known, race, retention)
 
+    def _most(self, slow):
+        """Partitions to make slow too so that most are (a slow consumer is slow on
+        most partitions, one slow of two is an imbalance): the lowest fast ones.
+        No random draw, so the rest of the simulation is unchanged."""
+        np = self.np
+        fast = np.flatnonzero(~slow)
+        need = max(0, self.n // 2 + 1 - int(slow.sum()))
+        return fast[:need]
+
     @staticmethod
     def _rebalance(times, t0, pause, active, state):
         during = (times >= t0) & (times < t0 + pause)
@@ -292,7 +307,7 @@ class _Group:
         pos = leo - np.round(lag0).astype(np.int64)  # consumed position
         committed = pos.copy()
         last_commit = 0.0
-        carry = np.zeros(n) if self.rate < 2.0 else None
+        carry = np.zeros(n) if self.fractional_capacity else None
         snap_times = self._snapshot_times()
         snaps: list[tuple] = []  # per snapshot: (ts, state, members, assigned, hexes, leo, committed, log_start)
         si = 0
@@ -323,7 +338,7 @@ class _Group:
                 can = np.where(stuck, cap * trickle * dt, can)
                 if carry is None:
                     pos = np.minimum(leo, pos + np.round(can).astype(np.int64))
-                else:  # below 2 msg/s a tick's capacity is a fraction of a message: carry it over
+                else:
                     carry = np.minimum(carry + can, 2 * cap * dt + 1)
                     step = np.minimum(np.floor(carry).astype(np.int64), leo - pos)
                     pos, carry = pos + step, carry - step
@@ -636,7 +651,7 @@ def _multi_topic_group(rng, sick: str, cluster: str, group_id: str, start: datet
         n = max(int(rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 24, 32])), members)
         out.append(simulate_group(rng, scenario, cluster, group_id, f"{group_id}-topic-{j}", start, n_partitions=n,
                                   window_seconds=window, interval=interval, members=members, snap_times=times,
-                                  hexes=hexes, record_ts=record_ts, optional_columns=True))
+                                  hexes=hexes, record_ts=record_ts, optional_columns=True, fractional_capacity=True))
     return out
 
 
@@ -663,7 +678,7 @@ def condition_table(seed: int, n_groups_per_case: int = 2, conditions: Iterable[
                     made = _multi_topic_group(rng, name, cluster, group_id, start, record_ts)
                 else:
                     made = [simulate_group(rng, name, cluster, group_id, f"events-{k}", start, record_ts=record_ts,
-                                           optional_columns=True, **shape(rng))]
+                                           optional_columns=True, fractional_capacity=True, **shape(rng))]
                 for table, label in made:
                     tables.append(table)
                     labels.append({**label, "condition": condition})
@@ -798,6 +813,7 @@ def score(labels: list[dict], findings: Iterable[dict], partitions: Iterable[dic
     p_hits, p_totals = collections.Counter(), collections.Counter()
     by_condition: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     wrong, errors = [], collections.defaultdict(list)
+    confusion: collections.Counter = collections.Counter()  # (true pattern, engine's) when they differ
     for lab in labels:
         k, truth = key(lab), set(lab["diagnoses"])
         right = got[k] == truth
@@ -813,6 +829,8 @@ def score(labels: list[dict], findings: Iterable[dict], partitions: Iterable[dic
             wrong.append((lab.get("condition"), lab["scenario"], k, sorted(truth), sorted(got[k])))
         if lab["pattern"] is not None:
             ok = pattern.get(k) == lab["pattern"]
+            if not ok:
+                confusion[(lab["pattern"], pattern.get(k))] += 1
             p_totals[lab["pattern"]] += 1
             p_hits[lab["pattern"]] += ok
             cond["patterns"] += 1
@@ -827,7 +845,7 @@ def score(labels: list[dict], findings: Iterable[dict], partitions: Iterable[dic
             cond["tl_" + where] += 1
     return {"hits": hits, "totals": totals, "false_alarms": false_alarms, "pattern_hits": p_hits,
             "pattern_totals": p_totals, "by_condition": dict(by_condition), "wrong": wrong,
-            "time_lag_errors": dict(errors), "units": len(labels)}
+            "time_lag_errors": dict(errors), "units": len(labels), "pattern_confusion": confusion}
 
 
 def score_text(result: dict[str, Any]) -> str:

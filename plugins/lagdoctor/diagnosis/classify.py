@@ -108,8 +108,15 @@ def partition_rollup(partition_feats, thresholds: Thresholds = Thresholds()):
         }
     )
     # a hot partition that is draining (late consume above late produce) is recovering, not a problem
-    behind = ~F.col("stalled") & (F.col("late_consume_rate") < (1.0 - th.slow_rate_slack) * F.col("late_produce_rate"))
+    behind = ~F.col("stalled") & (
+        F.col("late_consume_rate") < (1.0 - th.imbalance_behind_slack) * F.col("late_produce_rate")
+    )
     focus = F.struct(*[F.col(c) for c in _FOCUS_FIELDS], F.col("lag_share"))
+    # this partition's own load rose (rule 5: a surge is topic-wide, a few is a hot key)
+    rose = F.when(
+        F.col("early_produce_rate") > 0,
+        F.col("late_produce_rate") >= th.surge_partition_ratio * F.col("early_produce_rate"),
+    ).when(F.col("early_produce_rate") == 0, F.col("late_produce_rate") > 0)
     # max_by over (lag, -partition): the worst partition, ties to the lowest number
     order = F.struct(F.col("lag_end"), -F.col("partition"))
     return p.groupBy(*GROUP_KEY).agg(
@@ -117,6 +124,15 @@ def partition_rollup(partition_feats, thresholds: Thresholds = Thresholds()):
         F.sum("lag_end").alias("partition_lag_sum"),
         F.sum("produce_rate").alias("produce_rate"),
         F.sum("consume_rate").alias("consume_rate"),
+        F.sum("early_produce_rate").alias("early_produce_sum"),
+        F.sum("early_consume_rate").alias("early_consume_sum"),
+        F.sum("late_produce_rate").alias("late_produce_sum"),
+        F.sum("late_consume_rate").alias("late_consume_sum"),
+        F.count(F.when((F.col("early_produce_rate") > 0) | (F.col("late_produce_rate") > 0), 1)).alias(
+            "busy_count"
+        ),
+        F.count(F.when(F.col("slow") & ~F.col("in_hot"), 1)).alias("slow_outside_hot"),
+        F.count(F.when(rose, 1)).alias("surging_count"),
         F.max("time_lag_seconds").alias("max_time_lag_seconds"),
         F.count(F.when(F.col("stalled"), 1)).alias("stalled_count"),
         F.array_sort(F.collect_list(F.when(F.col("stalled"), F.col("partition")))).alias("stalled_partitions"),
@@ -276,9 +292,16 @@ def findings(
         & (c("partition_count") >= 2)
         & (c("hot_count") <= max_hot)
         & (F.size("hot_partitions") >= 1)
+        # the others keep up: most of them are not slow (else it is 6, with uneven lag)
+        & (c("slow_outside_hot") < th.slow_partition_fraction * (c("partition_count") - c("hot_count")))
         & (lag >= th.warning_lag)
     )
-    surge = ~crashed & ~loop & surging & growing & (lag >= th.warning_lag)
+    widespread = c("surging_count") > th.surge_partition_fraction * c("busy_count")
+    kept_up_before = c("early_consume_sum") >= th.surge_keepup_ratio * c("early_produce_sum")
+    outpaced = c("late_consume_sum") < (1.0 - th.slow_rate_slack) * c("late_produce_sum")
+    surge = (
+        ~crashed & ~loop & surging & widespread & kept_up_before & outpaced & growing & (lag >= th.warning_lag)
+    )
     slow = (
         ~crashed
         & ~loop

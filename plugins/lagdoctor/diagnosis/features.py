@@ -50,7 +50,8 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
 
     Columns: the key, snapshots, t_first/t_last (epoch s), lag_start, lag_end,
     committed_end, log_end_offset_end, log_start_offset_end, produce_rate,
-    consume_rate, late_produce_rate, late_consume_rate, member_id, client_id,
+    consume_rate, late_produce_rate, late_consume_rate, early_produce_rate,
+    early_consume_rate (first third), member_id, client_id,
     host (owner at the end), time_lag_seconds, time_lag_lower_bound,
     frozen_seconds / frozen_snapshots (since the committed offset last
     advanced), max_commit_gap_seconds (longest completed gap between
@@ -185,6 +186,12 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         F.sum(F.when(F.col("late"), F.col("dleo"))).alias("late_produced"),
         F.sum(F.when(F.col("late"), F.col("dcom"))).alias("late_consumed"),
         F.sum(F.when(F.col("late"), F.col("dt"))).alias("late_seconds"),
+        # the first third's rates: did this partition's load rise, did its consumer keep up before
+        # (null when no two snapshots fall in it: unknown, not 0)
+        _ratio(F.sum(F.when(F.col("x") <= 1.0 / 3.0, F.col("dleo"))),
+               F.sum(F.when(F.col("x") <= 1.0 / 3.0, F.col("dt")))).alias("early_produce_rate"),
+        _ratio(F.sum(F.when(F.col("x") <= 1.0 / 3.0, F.col("dcom"))),
+               F.sum(F.when(F.col("x") <= 1.0 / 3.0, F.col("dt")))).alias("early_consume_rate"),
         F.count(F.when(F.col("late") & (F.col("dcom") > 0), 1)).alias("late_advances"),
         F.min(F.when(at_end, F.col("t"))).alias("last_adv_t"),
         F.greatest(F.count(F.when(at_end, 1)) - 1, F.lit(0)).alias("frozen_snapshots"),
