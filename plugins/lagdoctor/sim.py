@@ -387,6 +387,9 @@ class _Group:
             "produce_rate": round(self.rate, 3),
             "record_ts": bool(self.record_ts),
             **self._time_lag_truth(snaps, produced_at),
+            # partitions whose last snapshot carries committed_record_ts (the job's exact path)
+            "record_ts_at_end": {str(p): bool(record_ts is not None and not np.isnan(record_ts[-1][p]))
+                                 for p in range(n)},
         }
         if true_lag_max < 100:  # below the documented noise floor a lag has no shape (patterns rule 1)
             label["pattern"] = "flat" if label["pattern"] else None
@@ -840,7 +843,7 @@ def score(labels: list[dict], findings: Iterable[dict], partitions: Iterable[dic
             if truth_s <= 0 or seen is None:
                 continue
             where = "beyond" if lab["beyond_window"][p] else "in"
-            how = "record" if lab.get("record_ts") else "interpolated"
+            how = "record" if lab.get("record_ts_at_end", {}).get(p) else "interpolated"
             errors[(where, how)].append(abs(seen - truth_s))
             cond["tl_" + where] += 1
     return {"hits": hits, "totals": totals, "false_alarms": false_alarms, "pattern_hits": p_hits,

@@ -17,10 +17,10 @@ every rule that holds yields a finding, none -> one `healthy` finding:
                          imbalance_share of the lag is at most                    stalled partitions belong to 3;
                          imbalance_max_partition_fraction of them and has a       a draining one is recovering
                          partition that is not stalled and still falls behind     (an absorbed burst)
-                         (late consume < (1 - slow_rate_slack) x late produce);
-                         lag >= warning_lag
+                         (late consume < (1 - imbalance_behind_slack) x late
+                         produce); not 13; lag >= warning_lag
  5  producer_surge       not 1, 2; late produce rate >= surge_ratio x early;      consumers outpaced by new load
-                         lag growing and >= warning_lag
+                         lag growing and >= warning_lag; neither 11 nor 12
  6  slow_consumer        not 1, 2, 4, 5; produce steady; most non-stalled         capacity below a steady load
                          partitions consume below produce; lag climbs steadily
                          (growing, R^2 >= steady_r2) and >= warning_lag
@@ -51,6 +51,29 @@ is the problem):
                          (reset_commit_slack, reset_race_seconds)                 the summary says so: a commit
                                                                                   above a new log's end is lag 0
                                                                                   by contract 1, not health
+
+Cases that sharpen the causes (issue 10; each measured by bench/accuracy_bench.py):
+
+ #  case                 holds when                                              so
+11  hot key              the produce rate rose (late >= surge_partition_ratio x  a rise on a few partitions is
+                         early) on at most surge_partition_fraction of the       partition_imbalance (4), never
+                         partitions with traffic                                 producer_surge: scaling consumers
+                                                                                 does not help a hot key
+12  diurnal traffic      consumers fell behind already in the first third        a rate swinging 3x in the window
+                         (early consume < surge_keepup_ratio x early produce),   is not a surge: a slow consumer
+                         or they keep up in the last third (late consume >=      stays 6, a group that keeps up
+                         (1 - slow_rate_slack) x late produce)                   stays healthy (5 needs neither)
+13  uneven slow          the partitions outside the hot set are mostly slow      lag unevenly spread over slow
+                         too (slow >= slow_partition_fraction of them), or the   partitions is 6, not 4; a partition
+                         hot partition consumes >= (1 - imbalance_behind_slack)  a loop's pauses left behind drains
+                         x its late produce                                      near its load: 2 only, not 4
+14  sweep cadence        3 samples 10 s apart every 5 minutes: rebalances show   2 still holds: owner ids change
+                         as owner-id changes between sweeps, rarely as a state   between sweeps; the pattern of
+                                                                                 steps blurs into steady_climb
+15  early third unknown  no two snapshots in the first third (5-minute cadence   early rates are null, not 0: no
+                         with a missed sweep)                                    surge from "0 -> N msg/s"
+16  mixed causes         rules hold independently (stalled partitions and a      one finding per rule that holds
+                         rebalance loop; a slow owner and a loop)                (the truth is a set)
 
 "Growing": the fitted rise of lag over the window is positive and at least
 growth_fraction of the end lag. Severity: critical at critical_lag or when a

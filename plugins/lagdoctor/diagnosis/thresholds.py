@@ -57,8 +57,9 @@ class Thresholds:
     # rebalance_loop: rebalances (leaving STABLE, or owners changing) in the window.
     rebalance_loop_min: int = 3
 
-    # Pattern: below this lag, or below this many seconds of production (but
-    # never above warning_lag), the shape is noise and reads as flat.
+    # Pattern: below this lag, or below this many seconds of production, the
+    # shape is noise and reads as flat (a busy topic's healthy lag is seconds
+    # of production, however many messages that is).
     pattern_min_lag: int = 100
     pattern_min_seconds: float = 60.0
 
