@@ -142,7 +142,7 @@ def test_a_stuck_record_that_could_not_be_read_says_why(frame):
     assert f["evidence"]["time_lag_source"] == "interpolated"
 
 
-# -- forecasts (classify.py case 11, forecast.py) ----------------------------------------------
+# -- forecasts (classify.py case 17, forecast.py) ----------------------------------------------
 
 
 def test_catch_up_clears_at_the_net_rate_or_never(frame):

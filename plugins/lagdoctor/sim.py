@@ -36,7 +36,7 @@ DEFAULT_START = datetime(2026, 11, 21, 9, 0, tzinfo=timezone.utc)
 class Scenario:
     name: str
     diagnoses: tuple[str, ...]  # non-healthy diagnoses expected; () means healthy
-    pattern: str
+    pattern: str | None  # None: no single true shape
     trap: bool = False  # looks alarming, must stay healthy
 
 
@@ -59,8 +59,21 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("crashed_consumer_producer_stopped", ("crashed_consumer",), "plateau"),
         Scenario("rebalance_loop_staircase", ("rebalance_loop",), "staircase"),
         Scenario("rebalance_loop_roller_coaster", ("rebalance_loop",), "roller_coaster"),
+        # issue 10: sharper causes
+        Scenario("partition_imbalance_hot_key", ("partition_imbalance",), "explosion"),
+        Scenario("slow_consumer_diurnal", ("slow_consumer",), "steady_climb"),
+        Scenario("healthy_diurnal", (), "flat", trap=True),
+        # two shapes overlaid: no one true pattern (not scored)
+        Scenario("mixed_stalled_rebalance_loop", ("rebalance_loop", "stalled_consumer"), None),
+        Scenario("mixed_imbalance_rebalance_loop", ("partition_imbalance", "rebalance_loop"), None),
     )
 }
+# The scenarios before issue 10: the benchmark history cycles through these
+# only, so its data (and the figures measured on it) stay as they were.
+CLASSIC_SCENARIOS: tuple[str, ...] = tuple(SCENARIOS)[:16]
+# Causes local to one topic: in a multi-topic group the other topics stay healthy.
+TOPIC_LOCAL_SCENARIOS = ("partition_imbalance", "partition_imbalance_hot_key", "slow_consumer",
+                         "stalled_consumer", "producer_surge")
 
 
 def expected_diagnoses(scenario: str) -> tuple[str, ...]:
@@ -76,7 +89,10 @@ class _Group:
 
     def __init__(self, rng, scenario: str, cluster: str, group_id: str, topic: str, start: datetime,
                  n_partitions: int | None = None, window_seconds: float | None = None,
-                 interval: float | None = None, members: int | None = None, rate: float | None = None):
+                 interval: float | None = None, members: int | None = None, rate: float | None = None,
+                 cadence: str | None = None, gap_rate: float = 0.03, snap_times: list[float] | None = None,
+                 hexes: list[str] | None = None, record_ts: bool = False, optional_columns: bool = False,
+                 fractional_capacity: bool = False):
         import numpy as np
 
         self.np = np
@@ -85,7 +101,7 @@ class _Group:
         self.cluster, self.group_id, self.topic, self.start = cluster, group_id, topic, start
         problem = bool(SCENARIOS[scenario].diagnoses)
         self.n = n_partitions or int(rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 24, 32]))
-        if scenario == "partition_imbalance":
+        if scenario in ("partition_imbalance", "partition_imbalance_hot_key", "mixed_imbalance_rebalance_loop"):
             self.n = max(self.n, 2)
         self.interval = interval or float(rng.uniform(15, 60))
         self.window = window_seconds or float(rng.uniform(20, 45) * 60)
@@ -101,10 +117,17 @@ class _Group:
         self.cap = self.base * rng.uniform(1.4, 3.0, self.n)  # healthy headroom
         m = members or int(rng.integers(1, min(self.n, 8) + 1))
         self.members = m
-        self.hexes = [f"{rng.integers(0, 16**6):06x}" for _ in range(m)]
+        self.hexes = list(hexes) if hexes else [f"{rng.integers(0, 16**6):06x}" for _ in range(m)]
         self.owner = np.arange(self.n) % m  # round-robin assignment
         self.lag0 = self.base * rng.uniform(0.0, 2.0, self.n)  # a second or two behind
         self.labels_partitions: list[int] = []
+        # "sweep": the sweep DAG's own cadence, 3 samples 10 s apart every 5 minutes
+        self.cadence, self.gap_rate, self.snap_times = cadence, gap_rate, snap_times
+        self.record_ts, self.optional_columns = record_ts, optional_columns or record_ts
+        self.pramp = None  # (ticks, n) produce multiplier over time per partition (a hot key's rise)
+        # carry a tick's unused fraction of a message over (the classic scenarios round it away,
+        # which starves partitions under ~0.1 msg/s: kept for them so their data stays as it was)
+        self.fractional_capacity = fractional_capacity
 
     # member naming as the Java client does: <client.id>-<uuid>
     def member_id(self, i: int) -> str:
@@ -176,6 +199,7 @@ class _Group:
             slow[rng.integers(0, n)] = True
             cap[slow] = self.base[slow] * rng.uniform(0.4, 0.92, int(slow.sum()))
             lag0[slow] += self.base[slow] * rng.uniform(0, 120, int(slow.sum()))
+            cap[self._most(slow)] = self.base[self._most(slow)] * 0.8
         elif sc == "stalled_consumer":
             if rng.random() < 0.2:
                 stuck = np.arange(n)  # the only consumer hangs
@@ -210,8 +234,63 @@ class _Group:
                 self._rebalance(times, t, pause, active, state)
                 churn_at.append(t)
                 t += pause + (rng.uniform(240, 420) if roller else rng.uniform(150, 300))
+        elif sc == "partition_imbalance_hot_key":
+            # a hot key: the produce rate rises on a few partitions only; their
+            # owners kept up before and cannot after, the rest of the topic is fine
+            k = int(rng.integers(1, max(1, int(0.2 * n)) + 1))
+            hot = rng.choice(n, size=k, replace=False)
+            self.labels_partitions = sorted(int(p) for p in hot)
+            s0 = rng.uniform(0.35, 0.6) * self.window
+            factor = rng.uniform(4, 15)
+            cap[hot] = self.base[hot] * np.maximum(1.2, factor * rng.uniform(0.25, 0.6, k))
+            self.pramp = np.ones((ticks, n))
+            self.pramp[:, hot] = 1 + (factor - 1) * np.clip((times - s0) / 60.0, 0, 1)[:, None]
+        elif sc in ("slow_consumer_diurnal", "healthy_diurnal"):
+            # strongly diurnal traffic: the rate swings 3x (trough to peak) within the window
+            period = rng.uniform(1.0, 2.0) * self.window
+            wave = np.sin(2 * np.pi * times / period + rng.uniform(0, 2 * np.pi))
+            wave = np.exp(math.log(3.0) * (wave - wave.min()) / max(wave.max() - wave.min(), 1e-9))
+            mult = wave / wave.mean()
+            trough = float(mult.min())
+            if sc == "healthy_diurnal":
+                cap = self.base * 3 * trough * rng.uniform(1.4, 2.5, n)  # headroom above the peak
+            else:  # slow: below even the trough, so lag climbs all day
+                slow = rng.random(n) < rng.uniform(0.75, 1.0)
+                slow[rng.integers(0, n)] = True
+                cap[slow] = self.base[slow] * trough * rng.uniform(0.4, 0.8, int(slow.sum()))
+                cap[~slow] = self.base[~slow] * 3 * trough * rng.uniform(1.4, 2.5, int((~slow).sum()))
+                lag0[slow] += self.base[slow] * rng.uniform(0, 120, int(slow.sum()))
+                cap[self._most(slow)] = self.base[self._most(slow)] * trough * 0.7
+        elif sc.startswith("mixed_"):
+            # two causes at once: a rebalance loop with headroom (each pause's backlog
+            # drains within a few minutes) on top of stalled or slow-owner partitions
+            cap = self.base * rng.uniform(1.6, 2.2, n)
+            if sc == "mixed_stalled_rebalance_loop":
+                sick = rng.choice(n, size=int(rng.integers(1, max(1, n // 3) + 1)), replace=False)
+                frozen_from[sick] = -rng.uniform(0, 0.5) * self.window
+                lag0[sick] += self.base[sick] * rng.uniform(60, 600, len(sick))
+            else:
+                sick = rng.choice(n, size=int(rng.integers(1, max(1, int(0.2 * n)) + 1)), replace=False)
+                cap[sick] = self.base[sick] * rng.uniform(0.1, 0.6, len(sick))
+                lag0[sick] += self.base[sick] * rng.uniform(0, 300, len(sick))
+            self.labels_partitions = sorted(int(p) for p in sick)
+            t = rng.uniform(0.02, 0.1) * self.window
+            while t < self.window * 0.85:  # the last pause's backlog has drained by the end
+                pause = rng.uniform(20, 45)
+                self._rebalance(times, t, pause, active, state)
+                churn_at.append(t)
+                t += pause + rng.uniform(150, 300)
         return self._simulate(times, mult, pmult, cap, active, state, stable_members, frozen_from, trickle,
                               commit_every, churn_at, lag0, members_known, race, retention)
+
+    def _most(self, slow):
+        """Partitions to make slow too so that most are (a slow consumer is slow on
+        most partitions, one slow of two is an imbalance): the lowest fast ones.
+        No random draw, so the rest of the simulation is unchanged."""
+        np = self.np
+        fast = np.flatnonzero(~slow)
+        need = max(0, self.n // 2 + 1 - int(slow.sum()))
+        return fast[:need]
 
     @staticmethod
     def _rebalance(times, t0, pause, active, state):
@@ -228,11 +307,17 @@ class _Group:
         pos = leo - np.round(lag0).astype(np.int64)  # consumed position
         committed = pos.copy()
         last_commit = 0.0
+        carry = np.zeros(n) if self.fractional_capacity else None
         snap_times = self._snapshot_times()
         snaps: list[tuple] = []  # per snapshot: (ts, state, members, assigned, hexes, leo, committed, log_start)
         si = 0
         hexes = list(self.hexes)
         churn = sorted(churn_at)
+        # the log end offset after each tick, to place every record in time (truth of time lag)
+        leo_hist = np.empty((len(times) + 1, n), dtype=np.int64)
+        leo_hist[0] = leo
+        snap_ticks: list[int] = []
+        true_lag_max = 0
         for i, t in enumerate(times):
             # a crash-looping member rejoins under a new id at each rebalance
             while churn and churn[0] <= t:
@@ -241,19 +326,28 @@ class _Group:
                 hexes[victim] = f"{rng.integers(0, 16**6):06x}"
             noise = rng.lognormal(0.0, 0.25)  # bursty arrivals, shared by partitions
             lam = np.maximum(self.base * pmult * mult[i] * noise * dt, 0.0)
+            if self.pramp is not None:
+                lam = lam * self.pramp[i]
             produced = rng.poisson(lam)
             leo = leo + produced
+            leo_hist[i + 1] = leo
             if active[i]:
                 # a poll loop (mean 1): some ticks fetch little (processing, GC), others catch up
                 can = cap * dt * rng.choice([0.4, 1.0, 1.1, 1.5], n) * rng.uniform(0.85, 1.15, n)
                 stuck = t >= frozen_from
                 can = np.where(stuck, cap * trickle * dt, can)
-                pos = np.minimum(leo, pos + np.round(can).astype(np.int64))
+                if carry is None:
+                    pos = np.minimum(leo, pos + np.round(can).astype(np.int64))
+                else:
+                    carry = np.minimum(carry + can, 2 * cap * dt + 1)
+                    step = np.minimum(np.floor(carry).astype(np.int64), leo - pos)
+                    pos, carry = pos + step, carry - step
                 if commit_every is None:
                     committed = np.where(stuck & (trickle == 0), committed, pos)
                 elif t - last_commit >= commit_every:
                     committed = pos.copy()
                     last_commit = t
+            true_lag_max = max(true_lag_max, int((leo - committed).clip(0).sum()))
             while si < len(snap_times) and snap_times[si] < t + dt:
                 ts = snap_times[si]
                 si += 1
@@ -268,7 +362,17 @@ class _Group:
                 nmem = int(stable_members[i])
                 assigned = members_known and nmem > 0 and st not in ("PREPARING_REBALANCE", "COMPLETING_REBALANCE")
                 snaps.append((ts, st, nmem, assigned, tuple(hexes), leo_seen, committed.copy(), log_start))
-        table = self._table(snaps, members_known)
+                snap_ticks.append(i)
+        produced_at = self._production_clock(times, leo_hist, mult, pmult)
+        record_ts = None
+        if self.record_ts and snaps:
+            # the collector fetches the record at the committed offset: none when
+            # nothing was written there yet, or retention deleted it
+            record_ts = []
+            for (_, _, _, _, _, _, com, log_start), i in zip(snaps, snap_ticks):
+                exists = (com < leo_hist[i + 1]) & (com >= log_start)
+                record_ts.append(np.where(exists, produced_at(com), np.nan))
+        table = self._table(snaps, members_known, record_ts)
         label = {
             "cluster": self.cluster,
             "group_id": self.group_id,
@@ -281,17 +385,67 @@ class _Group:
             "members": self.members,
             "snapshots": len(snaps),
             "produce_rate": round(self.rate, 3),
+            "record_ts": bool(self.record_ts),
+            **self._time_lag_truth(snaps, produced_at),
+            # partitions whose last snapshot carries committed_record_ts (the job's exact path)
+            "record_ts_at_end": {str(p): bool(record_ts is not None and not np.isnan(record_ts[-1][p]))
+                                 for p in range(n)},
         }
+        if true_lag_max < 100:  # below the documented noise floor a lag has no shape (patterns rule 1)
+            label["pattern"] = "flat" if label["pattern"] else None
         return table, label
 
-    def _table(self, snaps, members_known: bool):
-        """Snapshot rows as a contract-1 pyarrow Table, built column-wise."""
+    def _production_clock(self, times, leo_hist, mult, pmult):
+        """offsets (n,) -> when each partition's record at that offset was produced
+        (s from the start): linear within the tick that wrote it; before the
+        window, at the rate of the first tick."""
+        np, n = self.np, self.n
+        clock = np.concatenate([[times[0] - TICK_SECONDS], times])
+        pre_rate = np.maximum(self.base * pmult * mult[0] * (1.0 if self.pramp is None else self.pramp[0]), 1e-6)
+
+        def produced_at(offsets):
+            out = np.empty(n)
+            for p in range(n):
+                col, o = leo_hist[:, p], offsets[p]
+                k = int(np.searchsorted(col, o, side="right"))  # first tick whose end offset passed o
+                if k == 0:
+                    out[p] = clock[0] - (col[0] - o) / pre_rate[p]
+                elif k >= len(col):
+                    out[p] = np.nan  # not produced yet
+                else:
+                    frac = (o - col[k - 1]) / max(col[k] - col[k - 1], 1)
+                    out[p] = clock[k - 1] + frac * (clock[k] - clock[k - 1])
+            return out
+
+        return produced_at
+
+    def _time_lag_truth(self, snaps, produced_at) -> dict[str, Any]:
+        """Per partition at the window's end (its last snapshot): the window end
+        minus the production time of the record at the committed offset (0 when
+        lag is 0), and whether that record is older than the window's start."""
+        if not snaps:
+            return {"true_time_lag_seconds": {}, "beyond_window": {}}
+        np = self.np
+        t_first, t_last = snaps[0][0], snaps[-1][0]
+        leo, com = snaps[-1][5], snaps[-1][6]
+        born = produced_at(com)
+        lagging = (leo - com) > 0
+        seconds = np.where(lagging, t_last - born, 0.0)
+        beyond = lagging & (born < t_first)
+        return {
+            "true_time_lag_seconds": {str(p): round(float(seconds[p]), 3) for p in range(self.n)},
+            "beyond_window": {str(p): bool(beyond[p]) for p in range(self.n)},
+        }
+
+    def _table(self, snaps, members_known: bool, record_ts=None):
+        """Snapshot rows as a contract-1 pyarrow Table, built column-wise; with
+        the optional columns when asked (committed_record_ts from `record_ts`)."""
         import pyarrow as pa
 
         from lagdoctor.contracts import snapshot_arrow_schema
 
         np, n = self.np, self.n
-        schema = snapshot_arrow_schema()
+        schema = snapshot_arrow_schema(include_optional=self.optional_columns)
         s = len(snaps)
         if s == 0:
             return schema.empty_table()
@@ -329,18 +483,52 @@ class _Group:
             "host": pa.array(hosts, type=pa.string()),
             "group_members": group_members,
         }
+        if self.optional_columns:
+            if record_ts is not None:
+                start_s = self.start.timestamp()
+                us = np.round((start_s + np.concatenate(record_ts)) * 1e6)
+                valid = ~np.isnan(us)
+                columns["committed_record_ts"] = pa.array(np.where(valid, us, 0).astype(np.int64),
+                                                          type=pa.timestamp("us", tz="UTC"), mask=~valid)
+            for field in schema:
+                if field.name not in columns:
+                    columns[field.name] = pa.nulls(s * n, field.type)
         return pa.table(columns, schema=schema)
 
     def _snapshot_times(self) -> list[float]:
         rng = self.rng
-        out, t = [], 0.0
-        while t <= self.window:
-            out.append(t)
-            step = self.interval * rng.uniform(0.75, 1.25)  # jitter
-            if rng.random() < 0.03:  # a gap: the collector missed a few runs
-                step += self.interval * rng.uniform(2, 6)
-            t += step
-        return out
+        if self.snap_times is not None:
+            return list(self.snap_times)
+        if self.cadence == "sweep":
+            return sweep_times(rng, self.window, self.gap_rate)
+        return jittered_times(rng, self.window, self.interval, self.gap_rate)
+
+
+def jittered_times(rng, window: float, interval: float, gap_rate: float = 0.03) -> list[float]:
+    """Snapshot times (s from the start) every `interval` +-25%, with a gap of
+    2 to 6 intervals (missed runs) at a share `gap_rate` of the steps."""
+    out, t = [], 0.0
+    while t <= window:
+        out.append(t)
+        step = interval * rng.uniform(0.75, 1.25)  # jitter
+        if rng.random() < gap_rate:  # a gap: the collector missed a few runs
+            step += interval * rng.uniform(2, 6)
+        t += step
+    return out
+
+
+def sweep_times(rng, window: float, missed_rate: float = 0.03, every: float = 300.0, samples: int = 3,
+                spacing: float = 10.0) -> list[float]:
+    """Snapshot times (s from the start) of the sweep DAG: `samples` reads
+    `spacing` s apart every `every` s (the schedule starts a few seconds late),
+    a sweep missed now and then (never the first)."""
+    out, k = [], 0
+    while k * every <= window:
+        if k == 0 or rng.random() >= missed_rate:
+            t0 = k * every + rng.uniform(0, 4)
+            out += [t0 + j * spacing + rng.uniform(-0.5, 0.5) for j in range(samples)]
+        k += 1
+    return [t for t in out if t <= window]
 
 
 # -- many groups ----------------------------------------------------------------
@@ -419,6 +607,97 @@ def write_scenarios(path: str, seed: int = 0, n_groups_per_scenario: int = 3,
     return labels
 
 
+# -- conditions (issue 10): the scenarios under harder circumstances ---------------
+
+# Causes without a lag threshold: the only ones a 1 msg/s topic can show in a window.
+LOW_RATE_SCENARIOS = ("healthy_steady", "healthy_batch_committer", "healthy_commit_above_end",
+                      "healthy_unknown_membership", "healthy_single_rebalance", "stalled_consumer",
+                      "crashed_consumer", "crashed_consumer_mid_window", "crashed_consumer_producer_stopped",
+                      "rebalance_loop_staircase", "rebalance_loop_roller_coaster")
+SWEEP_WINDOW_SECONDS = 1830.0  # 30 minutes of sweeps and the last sweep's 3 samples
+
+
+def _cadence_shape(rng) -> dict[str, Any]:
+    interval = float(rng.choice([15.0, 30.0, 60.0, 120.0, 300.0]))
+    return {"interval": interval, "gap_rate": 0.1,
+            "window_seconds": max(float(rng.uniform(30, 45) * 60), 10 * interval)}
+
+
+# condition -> (scenarios, shape of each group: rng -> simulate_group keyword arguments)
+CONDITIONS: dict[str, tuple[tuple[str, ...], Any]] = {
+    "baseline": (CLASSIC_SCENARIOS, lambda rng: {}),
+    "hot_key": (("partition_imbalance_hot_key", "producer_surge"),
+                lambda rng: {"n_partitions": int(rng.choice([2, 3, 4, 6, 8, 12, 16, 24, 32, 64]))}),
+    "sweep_cadence": (CLASSIC_SCENARIOS, lambda rng: {"cadence": "sweep", "window_seconds": SWEEP_WINDOW_SECONDS}),
+    "diurnal": (("slow_consumer_diurnal", "healthy_diurnal"), lambda rng: {}),
+    "multi_topic": (TOPIC_LOCAL_SCENARIOS, None),  # built by _multi_topic_group
+    "partitions_1_128": (CLASSIC_SCENARIOS, lambda rng: {"n_partitions": int(rng.choice([1, 2, 48, 64, 96, 128]))}),
+    "rate_1_msg_s": (LOW_RATE_SCENARIOS, lambda rng: {"rate": 1.0}),
+    "rate_50k_msg_s": (CLASSIC_SCENARIOS, lambda rng: {"rate": 50_000.0}),
+    "cadence_15s_5min": (CLASSIC_SCENARIOS, _cadence_shape),
+    "mixed_causes": (("mixed_stalled_rebalance_loop", "mixed_imbalance_rebalance_loop"), lambda rng: {}),
+}
+
+
+def _multi_topic_group(rng, sick: str, cluster: str, group_id: str, start: datetime, record_ts: bool):
+    """One group reading 2 or 3 topics, `sick` on one of them, the others healthy:
+    the same members and the same snapshot times on every topic."""
+    n_topics = int(rng.integers(2, 4))
+    sick_at = int(rng.integers(0, n_topics))
+    members = int(rng.integers(1, 9))
+    hexes = [f"{rng.integers(0, 16**6):06x}" for _ in range(members)]
+    window, interval = float(rng.uniform(20, 45) * 60), float(rng.uniform(15, 60))
+    times = jittered_times(rng, window, interval)
+    out = []
+    for j in range(n_topics):
+        scenario = sick if j == sick_at else "healthy_steady"
+        n = max(int(rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 24, 32])), members)
+        out.append(simulate_group(rng, scenario, cluster, group_id, f"{group_id}-topic-{j}", start, n_partitions=n,
+                                  window_seconds=window, interval=interval, members=members, snap_times=times,
+                                  hexes=hexes, record_ts=record_ts, optional_columns=True, fractional_capacity=True))
+    return out
+
+
+def condition_table(seed: int, n_groups_per_case: int = 2, conditions: Iterable[str] | None = None,
+                    cluster: str = "sim", start: datetime = DEFAULT_START, record_ts_share: float = 0.3):
+    """(pyarrow Table in contract 1 with its optional columns, labels) for every
+    condition x its scenarios x n groups. A label is per (group_id, topic) and
+    names its condition; a share `record_ts_share` of the groups carry
+    committed_record_ts (the job's exact time-lag path), the rest leave it null."""
+    import numpy as np
+    import pyarrow as pa
+
+    from lagdoctor.contracts import snapshot_arrow_schema
+
+    rng = np.random.default_rng(seed)
+    tables, labels = [], []
+    for condition in conditions or CONDITIONS:
+        scenarios, shape = CONDITIONS[condition]
+        for name in scenarios:
+            for k in range(n_groups_per_case):
+                group_id = f"{condition}-{name}-{k}"
+                record_ts = bool(rng.random() < record_ts_share)
+                if shape is None:
+                    made = _multi_topic_group(rng, name, cluster, group_id, start, record_ts)
+                else:
+                    made = [simulate_group(rng, name, cluster, group_id, f"events-{k}", start, record_ts=record_ts,
+                                           optional_columns=True, fractional_capacity=True, **shape(rng))]
+                for table, label in made:
+                    tables.append(table)
+                    labels.append({**label, "condition": condition})
+    table = pa.concat_tables(tables) if tables else snapshot_arrow_schema(include_optional=True).empty_table()
+    return table, labels
+
+
+def write_conditions(path: str, seed: int = 0, n_groups_per_case: int = 2, conditions: Iterable[str] | None = None,
+                     cluster: str = "sim", start: datetime = DEFAULT_START, record_ts_share: float = 0.3) -> list[dict]:
+    """Simulate every condition (or those named) and write snapshots + labels under `path`."""
+    table, labels = condition_table(seed, n_groups_per_case, conditions, cluster, start, record_ts_share)
+    write_table(table, path, cluster)
+    write_labels(labels, path)
+    return labels
+
+
 # -- the seeds' incident ----------------------------------------------------------
 
 SEEDS_END = datetime(2026, 11, 21, 14, 30, tzinfo=timezone.utc)
@@ -479,7 +758,7 @@ def write_benchmark_history(path: str, rows: int, seed: int = 1, partitions_per_
 
     rng = np.random.default_rng(seed)
     schema = snapshot_arrow_schema()
-    names = list(SCENARIOS)
+    names = list(CLASSIC_SCENARIOS)
     directory = os.path.join(path, f"cluster={cluster}", f"date={start:%Y-%m-%d}")
     os.makedirs(directory, exist_ok=True)
     written, file_no, writer, writer_rows, g = 0, 0, None, 0, 0
@@ -508,3 +787,92 @@ def write_benchmark_history(path: str, rows: int, seed: int = 1, partitions_per_
         if writer is not None:
             writer.close()
     return written
+
+
+# -- scoring: the engine's answers against the labels ------------------------------
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    xs = sorted(values)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def score(labels: list[dict], findings: Iterable[dict], partitions: Iterable[dict] = ()) -> dict[str, Any]:
+    """Compare findings (cluster, group_id, topic, diagnosis, pattern) and
+    partition features (cluster, group_id, topic, partition, time_lag_seconds)
+    with the labels. A (group, topic) is right when its set of diagnoses equals
+    the true set exactly (a miss and an extra both count as wrong)."""
+    import collections
+
+    key = lambda r: (r["cluster"], r["group_id"], r["topic"])  # noqa: E731
+    got, pattern = collections.defaultdict(set), {}
+    for f in findings:
+        got[key(f)].add(f["diagnosis"])
+        pattern[key(f)] = f["pattern"]
+    time_lag = {(*key(p), str(p["partition"])): p["time_lag_seconds"] for p in partitions}
+    hits, totals, false_alarms = collections.Counter(), collections.Counter(), collections.Counter()
+    p_hits, p_totals = collections.Counter(), collections.Counter()
+    by_condition: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    wrong, errors = [], collections.defaultdict(list)
+    confusion: collections.Counter = collections.Counter()  # (true pattern, engine's) when they differ
+    for lab in labels:
+        k, truth = key(lab), set(lab["diagnoses"])
+        right = got[k] == truth
+        cond = by_condition[lab.get("condition", "baseline")]
+        cond["units"] += 1
+        cond["right"] += right
+        for d in truth:
+            totals[d] += 1
+            hits[d] += right
+        for d in got[k] - truth:
+            false_alarms[d] += 1
+        if not right:
+            wrong.append((lab.get("condition"), lab["scenario"], k, sorted(truth), sorted(got[k])))
+        if lab["pattern"] is not None:
+            ok = pattern.get(k) == lab["pattern"]
+            if not ok:
+                confusion[(lab["pattern"], pattern.get(k))] += 1
+            p_totals[lab["pattern"]] += 1
+            p_hits[lab["pattern"]] += ok
+            cond["patterns"] += 1
+            cond["pattern_right"] += ok
+        for p, truth_s in lab.get("true_time_lag_seconds", {}).items():
+            seen = time_lag.get((*k, p))
+            if truth_s <= 0 or seen is None:
+                continue
+            where = "beyond" if lab["beyond_window"][p] else "in"
+            how = "record" if lab.get("record_ts_at_end", {}).get(p) else "interpolated"
+            errors[(where, how)].append(abs(seen - truth_s))
+            cond["tl_" + where] += 1
+    return {"hits": hits, "totals": totals, "false_alarms": false_alarms, "pattern_hits": p_hits,
+            "pattern_totals": p_totals, "by_condition": dict(by_condition), "wrong": wrong,
+            "time_lag_errors": dict(errors), "units": len(labels), "pattern_confusion": confusion}
+
+
+def score_text(result: dict[str, Any]) -> str:
+    """The score as the plain-text tables the bench prints."""
+    from lagdoctor.contracts import DIAGNOSES
+
+    hits, totals = result["hits"], result["totals"]
+    right = sum(c["right"] for c in result["by_condition"].values())
+    lines = [f"causes: {right}/{result['units']} (group, topic) units with exactly the true set = "
+             f"{right / max(result['units'], 1):.4f}",
+             f"  {'diagnosis':20s} {'right':>11s} {'accuracy':>8s}  false alarms"]
+    for d in DIAGNOSES:
+        if totals[d]:
+            lines.append(f"  {d:20s} {hits[d]:5d}/{totals[d]:5d} {hits[d] / totals[d]:8.4f}  {result['false_alarms'][d]}")
+    ph, pt = result["pattern_hits"], result["pattern_totals"]
+    lines.append(f"patterns: {sum(ph.values())}/{sum(pt.values())} = {sum(ph.values()) / max(sum(pt.values()), 1):.4f}")
+    for p in sorted(pt):
+        lines.append(f"  {p:20s} {ph[p]:5d}/{pt[p]:5d} {ph[p] / pt[p]:8.4f}")
+    lines.append(f"  {'condition':18s} {'units':>5s} {'causes':>7s} {'patterns':>8s}")
+    for name, c in result["by_condition"].items():
+        pat = f"{c['pattern_right'] / c['patterns']:8.4f}" if c["patterns"] else f"{'-':>8s}"
+        lines.append(f"  {name:18s} {c['units']:5d} {c['right'] / c['units']:7.4f} {pat}")
+    lines.append("time-lag error |job - truth| (s), lagging partitions:")
+    for (where, how), errs in sorted(result["time_lag_errors"].items()):
+        lines.append(f"  {where + ' window':14s} {how:12s} n={len(errs):5d}  median {_quantile(errs, 0.5):9.2f}"
+                     f"  p90 {_quantile(errs, 0.9):9.2f}")
+    return "\n".join(lines)

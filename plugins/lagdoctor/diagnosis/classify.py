@@ -17,10 +17,10 @@ every rule that holds yields a finding, none -> one `healthy` finding:
                          imbalance_share of the lag is at most                    stalled partitions belong to 3;
                          imbalance_max_partition_fraction of them and has a       a draining one is recovering
                          partition that is not stalled and still falls behind     (an absorbed burst)
-                         (late consume < (1 - slow_rate_slack) x late produce);
-                         lag >= warning_lag
+                         (late consume < (1 - imbalance_behind_slack) x late
+                         produce); not 13; lag >= warning_lag
  5  producer_surge       not 1, 2; late produce rate >= surge_ratio x early;      consumers outpaced by new load
-                         lag growing and >= warning_lag
+                         lag growing and >= warning_lag; neither 11 nor 12
  6  slow_consumer        not 1, 2, 4, 5; produce steady; most non-stalled         capacity below a steady load
                          partitions consume below produce; lag climbs steadily
                          (growing, R^2 >= steady_r2) and >= warning_lag
@@ -52,7 +52,33 @@ is the problem):
                                                                                   above a new log's end is lag 0
                                                                                   by contract 1, not health
 
-11 data loss ahead      retention will delete records the group has not read     critical: waiting for the lag to
+Cases that sharpen the causes (issue 10; each measured by bench/accuracy_bench.py):
+
+ #  case                 holds when                                              so
+11  hot key              the produce rate rose (late >= surge_partition_ratio x  a rise on a few partitions is
+                         early) on at most surge_partition_fraction of the       partition_imbalance (4), never
+                         partitions with traffic                                 producer_surge: scaling consumers
+                                                                                 does not help a hot key
+12  diurnal traffic      consumers fell behind already in the first third        a rate swinging 3x in the window
+                         (early consume < surge_keepup_ratio x early produce),   is not a surge: a slow consumer
+                         or they keep up in the last third (late consume >=      stays 6, a group that keeps up
+                         (1 - slow_rate_slack) x late produce)                   stays healthy (5 needs neither)
+13  uneven slow          the partitions outside the hot set are mostly slow      lag unevenly spread over slow
+                         too (slow >= slow_partition_fraction of them), or the   partitions is 6, not 4; a partition
+                         hot partition consumes >= (1 - imbalance_behind_slack)  a loop's pauses left behind drains
+                         x its late produce                                      near its load: 2 only, not 4
+14  sweep cadence        3 samples 10 s apart every 5 minutes: rebalances show   2 still holds: owner ids change
+                         as owner-id changes between sweeps, rarely as a state   between sweeps; the pattern of
+                                                                                 steps blurs into steady_climb
+15  early third unknown  no two snapshots in the first third (5-minute cadence   early rates are null, not 0: no
+                         with a missed sweep)                                    surge from "0 -> N msg/s"
+16  mixed causes         rules hold independently (stalled partitions and a      one finding per rule that holds
+                         rebalance loop; a slow owner and a loop)                (the truth is a set)
+
+A forecast that changes severity (forecast.py):
+
+ #  case                 holds when                                              so
+17 data loss ahead      retention will delete records the group has not read     critical: waiting for the lag to
                          within the window's length (forecast.py: the log start   clear loses data; the estimate is
                          outruns consumption, or the time lag meets retention.ms) in evidence.data_loss, with
                                                                                   evidence.catch_up beside it
@@ -116,8 +142,15 @@ def partition_rollup(partition_feats, thresholds: Thresholds = Thresholds()):
         }
     )
     # a hot partition that is draining (late consume above late produce) is recovering, not a problem
-    behind = ~F.col("stalled") & (F.col("late_consume_rate") < (1.0 - th.slow_rate_slack) * F.col("late_produce_rate"))
+    behind = ~F.col("stalled") & (
+        F.col("late_consume_rate") < (1.0 - th.imbalance_behind_slack) * F.col("late_produce_rate")
+    )
     focus = F.struct(*[F.col(c) for c in _FOCUS_FIELDS], F.col("lag_share"))
+    # this partition's own load rose (rule 5: a surge is topic-wide, a few is a hot key)
+    rose = F.when(
+        F.col("early_produce_rate") > 0,
+        F.col("late_produce_rate") >= th.surge_partition_ratio * F.col("early_produce_rate"),
+    ).when(F.col("early_produce_rate") == 0, F.col("late_produce_rate") > 0)
     # max_by over (lag, -partition): the worst partition, ties to the lowest number
     order = F.struct(F.col("lag_end"), -F.col("partition"))
     return p.groupBy(*GROUP_KEY).agg(
@@ -125,6 +158,15 @@ def partition_rollup(partition_feats, thresholds: Thresholds = Thresholds()):
         F.sum("lag_end").alias("partition_lag_sum"),
         F.sum("produce_rate").alias("produce_rate"),
         F.sum("consume_rate").alias("consume_rate"),
+        F.sum("early_produce_rate").alias("early_produce_sum"),
+        F.sum("early_consume_rate").alias("early_consume_sum"),
+        F.sum("late_produce_rate").alias("late_produce_sum"),
+        F.sum("late_consume_rate").alias("late_consume_sum"),
+        F.count(F.when((F.col("early_produce_rate") > 0) | (F.col("late_produce_rate") > 0), 1)).alias(
+            "busy_count"
+        ),
+        F.count(F.when(F.col("slow") & ~F.col("in_hot"), 1)).alias("slow_outside_hot"),
+        F.count(F.when(rose, 1)).alias("surging_count"),
         F.max("time_lag_seconds").alias("max_time_lag_seconds"),
         F.count(F.when(F.col("stalled"), 1)).alias("stalled_count"),
         F.array_sort(F.collect_list(F.when(F.col("stalled"), F.col("partition")))).alias("stalled_partitions"),
@@ -285,9 +327,16 @@ def findings(
         & (c("partition_count") >= 2)
         & (c("hot_count") <= max_hot)
         & (F.size("hot_partitions") >= 1)
+        # the others keep up: most of them are not slow (else it is 6, with uneven lag)
+        & (c("slow_outside_hot") < th.slow_partition_fraction * (c("partition_count") - c("hot_count")))
         & (lag >= th.warning_lag)
     )
-    surge = ~crashed & ~loop & surging & growing & (lag >= th.warning_lag)
+    widespread = c("surging_count") > th.surge_partition_fraction * c("busy_count")
+    kept_up_before = c("early_consume_sum") >= th.surge_keepup_ratio * c("early_produce_sum")
+    outpaced = c("late_consume_sum") < (1.0 - th.slow_rate_slack) * c("late_produce_sum")
+    surge = (
+        ~crashed & ~loop & surging & widespread & kept_up_before & outpaced & growing & (lag >= th.warning_lag)
+    )
     slow = (
         ~crashed
         & ~loop
@@ -456,7 +505,7 @@ def findings(
     reset_parts = F.coalesce(c("offset_reset_partitions"), F.array().cast("array<int>"))
     doubtful = ~c("data_complete") | (F.size(reset_parts) > 0)  # rules 7 and 10
     level = F.when((c("finding.diagnosis") == "healthy") & ~doubtful, F.lit(0)).otherwise(F.greatest(level, F.lit(1)))
-    # unread data deleted within the window's length: critical, whatever the cause (case 11)
+    # unread data deleted within the window's length: critical, whatever the cause (case 17)
     level = F.when(forecast.loses_data_within(c("window_seconds")), F.lit(2)).otherwise(level)
     catch_up, data_loss = forecast.evidence_columns()
     severity = F.element_at(F.array(F.lit("ok"), F.lit("warning"), F.lit("critical")), level + 1)

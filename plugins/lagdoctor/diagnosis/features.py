@@ -50,7 +50,8 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
 
     Columns: the key, snapshots, t_first/t_last (epoch s), lag_start, lag_end,
     committed_end, log_end_offset_end, log_start_offset_end, produce_rate,
-    consume_rate, late_produce_rate, late_consume_rate, member_id, client_id,
+    consume_rate, late_produce_rate, late_consume_rate, early_produce_rate,
+    early_consume_rate (first third), member_id, client_id,
     host (owner at the end), time_lag_seconds, time_lag_lower_bound,
     time_lag_source, committed_record (the record at the committed offset at
     the last snapshot, when the collector read it), retention_ms,
@@ -190,6 +191,12 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         F.sum(F.when(F.col("late"), F.col("dleo"))).alias("late_produced"),
         F.sum(F.when(F.col("late"), F.col("dcom"))).alias("late_consumed"),
         F.sum(F.when(F.col("late"), F.col("dt"))).alias("late_seconds"),
+        # the first third's rates: did this partition's load rise, did its consumer keep up before
+        # (null when no two snapshots fall in it: unknown, not 0)
+        _ratio(F.sum(F.when(F.col("x") <= 1.0 / 3.0, F.col("dleo"))),
+               F.sum(F.when(F.col("x") <= 1.0 / 3.0, F.col("dt")))).alias("early_produce_rate"),
+        _ratio(F.sum(F.when(F.col("x") <= 1.0 / 3.0, F.col("dcom"))),
+               F.sum(F.when(F.col("x") <= 1.0 / 3.0, F.col("dt")))).alias("early_consume_rate"),
         F.count(F.when(F.col("late") & (F.col("dcom") > 0), 1)).alias("late_advances"),
         F.min(F.when(at_end, F.col("t"))).alias("last_adv_t"),
         F.greatest(F.count(F.when(at_end, 1)) - 1, F.lit(0)).alias("frozen_snapshots"),
@@ -322,8 +329,7 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
 
     Shape statistics work on y = total_lag / scale, where scale is the
     window's max lag but at least `pattern_min_lag` and `pattern_min_seconds`
-    of production, capped at `warning_lag` (below that the shape is noise),
-    and x = time in [0, 1].
+    of production (below that the shape is noise), and x = time in [0, 1].
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -350,10 +356,9 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
     )
     span = F.col("s_last") - F.col("s_first")
     rate_all = F.coalesce(_ratio(F.col("leo_last_all") - F.col("leo_first_all"), span), F.lit(0.0))
-    # A lag big enough to warn about always has a shape, whatever the rate.
-    floor = F.greatest(
-        F.lit(float(th.pattern_min_lag)), F.least(rate_all * th.pattern_min_seconds, F.lit(float(th.warning_lag)))
-    )
+    # A lag that stays under pattern_min_seconds of production is noise at any
+    # rate (a busy topic's healthy lag is seconds of production, not a shape).
+    floor = F.greatest(F.lit(float(th.pattern_min_lag)), rate_all * th.pattern_min_seconds)
     s = s.withColumns(
         {
             "x": F.coalesce(_ratio(F.col("t") - F.col("s_first"), span), F.lit(0.0)),
@@ -369,11 +374,13 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
         }
     )
     s = s.withColumn("dy", F.col("y") - F.lag("y").over(w))
-    # rank of each rise among the group's diffs: what share of the total rise
-    # do the largest quarter of the steps carry (staircase: nearly all of it)
-    by_dy = Window.partitionBy(*GROUP_KEY).orderBy(F.col("dy").desc_nulls_last())
-    s = s.withColumns(
-        {"dy_rank": F.row_number().over(by_dy), "n_dy": F.count("dy").over(Window.partitionBy(*GROUP_KEY))}
+    # the diffs from the fastest rise down: what share of the total rise happens
+    # in the fastest quarter of the window's time (staircase: nearly all of it).
+    # Time, not a count of diffs: at the sweep's cadence (3 samples 10 s apart
+    # every 5 minutes) two diffs in three are 10 s long and carry little.
+    by_rate = Window.partitionBy(*GROUP_KEY).orderBy(_ratio(F.col("dy"), F.col("dt")).desc_nulls_last())
+    s = s.withColumn(
+        "dt_before", F.coalesce(F.sum("dt").over(by_rate.rowsBetween(Window.unboundedPreceding, -1)), F.lit(0.0))
     )
     up = F.greatest(F.col("dy"), F.lit(0.0))
     down = F.greatest(-F.col("dy"), F.lit(0.0))
@@ -418,7 +425,7 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
         F.sum(up * up).alias("up_sq"),
         F.sum(down * down).alias("down_sq"),
         F.count("dy").alias("diffs"),
-        F.sum(F.when(F.col("dy_rank") <= F.ceil(F.col("n_dy") / 4.0), up)).alias("top_quarter_up"),
+        F.sum(F.when(F.col("dt_before") < 0.25 * (F.col("s_last") - F.col("s_first")), up)).alias("top_quarter_up"),
         F.count(F.when(F.col("dy") < -0.3, 1)).alias("sharp_drops"),
         F.count(F.when(F.col("dy") > 0.3, 1)).alias("sharp_rises"),
     )

@@ -5,15 +5,17 @@ Read from the normalized series y = lag / scale in [0, 1] over x = time in
 thirds of the window and y_early etc. their mean. The rules, first match wins:
 
  #  pattern         rule                                                     why
- 1  flat            max lag below the noise floor, or y moves < 0.25         small or steady lag has no shape
+ 1  flat            max lag below the noise floor (pattern_min_seconds of    small or steady lag has no shape
+                    production, at least pattern_min_lag), or y moves < 0.25
  2  sawtooth        >= 2 sharp drops (> 0.3 in one step), rises spread out    batch commits: slow build, instant reset
  3  spiky           lag low (y < 0.25) >= 60% of the time, falls >= 0.5       bursts that come and go
  4  roller_coaster  falls >= 0.5 in total otherwise                          big waves, down and up again
  5  explosion       net rise >= 0.3, late-third rise > 2.5x early-third rise  accelerating growth
  6  plateau         net rise, the late third is flat (range < 0.15, rise       climbed, then stopped growing
                     < 1/2 of the early rise) near the top (>= 0.8)
- 7  staircase       net rise, the largest quarter of the steps carry >= 65%   lag added in steps, flat between
-                    of the rise
+ 7  staircase       net rise, the fastest-rising quarter of the window's     lag added in steps, flat between
+                    time carries >= 58% of the rise (a ramp: ~30%; steps      (time, not a count of diffs, so
+                    sampled every 5 minutes blur into a ramp)                 bursts of samples do not skew it)
  8  steady_climb    net rise >= 0.3 otherwise                                 a ramp
  9  flat            anything else                                            moves without direction
 """
@@ -43,7 +45,7 @@ def pattern_column(thresholds: Thresholds = Thresholds()):
             rising & (c("y_late_range") < 0.15) & (late_rise < 0.5 * early_rise) & (c("y_late") >= 0.8),
             F.lit("plateau"),
         )
-        .when(rising & (c("top_quarter_rise_share") >= 0.65), F.lit("staircase"))
+        .when(rising & (c("top_quarter_rise_share") >= 0.58), F.lit("staircase"))
         .when(rising, F.lit("steady_climb"))
         .otherwise(F.lit("flat"))
     )

@@ -24,9 +24,19 @@ class Thresholds:
     # `imbalance_share` of the lag must be at most this fraction of them.
     imbalance_share: float = 0.8
     imbalance_max_partition_fraction: float = 0.34
+    # ... and a hot partition falls clearly behind: late consume below
+    # (1 - imbalance_behind_slack) x late produce (a partition a rebalance loop's
+    # pauses left behind drains at close to its load, one that cannot keep up does not).
+    imbalance_behind_slack: float = 0.15
 
-    # producer_surge: late-window produce rate over early-window rate.
-    surge_ratio: float = 2.0
+    # producer_surge: late-window produce rate over early-window rate, topic-wide;
+    # and on at least `surge_partition_fraction` of the partitions with traffic
+    # by at least `surge_partition_ratio` (fewer is a hot key: partition_imbalance).
+    # Consumers kept up before it (early consume >= surge_keepup_ratio x early produce).
+    surge_ratio: float = 1.5
+    surge_partition_ratio: float = 1.5
+    surge_partition_fraction: float = 0.5
+    surge_keepup_ratio: float = 0.9
 
     # slow_consumer: share of partitions consuming below their produce rate,
     # and how far below counts (consume < (1 - slack) * produce).
@@ -47,8 +57,9 @@ class Thresholds:
     # rebalance_loop: rebalances (leaving STABLE, or owners changing) in the window.
     rebalance_loop_min: int = 3
 
-    # Pattern: below this lag, or below this many seconds of production (but
-    # never above warning_lag), the shape is noise and reads as flat.
+    # Pattern: below this lag, or below this many seconds of production, the
+    # shape is noise and reads as flat (a busy topic's healthy lag is seconds
+    # of production, however many messages that is).
     pattern_min_lag: int = 100
     pattern_min_seconds: float = 60.0
 
