@@ -57,21 +57,28 @@ def default_job_script() -> str:
 def build_package_zip(dest_dir: str | os.PathLike | None = None) -> str:
     """Zip the installed `lagdoctor` package for `--py-files`; returns the zip's path.
 
-    Rebuilt only when a source file is newer than the zip.
+    Its name carries a fingerprint of the package's location and files (path,
+    size, mtime), so two checkouts never share a zip, and a changed, added or
+    removed file gives a new one.
     """
+    import hashlib
+
     import lagdoctor
 
     pkg = _package_dir()
     dest = Path(dest_dir) if dest_dir else Path(tempfile.gettempdir()) / "lagdoctor-spark"
     dest.mkdir(parents=True, exist_ok=True)
-    target = dest / f"lagdoctor-{lagdoctor.__version__}.zip"
-    sources = [p for p in pkg.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
-    newest = max((p.stat().st_mtime for p in sources), default=0)
-    if target.exists() and target.stat().st_mtime >= newest:
+    sources = sorted(p for p in pkg.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+    fingerprint = hashlib.sha256(str(pkg.resolve()).encode())
+    for p in sources:
+        st = p.stat()
+        fingerprint.update(f"\0{p.relative_to(pkg)}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+    target = dest / f"lagdoctor-{lagdoctor.__version__}-{fingerprint.hexdigest()[:12]}.zip"
+    if target.exists():
         return str(target)
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")  # concurrent builders
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
-        for path in sorted(sources):
+        for path in sources:
             zf.write(path, Path("lagdoctor") / path.relative_to(pkg))
     os.replace(tmp, target)
     return str(target)
