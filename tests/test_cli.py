@@ -101,6 +101,25 @@ def test_snapshot_samples_write_one_file_each(kafka_bootstrap, unique, tmp_path)
 
 
 @pytest.mark.broker
+def test_snapshot_reads_the_committed_record_unless_told_not_to(kafka_bootstrap, unique, tmp_path):
+    topic, group = unique("cli"), unique("cli-group")
+    create_topic(kafka_bootstrap, topic, 1)
+    produce_counts(kafka_bootstrap, topic, {0: 6})
+    commit_offsets(kafka_bootstrap, group, topic, {0: 1})
+    common = ("snapshot", "--bootstrap-servers", kafka_bootstrap, "--cluster", "prod", "--groups", re.escape(group))
+    assert run(*common, "--output", str(tmp_path / "on")).returncode == 0
+    assert run(*common, "--output", str(tmp_path / "off"), "--record-partitions", "0").returncode == 0
+    on, off = read_snapshots(str(tmp_path / "on")).to_pylist(), read_snapshots(str(tmp_path / "off")).to_pylist()
+    assert on[0]["committed_record_offset"] == 1 and on[0]["committed_record_ts"] is not None
+    assert off[0]["committed_record_offset"] is None and off[0]["committed_record_ts"] is None
+
+    bad = run(*common, "--output", str(tmp_path / "bad"), env={"LAGDOCTOR_RECORD_PARTITIONS": "three"})
+    assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].endswith(
+        "LAGDOCTOR_RECORD_PARTITIONS must be a number, not 'three'")
+    assert not (tmp_path / "bad").exists()  # nothing half-written
+
+
+@pytest.mark.broker
 def test_describe_prints_the_kafka_consumer_groups_table(kafka_bootstrap, unique):
     topic, group = unique("desc"), unique("desc-group")
     create_topic(kafka_bootstrap, topic, 3)

@@ -72,12 +72,17 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         raise CommandError("--samples must be at least 1")
     if args.interval_seconds < 0:
         raise CommandError("--interval-seconds must not be negative")
-    output = args.output or Settings.from_env().snapshots_root
+    if args.record_partitions is not None and args.record_partitions < 0:
+        raise CommandError("--record-partitions must not be negative")
+    settings = Settings.from_env()
+    output = args.output or settings.snapshots_root
+    record_partitions = settings.record_partitions if args.record_partitions is None else args.record_partitions
     bootstrap, admin = _admin(args)
     for sample in range(args.samples):
         started = time.monotonic()
         now = datetime.now(timezone.utc)
-        table = collect_snapshot(admin, args.cluster, args.groups, now, bootstrap=bootstrap)
+        table = collect_snapshot(admin, args.cluster, args.groups, now, bootstrap=bootstrap,
+                                 record_partitions=record_partitions, record_budget_s=settings.record_budget_s)
         path = write_snapshot(table, output, args.cluster, now)
         groups = len(set(table.column("group_id").to_pylist()))
         failed = sum(1 for e in table.column("read_error").to_pylist() if e)
@@ -197,6 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only groups whose id matches this regex in full (default: all)")
     p.add_argument("--samples", type=int, default=1, metavar="N")
     p.add_argument("--interval-seconds", type=float, default=5.0, metavar="S")
+    p.add_argument("--record-partitions", type=int, default=None, metavar="K",
+                   help="read the record at the committed offset (its timestamp: exact time lag) of the K most "
+                        "lagging partitions of each group and topic; 0: none (default: "
+                        "$LAGDOCTOR_RECORD_PARTITIONS, else 3)")
     p.set_defaults(func=cmd_snapshot)
 
     p = sub.add_parser("describe", help="print a group like kafka-consumer-groups.sh --describe")

@@ -308,7 +308,9 @@ def take_snapshots(
             time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
         started = time.monotonic()
         now = datetime.now(timezone.utc)
-        table = collect_snapshot(admin, conn_id, group_pattern, now, bootstrap=bootstrap)
+        table = collect_snapshot(admin, conn_id, group_pattern, now, bootstrap=bootstrap,
+                                 record_partitions=settings.record_partitions,
+                                 record_budget_s=settings.record_budget_s)
         if topic:
             # A group whose topics could not be read (topic "") may be on this topic: keep it.
             unknown = pc.and_(pc.equal(table["topic"], GROUP_ROW_TOPIC),

@@ -29,15 +29,37 @@ def join(root: str, *parts: str) -> str:
     return "/".join([root.rstrip("/"), *(p.strip("/") for p in parts)])
 
 
+def _env_number(env, name: str, kind, default, minimum):
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, not {raw!r}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, not {raw!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     data_root: str = field(default_factory=_default_data_root)
+    # The record at the committed offset is read for this many most lagging
+    # partitions of each (group, topic) per snapshot (0: never), within this
+    # many seconds (lagdoctor.collector).
+    record_partitions: int = 3
+    record_budget_s: float = 10.0
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "Settings":
         env = os.environ if environ is None else environ
         root = env.get("LAGDOCTOR_DATA_ROOT") or _default_data_root()
-        return cls(data_root=root)
+        return cls(
+            data_root=root,
+            record_partitions=_env_number(env, "LAGDOCTOR_RECORD_PARTITIONS", int, cls.record_partitions, 0),
+            record_budget_s=_env_number(env, "LAGDOCTOR_RECORD_BUDGET_SECONDS", float, cls.record_budget_s, 0),
+        )
 
     @property
     def snapshots_root(self) -> str:
