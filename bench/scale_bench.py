@@ -119,7 +119,14 @@ def measure_snapshot(bootstrap: str, repeat: int, profile: bool, extra: dict) ->
     admin.poll(0.3)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     timings, requests, rows, read_errors = [], [], 0, 0
+    without_records, records_read, record_errors = [], 0, 0
     for _ in range(repeat):
+        # the same snapshot without the record fetch, interleaved: what the fetch adds
+        t = time.perf_counter()
+        collect_snapshot(admin, "bench", f"{GROUP_PREFIX}.*", datetime.now(timezone.utc), timeout_s=60,
+                         bootstrap=bootstrap, record_partitions=0, **extra)
+        without_records.append(time.perf_counter() - t)
+        admin.poll(0.3)
         before = counter.tx
         t = time.perf_counter()
         table = collect_snapshot(admin, "bench", f"{GROUP_PREFIX}.*", datetime.now(timezone.utc),
@@ -129,6 +136,8 @@ def measure_snapshot(bootstrap: str, repeat: int, profile: bool, extra: dict) ->
         requests.append(counter.tx - before)
         rows = table.num_rows
         read_errors = table.num_rows - table.column("read_error").null_count
+        records_read = table.num_rows - table.column("committed_record_offset").null_count
+        record_errors = table.num_rows - table.column("committed_record_error").null_count
         del table
     if profile:
         import cProfile
@@ -141,6 +150,7 @@ def measure_snapshot(bootstrap: str, repeat: int, profile: bool, extra: dict) ->
         prof.disable()
         pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(30)
     return {"timings": timings, "requests": requests, "rows": rows, "read_errors": read_errors,
+            "without_records": without_records, "records_read": records_read, "record_errors": record_errors,
             "rss_before": rss_before, "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
@@ -250,7 +260,13 @@ def print_table(args, snap: dict | None, diag: dict | None) -> None:
         print(f"| setup (topics, produce, commits) | {snap['setup_s']:.1f} s | - |")
         print(f"| snapshot, median of {len(t)} (min / max) | {statistics.median(t):.2f} s "
               f"({min(t):.2f} / {max(t):.2f}) | <= {SNAPSHOT_TARGET_S:.0f} s |")
-        print(f"| snapshot rows / broker requests | {snap['rows']:,} / {statistics.median(snap['requests']):.0f} | - |")
+        w = snap["without_records"]
+        print(f"| same snapshot without the record fetch (record_partitions=0) | {statistics.median(w):.2f} s "
+              f"({min(w):.2f} / {max(w):.2f}) | - |")
+        print(f"| records read at committed offsets / not read | {snap['records_read']:,} / "
+              f"{snap['record_errors']:,} | - |")
+        print(f"| snapshot rows / admin requests (the record consumer's fetches not counted) | "
+              f"{snap['rows']:,} / {statistics.median(snap['requests']):.0f} | - |")
         print(f"| snapshot peak RSS (collector process) | {snap['rss_peak'] / 2**20:.0f} MiB | - |")
         print(f"| broker RSS (Tansu, in memory) | {snap['broker_rss'] / 2**20:.0f} MiB | - |")
     if diag:

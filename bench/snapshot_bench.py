@@ -1,10 +1,13 @@
 """Snapshot collection cost: N groups x P partitions on the embedded broker.
 
-Each group commits offsets on its own topic of P partitions, so one snapshot
-has N*P rows. Prints seconds per snapshot and the broker requests sent,
-counted by librdkafka itself (statistics `tx` per broker).
+Each group commits offsets below --records records on its own topic of P
+partitions, so one snapshot has N*P rows, every group lags, and the snapshot
+reads the record at the committed offset of each group's 3 most lagging
+partitions (issue 10). Prints seconds per snapshot with and without that
+fetch, and the admin requests sent, counted by librdkafka itself (statistics
+`tx` per broker).
 
-    python bench/snapshot_bench.py [--groups 500] [--partitions 20] [--repeat 3] [--max-in-flight N]
+    python bench/snapshot_bench.py [--groups 500] [--partitions 20] [--records 3] [--repeat 3] [--max-in-flight N]
 
 Target (issue #2): <= 5 s for 500 x 20 on the 2-core reference machine.
 bench/scale_bench.py measures 10,000 groups x 20 partitions (issue 9).
@@ -21,11 +24,11 @@ import time
 from datetime import datetime, timezone
 
 
-def setup(bootstrap: str, groups: int, partitions: int) -> None:
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+def setup(bootstrap: str, groups: int, partitions: int, records: int = 0) -> None:
+    from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
     from confluent_kafka.admin import NewTopic
 
-    from lagdoctor.kafka_clients import admin_client
+    from lagdoctor.kafka_clients import admin_client, client_config
 
     admin = admin_client(bootstrap)
     topics = [f"bench-topic-{g:04d}" for g in range(groups)]
@@ -33,10 +36,20 @@ def setup(bootstrap: str, groups: int, partitions: int) -> None:
         futures = admin.create_topics([NewTopic(t, partitions, 1) for t in topics[start:start + 100]])
         for _, fut in futures.items():
             fut.result()
+    if records:
+        # lag on every partition, so the snapshot reads the record at each group's 3 most lagging
+        producer = Producer(client_config(bootstrap, {"linger.ms": 50}))
+        for topic in topics:
+            for p in range(partitions):
+                for _ in range(records):
+                    producer.produce(topic, b"x", partition=p)
+            producer.poll(0)
+        if producer.flush(120):
+            raise RuntimeError("producing the bench records did not finish in 120 s")
     # Commits through the AdminClient, 200 groups in flight: a consumer per group took 25 s for 500.
     pending = []
     for g, topic in enumerate(topics):
-        request = ConsumerGroupTopicPartitions(f"bench-group-{g:04d}", [TopicPartition(topic, p, 0)
+        request = ConsumerGroupTopicPartitions(f"bench-group-{g:04d}", [TopicPartition(topic, p, p % (records + 1))
                                                                       for p in range(partitions)])
         pending.extend(admin.alter_consumer_group_offsets([request], request_timeout=60).values())
         if len(pending) >= 200 or g == groups - 1:
@@ -61,6 +74,8 @@ def main() -> int:
     parser.add_argument("--groups", type=int, default=500)
     parser.add_argument("--partitions", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--records", type=int, default=3,
+                        help="records per partition; groups commit below them, so every group lags")
     parser.add_argument("--max-in-flight", type=int, default=None,
                         help="collect_snapshot's max_in_flight (default: the collector's)")
     args = parser.parse_args()
@@ -72,14 +87,20 @@ def main() -> int:
 
     with EmbeddedBroker() as broker:
         t = time.monotonic()
-        setup(broker.bootstrap, args.groups, args.partitions)
+        setup(broker.bootstrap, args.groups, args.partitions, args.records)
         print(f"setup: {args.groups} groups x {args.partitions} partitions in {time.monotonic() - t:.1f}s", flush=True)
         counter = RequestCounter()
         admin = admin_client(broker.bootstrap, {"stats_cb": counter, "statistics.interval.ms": 100})
         admin.poll(0.3)
-        timings, requests, rows = [], [], 0
+        timings, requests, rows, without, records_read = [], [], 0, [], 0
         extra = {"max_in_flight": args.max_in_flight} if args.max_in_flight else {}
         for _ in range(args.repeat):
+            # the same snapshot without the record fetch, interleaved: what the fetch adds
+            t = time.monotonic()
+            collect_snapshot(admin, "bench", "bench-group-.*", datetime.now(timezone.utc), timeout_s=60,
+                             record_partitions=0, **extra)
+            without.append(time.monotonic() - t)
+            admin.poll(0.3)
             before = counter.tx
             t = time.monotonic()
             table = collect_snapshot(admin, "bench", "bench-group-.*", datetime.now(timezone.utc), timeout_s=60,
@@ -88,12 +109,15 @@ def main() -> int:
             admin.poll(0.3)  # let the statistics callback report the requests just sent
             requests.append(counter.tx - before)
             rows = table.num_rows
+            records_read = table.num_rows - table.column("committed_record_offset").null_count
     expected = args.groups * args.partitions
     print(f"rows per snapshot: {rows} (expected {expected})")
     print(f"seconds per snapshot: median {statistics.median(timings):.2f}, "
           f"min {min(timings):.2f}, max {max(timings):.2f} over {args.repeat} runs")
-    print(f"broker requests per snapshot: {statistics.median(requests):.0f} "
-          f"({args.groups} groups, {expected} partitions)")
+    print(f"without the record fetch: median {statistics.median(without):.2f}, min {min(without):.2f}, "
+          f"max {max(without):.2f}; records read at committed offsets: {records_read}")
+    print(f"admin requests per snapshot: {statistics.median(requests):.0f} "
+          f"({args.groups} groups, {expected} partitions; the record consumer's fetches not counted)")
     return 0 if rows == expected else 1
 
 

@@ -54,3 +54,13 @@ def test_no_position_read_after_the_budget(kafka_bootstrap, records_topic):
 def test_a_group_without_a_commit_is_not_read(kafka_bootstrap, records_topic):
     found, errors = read_records_at(client_config(kafka_bootstrap), {(records_topic, 0): None})
     assert found == {} and errors == {(records_topic, 0): "no committed offset"}
+
+
+def test_assignments_keep_the_most_important_positions_first():
+    from lagdoctor.records import rounds_of
+
+    wanted = [("a", 0, 10), ("a", 0, 20), ("b", 1, 5), ("a", 1, 7), ("a", 0, 10), ("c", 0, 1)]
+    rounds = rounds_of(wanted, batch=2)
+    # one offset per partition per assignment, at most 2 partitions each, in the order given;
+    # the repeated ("a", 0, 10) is read once
+    assert rounds == [{("a", 0): 10, ("b", 1): 5}, {("a", 0): 20, ("a", 1): 7}, {("c", 0): 1}]

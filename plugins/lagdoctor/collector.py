@@ -540,12 +540,13 @@ def _config_int(entry: Any) -> int | None:
         return None
 
 
-def record_positions(views, rows_of, ends, offset_errors, per_topic: int) -> set[tuple[str, int, int]]:
+def record_positions(views, rows_of, ends, offset_errors, per_topic: int) -> list[tuple[str, int, int]]:
     """(topic, partition, committed offset) of the `per_topic` most lagging partitions
-    of each (group, topic) whose offsets were read and that have lag."""
-    wanted: set[tuple[str, int, int]] = set()
+    of each (group, topic) whose offsets were read and that have lag, the most
+    lagging first (what a record budget that runs out still reads)."""
     if per_topic <= 0:
-        return wanted
+        return []
+    chosen: dict[tuple[str, int, int], int] = {}
     for view in views:
         read = view.commits
         if read.error:
@@ -559,9 +560,10 @@ def record_positions(views, rows_of, ends, offset_errors, per_topic: int) -> set
                     continue
                 if end > committed >= 0:
                     lagging.append((end - committed, -p, committed))
-            for _, neg_p, committed in sorted(lagging, reverse=True)[:per_topic]:
-                wanted.add((topic, -neg_p, committed))
-    return wanted
+            for lag, neg_p, committed in sorted(lagging, reverse=True)[:per_topic]:
+                position = (topic, -neg_p, committed)
+                chosen[position] = max(lag, chosen.get(position, 0))
+    return sorted(chosen, key=lambda pos: (-chosen[pos], pos))
 
 
 def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, leader_of, starts, ends,

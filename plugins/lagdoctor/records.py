@@ -35,6 +35,10 @@ Position = tuple[str, int]
 
 # librdkafka's per-partition fetch size: a record's first batch always comes back whole.
 DEFAULT_MAX_BYTES = 64 * 1024
+# Partitions per assignment: one consumer's cost grows faster than its assignment
+# (20,000 partitions at once took 15 s on the embedded broker, in assignments of
+# 500 2.3 s), and small assignments let the most important positions go first.
+ASSIGN_BATCH = 500
 
 
 @dataclass(frozen=True)
@@ -97,19 +101,29 @@ def read_records_at(
     return {(t, p): meta for (t, p, _), meta in found.items()}, errors
 
 
-def rounds_of(wanted: Iterable[Wanted]) -> list[dict[Position, int]]:
-    """Split (topic, partition, offset) into assignments: one assignment holds one
-    offset per partition, so groups at different offsets of a shared partition take
-    one round each (the first round holds the most partitions)."""
-    offsets: dict[Position, list[int]] = {}
-    for t, p, off in sorted(set(wanted)):
-        offsets.setdefault((t, p), []).append(off)
+def rounds_of(wanted: Iterable[Wanted], batch: int = ASSIGN_BATCH) -> list[dict[Position, int]]:
+    """Split (topic, partition, offset), in the caller's order of importance, into
+    assignments of at most `batch` partitions. One assignment holds one offset per
+    partition, so groups at different offsets of a shared partition land in
+    different assignments; earlier positions land in earlier ones, so a budget
+    that runs out leaves the last (least important) unread."""
     rounds: list[dict[Position, int]] = []
-    for pos, offs in offsets.items():
-        for i, off in enumerate(offs):
-            if i == len(rounds):
-                rounds.append({})
-            rounds[i][pos] = off
+    next_for: dict[Position, int] = {}  # the first assignment a partition may still join
+    first_open = 0
+    seen: set[Wanted] = set()
+    for t, p, off in wanted:
+        if (t, p, off) in seen:
+            continue
+        seen.add((t, p, off))
+        while first_open < len(rounds) and len(rounds[first_open]) >= batch:
+            first_open += 1
+        i = max(first_open, next_for.get((t, p), 0))
+        while i < len(rounds) and len(rounds[i]) >= batch:
+            i += 1
+        if i == len(rounds):
+            rounds.append({})
+        rounds[i][(t, p)] = off
+        next_for[(t, p)] = i + 1
     return rounds
 
 
@@ -122,8 +136,9 @@ def read_records(
 ) -> tuple[dict[Wanted, RecordMeta], dict[Wanted, str]]:
     """({(topic, partition, offset): the record there}, {(topic, partition, offset): why not}).
 
-    One consumer for every round (see rounds_of); the budget covers them all.
-    Every wanted position ends up in exactly one dict.
+    One consumer for every assignment (see rounds_of), the most important
+    positions (first in `wanted`) first; the budget covers them all. Every
+    wanted position ends up in exactly one dict.
     """
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
@@ -132,7 +147,7 @@ def read_records(
     errors: dict[Wanted, str] = {}
     if not rounds:
         return found, errors
-    consumer = Consumer({
+    settings = {
         **{k: v for k, v in config.items() if k not in ("error_cb",)},
         # Required by the consumer API; assign() never joins it and nothing is committed.
         "group.id": "lagdoctor-record-reader",
@@ -143,15 +158,18 @@ def read_records(
         "auto.offset.reset": "error",  # a deleted position is named, not silently moved
         "max.partition.fetch.bytes": max(1, int(max_bytes)),
         "fetch.wait.max.ms": 100,
-    })
+    }
     deadline = time.monotonic() + max(0.0, budget_s)
     out_of_budget = f"not read: the {budget_s:g} s record budget ran out first"
-    try:
-        for assignment in rounds:
-            if time.monotonic() >= deadline:
-                errors.update({(t, p, off): out_of_budget for (t, p), off in assignment.items()})
-                continue
-            pending = dict(assignment)
+    for assignment in rounds:
+        if time.monotonic() >= deadline:
+            errors.update({(t, p, off): out_of_budget for (t, p), off in assignment.items()})
+            continue
+        # A consumer per assignment: one that was assigned before keeps the old
+        # partitions' state (20,000 positions: 39 s reusing one, 2.3 s with a new one each 500).
+        consumer = Consumer(settings)
+        pending = dict(assignment)
+        try:
             consumer.assign([TopicPartition(t, p, off) for (t, p), off in sorted(assignment.items())])
             while pending and time.monotonic() < deadline:
                 message = consumer.poll(min(0.5, max(0.0, deadline - time.monotonic())))
@@ -173,10 +191,7 @@ def read_records(
                     found[(*pos, pending.pop(pos))] = describe_message(message)
                     # one record is all we need here: stop fetching this partition
                     consumer.pause([TopicPartition(pos[0], pos[1])])
+        finally:
             errors.update({(t, p, off): out_of_budget for (t, p), off in pending.items()})
-            # the next round assigns afresh; a paused partition must not stay paused in it
-            consumer.resume([TopicPartition(t, p) for (t, p) in assignment])
-            consumer.unassign()
-    finally:
-        consumer.close()
+            consumer.close()
     return found, errors
