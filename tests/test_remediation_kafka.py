@@ -112,6 +112,16 @@ def test_skip_poison_pill_copies_the_record_and_commits_past_it(settings, kafka_
     dry = run_action("skip_poison_pill", f, run_id="r1", now=T0)
     assert dry["status"] == "dry_run" and "p0@4" in dry["message"]
     assert committed(kafka_bootstrap, group, topic, 0) == 4
+    # with the record the collector read at the stuck offset, the plan says what would move
+    seen = {**f, "evidence": {**f["evidence"], "partition": 0, "committed_record": {
+        "offset": 4, "timestamp": "2026-11-21T09:14:00.000Z", "key_sha256": "3fa9c2d1e0b4a7f6", "size": 2,
+        "headers": ["retry"], "error": None}}}
+    shown = run_action("skip_poison_pill", seen, run_id="r0", now=T0)
+    assert shown["message"].endswith(
+        "; the record: p0@4: key #3fa9c2d1e0b4a7f6, 2 bytes, headers retry, produced 2026-11-21T09:14:00.000Z")
+    moved = {**seen, "evidence": {**seen["evidence"], "committed_record": {**seen["evidence"]["committed_record"],
+                                                                           "offset": 3}}}
+    assert "the record:" not in run_action("skip_poison_pill", moved, run_id="r9", now=T0)["message"]
 
     waiting = run_action("skip_poison_pill", f, run_id="r1", dry_run=False, now=T0)
     assert waiting["status"] == "awaiting_approval"

@@ -112,6 +112,28 @@ def _stuck_partitions(ctx: ActionContext) -> list[int]:
     return sorted(set(parts))
 
 
+_RECORD_FIELDS = ("offset", "timestamp", "key_sha256", "size", "headers")
+
+
+def _record_text(record: Any, offsets: Mapping[str, Any]) -> str:
+    """"p0@120: key #3fa9..., 2,048 bytes, headers a,b, produced T", when the record the
+    collector saw is still the one at the offset to skip; "" otherwise."""
+    if not isinstance(record, Mapping) or record.get("offset") is None:
+        return ""
+    p = record.get("partition")
+    at = offsets.get(str(p))
+    if at is not None and at != record["offset"]:
+        return ""  # the group moved since the snapshot: that record is not the one skipped
+    parts = [f"key #{record['key_sha256']}" if record.get("key_sha256") else "no key"]
+    if isinstance(record.get("size"), int):
+        parts.append(f"{record['size']:,} bytes")
+    if record.get("headers"):
+        parts.append("headers " + ",".join(str(h) for h in record["headers"]))
+    if record.get("timestamp"):
+        parts.append(f"produced {record['timestamp']}")
+    return f"p{p}@{record['offset']}: " + ", ".join(parts)
+
+
 @register
 class SkipPoisonPill(Action):
     name = "skip_poison_pill"
@@ -125,16 +147,24 @@ class SkipPoisonPill(Action):
         template = str(ctx.params.get("dead_letter_topic") or ctx.config.dead_letter_topic)
         rows = {r.get("partition"): r for r in ctx.evidence.get("partitions") or [] if isinstance(r, Mapping)}
         parts = _stuck_partitions(ctx)
-        return {
+        plan = {
             "dead_letter_topic": template.format(topic=ctx.topic, group=ctx.group_id),
             "partitions": parts,
             "observed_offsets": {str(p): rows.get(p, {}).get("committed_offset") for p in parts},
         }
+        # What the collector saw at the stuck offset (never the payload): the approver
+        # sees what would be moved.
+        record, focus = ctx.evidence.get("committed_record"), ctx.evidence.get("partition")
+        if isinstance(record, Mapping) and record.get("offset") is not None and focus in parts:
+            plan["stuck_record"] = {"partition": focus, **{k: record.get(k) for k in _RECORD_FIELDS}}
+        return plan
 
     def describe(self, plan: Mapping[str, Any]) -> str:
         offsets = plan.get("from_offsets") or plan.get("observed_offsets") or {}
         at = ", ".join(f"p{p}@{'?' if offsets.get(str(p)) is None else offsets[str(p)]}" for p in plan["partitions"])
-        return f"copy the record at {at} to {plan['dead_letter_topic']} and commit offset +1 (group must be EMPTY)"
+        text = f"copy the record at {at} to {plan['dead_letter_topic']} and commit offset +1 (group must be EMPTY)"
+        seen = _record_text(plan.get("stuck_record"), offsets)
+        return f"{text}; the record: {seen}" if seen else text
 
     def resolve(self, ctx: ActionContext, plan: dict[str, Any]) -> dict[str, Any]:
         with admin_client(ctx.kafka_config()) as admin:
