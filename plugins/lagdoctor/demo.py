@@ -225,12 +225,14 @@ class Demo:
         if migrate.returncode != 0:
             print(migrate.stderr[-3000:], file=sys.stderr)
             return migrate.returncode
-        # The demo has a minute of live history; a stall is only called after
-        # 2 minutes by default, so the demo lowers that one threshold, openly.
+        # The demo has a minute of live history at tens of msg/s; a stall is only
+        # called after 2 minutes, and a lag under a minute of production reads as a
+        # flat pattern, by default, so the demo lowers those two thresholds, openly.
         conf = {"samples": 2, "interval_seconds": 5, "window_minutes": 25,
-                "thresholds": {"stall_min_seconds": 40}}
+                "thresholds": {"stall_min_seconds": 40, "pattern_min_seconds": 10}}
         say(f"running the {SWEEP_DAG} DAG (airflow dags test, spark-submit local[*]) ...")
-        say("  (with stall_min_seconds=40 instead of 120: the demo has only a minute of live history)")
+        say("  (with stall_min_seconds=40 instead of 120 and pattern_min_seconds=10 instead of 60: "
+            "the demo has only a minute of live history)")
         started = time.monotonic()
         self.airflow_proc = subprocess.Popen(
             [airflow, "dags", "test", SWEEP_DAG, "-c", json.dumps(conf)],
