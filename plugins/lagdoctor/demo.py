@@ -72,6 +72,21 @@ def live_incidents() -> list[Incident]:
     ]
 
 
+def replay_rebalance_loop(snapshots_root: str, now: datetime) -> None:
+    """Write the 20 minutes before `now` of a simulated rebalance loop (group
+    inventory-sync): Tansu's coordinator cannot reproduce member churn live."""
+    import numpy as np
+
+    from lagdoctor.sim import simulate_group
+    from lagdoctor.store import write_snapshot
+
+    window = 1200.0  # a loop needs room: at least 3 rebalances in the window
+    start = now - timedelta(seconds=window)
+    table, _ = simulate_group(np.random.default_rng(7), "rebalance_loop_staircase", cluster=CLUSTER,
+                              group_id="inventory-sync", topic="inventory", start=start, window_seconds=window)
+    write_snapshot(table, snapshots_root, CLUSTER, start, key="simulated-rebalance-loop")
+
+
 class Demo:
     def __init__(self, workdir: Path, sample_seconds: float, interval_s: float, surge_after_s: float,
                  crash_after_s: float) -> None:
@@ -182,17 +197,7 @@ class Demo:
         next(i for i in self.incidents if i.group == "clicks-aggregator").producer.rate = 150
 
     def replay_rebalance_loop(self) -> None:
-        import numpy as np
-
-        from lagdoctor.sim import simulate_group
-        from lagdoctor.store import write_snapshot
-
-        window = 1200.0  # a loop needs room: at least 3 rebalances in the window
-        start = datetime.now(timezone.utc) - timedelta(seconds=window)
-        table, _ = simulate_group(np.random.default_rng(7), "rebalance_loop_staircase", cluster=CLUSTER,
-                                  group_id="inventory-sync", topic="inventory", start=start,
-                                  window_seconds=window)
-        write_snapshot(table, str(self.data_root / "snapshots"), CLUSTER, start, key="simulated-rebalance-loop")
+        replay_rebalance_loop(str(self.data_root / "snapshots"), datetime.now(timezone.utc))
         say("replayed a rebalance loop for group inventory-sync from the simulator "
             "(Tansu's coordinator cannot reproduce member churn live)")
 

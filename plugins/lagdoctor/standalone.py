@@ -1,5 +1,14 @@
 """`make airflow`: Airflow standalone on the embedded default, with the DAGs, the
-plugin (the lag page) and the demo's data, until Ctrl-C.
+plugin (the lag page) and the demo's live incidents, until Ctrl-C.
+
+Each start is clean: the embedded broker keeps nothing across restarts, so the
+previous start's snapshots, findings, state and Airflow database (offsets of a
+broker that no longer exists) are moved to `<workdir>/previous/` instead of
+being mixed into the new window. Both DAGs are unpaused (an earlier database
+may have created them paused), a first sweep is triggered at once, and every
+incident the demo tells is played: a hot partition, a stalled consumer, a
+crash 15 s in, a producer surge once the first sweep has sampled the calm
+before it, and a replayed rebalance loop.
 
 Airflow runs in its own process group: stopping it signals the whole group,
 since a TERM to the parent alone orphans its ~35 children (shared/STACK.md).
@@ -16,9 +25,15 @@ import subprocess
 import sys
 import time
 import urllib.request
+from datetime import datetime, timezone
 from pathlib import Path
 
-from lagdoctor.demo import CLUSTER, live_incidents, project_root, say
+from lagdoctor.demo import CLUSTER, live_incidents, project_root, replay_rebalance_loop, say
+
+DAG_IDS = ("kafka_lag_health_sweep", "kafka_lag_incident")
+CRASH_AFTER_S = 15.0  # invoices-mailer's only consumer dies
+SURGE_AFTER_SWEEP_S = 120.0  # clicks' producers surge this long after the first sweep was triggered
+SURGE_RATE = 150.0
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 180.0) -> bool:
@@ -39,6 +54,34 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 180.0) -> 
     return False
 
 
+def start_clean(workdir: Path) -> list[str]:
+    """Move the previous start's lagdoctor data and Airflow database to workdir/previous;
+    returns what was moved (relative to workdir)."""
+    import shutil
+
+    previous = workdir / "previous"
+    moved = []
+    for rel in ("lagdoctor", "airflow/airflow.db"):
+        src = workdir / rel
+        if not src.exists():
+            continue
+        dest = previous / rel
+        if dest.exists():
+            shutil.rmtree(dest) if dest.is_dir() else dest.unlink()
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(src), str(dest))
+        moved.append(rel)
+    return moved
+
+
+def airflow_cli(bindir: str, env: dict[str, str], *args: str) -> tuple[bool, str]:
+    """(ok, the last line of its output) of an `airflow` CLI call."""
+    done = subprocess.run([str(Path(bindir) / "airflow"), *args], env=env, capture_output=True, text=True,
+                          timeout=120)
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    return done.returncode == 0, lines[-1] if lines else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lagdoctor.standalone", description=__doc__.split("\n")[0])
     parser.add_argument("--workdir", default=str(project_root() / ".demo"))
@@ -52,10 +95,16 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = Path(args.workdir).resolve()
     airflow_home = workdir / "airflow"
+    moved = start_clean(workdir)
+    if moved:
+        say(f"starting clean: the embedded broker keeps nothing across restarts, so the previous start's "
+            f"{' and '.join(moved)} went to {workdir / 'previous'}")
     airflow_home.mkdir(parents=True, exist_ok=True)
     broker = EmbeddedBroker(log_path=workdir / "broker.log").start()
     say(f"embedded broker at {broker.bootstrap}")
     running = []
+    consumers: dict[str, object] = {}
+    producers: dict[str, object] = {}
     proc = None
 
     def on_term(*_):
@@ -66,11 +115,16 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_workloads:
             for inc in live_incidents():
                 create_topic(broker.bootstrap, inc.topic, inc.partitions)
-                running.append(SteadyProducer(broker.bootstrap, inc.topic, list(range(inc.partitions)),
-                                              inc.produce_rate).start())
-                running.append(ThrottledConsumer(broker.bootstrap, inc.group, inc.topic,
-                                                 client_id=f"{inc.group}-1", **inc.consumer_options).start())
-            say("playing the demo's live incidents so scheduled sweeps have something to find")
+                producers[inc.group] = SteadyProducer(broker.bootstrap, inc.topic, list(range(inc.partitions)),
+                                                      inc.produce_rate).start()
+                consumers[inc.group] = ThrottledConsumer(broker.bootstrap, inc.group, inc.topic,
+                                                         client_id=f"{inc.group}-1", **inc.consumer_options).start()
+                running += [producers[inc.group], consumers[inc.group]]
+                say(f"  {inc.group:<18} on {inc.topic:<9} {inc.story}")
+            replay_rebalance_loop(str(workdir / "lagdoctor" / "snapshots"), datetime.now(timezone.utc))
+            say("  inventory-sync     on inventory a rebalance loop, replayed from the simulator "
+                "(Tansu's coordinator cannot reproduce member churn live)")
+        workloads_started = time.monotonic()
         bindir = str(Path(sys.executable).parent)
         env = {
             **os.environ,
@@ -82,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             "AIRFLOW__CORE__PARALLELISM": "4",  # 32 workers by default: ~5 GB
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__API__PORT": str(args.port),
+            # links in Slack and reports need Airflow's absolute address
+            "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{args.port}",
             "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(
                 {"conn_type": "kafka", "extra": {"bootstrap.servers": broker.bootstrap}}),
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
@@ -105,8 +161,25 @@ def main(argv: list[str] | None = None) -> int:
             say(f"  login: {user} / {password}")
         say(f"  lag page: {url}/lagdoctor/   incident form: {url}/dags/kafka_lag_incident (Trigger)")
         say(f"  cluster connection 'kafka_default' -> {broker.bootstrap} ({CLUSTER})")
+        for dag_id in DAG_IDS:
+            ok, last = airflow_cli(bindir, env, "dags", "unpause", dag_id)
+            say(f"  {dag_id}: {'unpaused' if ok else 'could not unpause: ' + last}")
+        swept_at = None
+        if not args.no_workloads:
+            ok, last = airflow_cli(bindir, env, "dags", "trigger", DAG_IDS[0])
+            swept_at = time.monotonic()
+            say(f"  first sweep {'triggered' if ok else 'not triggered: ' + last}; then every 5 minutes")
         say("press Ctrl-C to stop")
+        crashed = surged = args.no_workloads
         while proc.poll() is None:
+            if not crashed and time.monotonic() - workloads_started >= CRASH_AFTER_S:
+                consumers["invoices-mailer"].stop()
+                crashed = True
+                say("  event: invoices-mailer's consumer crashed")
+            if not surged and swept_at is not None and time.monotonic() - swept_at >= SURGE_AFTER_SWEEP_S:
+                producers["clicks-aggregator"].rate = SURGE_RATE
+                surged = True
+                say(f"  event: clicks producers surged to {SURGE_RATE:g} msg/s per partition")
             time.sleep(1)
         return 0
     except KeyboardInterrupt:
