@@ -58,8 +58,9 @@ def test_report_holds_charts_evidence_table_and_runbook(sweep):
     assert "restart_consumers" in html
 
 
-def test_report_is_self_contained_and_escaped(sweep):
+def test_report_is_self_contained_and_escaped(sweep, monkeypatch):
     settings, run_dir = sweep
+    monkeypatch.delenv("AIRFLOW__API__BASE_URL", raising=False)  # no Airflow URL: no link out either
     paths = write_incident_report(run_dir, settings=settings, base_url="")
     for path in paths:
         with open(path, encoding="utf-8") as fh:
@@ -122,6 +123,7 @@ def test_base_url_links_reports_into_plans_and_slack(sweep, lag_data_root, monke
 def test_no_base_url_no_link(sweep, lag_data_root, monkeypatch):
     settings, run_dir = sweep
     monkeypatch.delenv("LAGDOCTOR_REPORT_BASE_URL", raising=False)
+    monkeypatch.delenv("AIRFLOW__API__BASE_URL", raising=False)
     write_incident_report(run_dir, settings=settings)
     items = json.loads((lag_data_root.findings_root / lag_data_root.sweep_run_key / "plans.json").read_text())
     assert all("report_url" not in i["finding"] for i in items)
@@ -148,3 +150,55 @@ def test_report_names_stay_apart_and_safe():
     assert report_url("/x/reports/run_1/a b.html", "https://h/lagdoctor/reports") == \
         "https://h/lagdoctor/reports/run_1/a%20b.html"
     assert report_url("/x/reports/run_1/a.html", None) is None
+
+
+def test_report_links_default_to_airflows_base_url(sweep, lag_data_root, monkeypatch):
+    """`make airflow` sets no LAGDOCTOR_REPORT_BASE_URL: Airflow's own base URL is enough for Slack's
+    report link, the report's DAG run and its group's view."""
+    settings, run_dir = sweep
+    monkeypatch.delenv("LAGDOCTOR_REPORT_BASE_URL", raising=False)
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "http://airflow.example:8080/")
+    paths = write_incident_report(run_dir, settings=settings)
+    items = json.loads((lag_data_root.findings_root / lag_data_root.sweep_run_key / "plans.json").read_text())
+    orders = next(i["finding"] for i in items if i["finding"]["group_id"] == "orders-processor")
+    assert orders["report_url"].startswith(
+        f"http://airflow.example:8080/lagdoctor/reports/{lag_data_root.sweep_run_key}/orders-processor__orders__")
+    html = _report(paths, "orders-processor")
+    run = ('<a href="http://airflow.example:8080/dags/kafka_lag_health_sweep/runs/'
+           'scheduled__2026-11-21T14%3A30%3A00%2B00%3A00" title="Open the DAG run in Airflow">'
+           'kafka_lag_health_sweep · scheduled__2026-11-21T14:30:00+00:00</a>')
+    assert run in html
+    assert '<a class="group" href="http://airflow.example:8080/lagdoctor/group/prod/orders-processor"' in html
+    # Links, never fetches: still nothing loaded from anywhere.
+    assert "src=" not in html and "<link" not in html
+
+
+def test_explicit_report_base_url_wins(sweep, lag_data_root):
+    settings, run_dir = sweep
+    write_incident_report(run_dir, settings=settings, environ={
+        "AIRFLOW__API__BASE_URL": "http://airflow.example:8080", "LAGDOCTOR_REPORT_BASE_URL": "https://r.example/x/"})
+    items = json.loads((lag_data_root.findings_root / lag_data_root.sweep_run_key / "plans.json").read_text())
+    urls = [i["finding"]["report_url"] for i in items if i["finding"].get("report_url")]
+    assert len(urls) == 3 and all(u.startswith("https://r.example/x/") for u in urls)
+
+
+@pytest.mark.parametrize("base", ["", "not-a-url", "ftp://airflow.example"])
+def test_without_a_usable_airflow_url_nothing_is_linked(sweep, lag_data_root, base):
+    settings, run_dir = sweep
+    paths = write_incident_report(run_dir, settings=settings, environ={"AIRFLOW__API__BASE_URL": base})
+    items = json.loads((lag_data_root.findings_root / lag_data_root.sweep_run_key / "plans.json").read_text())
+    assert all("report_url" not in i["finding"] for i in items)
+    html = _report(paths, "orders-processor")
+    assert "<a " not in html  # never a broken link
+    assert "<dt>DAG run</dt><dd>kafka_lag_health_sweep · scheduled__2026-11-21T14:30:00+00:00</dd>" in html
+
+
+def test_report_says_once_that_the_broker_lists_no_members(sweep):
+    settings, run_dir = sweep
+    paths = write_incident_report(run_dir, settings=settings, environ={})
+    staging = next(p for p in paths if "stalled_consumer" in p)  # the staging group: no member list
+    with open(staging, encoding="utf-8") as fh:
+        html = fh.read()
+    assert html.count("lists no consumer-group members") == 1
+    assert "<dt>Members</dt><dd>unknown</dd>" in html
+    assert "lists no consumer-group members" not in _report(paths, "orders-processor")

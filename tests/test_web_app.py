@@ -35,8 +35,11 @@ def test_page_shows_each_group_with_severity_diagnosis_owners_and_charts(lag_cli
     assert card.count('<svg class="chart"') == 2  # lag and time lag
     assert '<tr class="involved">' in card  # the hot partition is marked in the table
     assert "consumer-5" in card and "10.0.1.18" in card  # its owner
-    # The staging group's broker reports no member list: said, not guessed.
-    assert "unknown (broker reports no member list)" in html
+    # The staging groups' broker lists no members: said once at the top, not guessed, not per row.
+    assert html.count("lists no consumer-group members") == 1
+    assert re.search(r'class="note broker-members">The broker of cluster <code>staging</code>', html)
+    staging = html[html.index('data-group="search-indexer"'):]
+    assert "<dt>Members</dt><dd>unknown</dd>" in staging and '<span class="unknown">unknown</span>' in staging
     # Healthy groups are listed, collapsed.
     assert re.search(r'<details class="healthy"[^>]*data-group="billing"', html)
 

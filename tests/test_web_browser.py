@@ -75,7 +75,7 @@ def test_chromium_renders_seeded_findings_and_charts(lag_app, tmp_path):
     assert "orders-processor" in html and "payments-ledger" in html
     assert "Partition imbalance" in html and "Rebalance loop" in html
     assert re.search(r'data-count="critical">\s*1<', html), "one critical group"
-    assert "unknown (broker reports no member list)" in html
+    assert html.count("lists no consumer-group members") == 1  # the staging broker's gap, said once
     assert "/dags/kafka_lag_health_sweep/runs/scheduled__2026-11-21T14%3A30%3A00%2B00%3A00" in html
 
     # The charts: inline SVG lines, one per partition, drawn in the browser's DOM.
@@ -91,3 +91,72 @@ def test_chromium_renders_seeded_findings_and_charts(lag_app, tmp_path):
     assert png.returncode == 0 and shot.stat().st_size > 20_000, png.stderr[-2000:]
     if os.environ.get("LAGDOCTOR_SCREENSHOT"):
         shutil.copy(shot, os.environ["LAGDOCTOR_SCREENSHOT"])
+
+
+def _dom(url: str, profile: Path) -> str:
+    done = chromium(url, profile, "--dump-dom")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_chromium_follows_filter_group_and_report_links(lag_app, lag_data_root, tmp_path, monkeypatch):
+    """Mounted at /lagdoctor as the plugin is, with Airflow's base URL set and nothing else: a filtered page
+    from its address, its group link to the timeline, its report link to the report, and the report's links."""
+    import html as htmllib
+    from datetime import timedelta
+
+    from fastapi import FastAPI
+
+    from lagdoctor.remediation.audit import ActionLog
+    from lagdoctor.settings import Settings
+    from lagdoctor.state import StateDB, dispose_engines
+    from lagdoctor.web.report import write_incident_report
+    from tests.fixtures.web import END
+
+    state_url = f"sqlite:///{tmp_path / 'state.db'}"
+    monkeypatch.setenv("LAGDOCTOR_STATE_URL", state_url)
+    monkeypatch.delenv("LAGDOCTOR_REPORT_BASE_URL", raising=False)
+    ActionLog(StateDB.from_url(state_url)).append({
+        "ts": (END - timedelta(minutes=20)).isoformat(), "status": "executed", "idempotency_key": "k1",
+        "run_id": "manual__2026-11-21T14:00:00+00:00", "action": "restart_consumers", "cluster": "prod",
+        "group_id": "orders-processor", "topic": "orders", "dry_run": False, "approved_by": "oncall",
+        "approved_at": (END - timedelta(minutes=21)).isoformat(), "message": "rollout restart shop/orders-consumer"})
+    outer = FastAPI()
+    outer.mount("/lagdoctor", lag_app)
+    try:
+        with serve(outer) as base:
+            monkeypatch.setenv("AIRFLOW__API__BASE_URL", base)
+            write_incident_report(str(lag_data_root.findings_root / lag_data_root.sweep_run_key),
+                                  settings=Settings(data_root=str(lag_data_root.root)))
+            page = _dom(f"{base}/lagdoctor/?q=%5Eorders%7Cledger&severity=critical", tmp_path / "p1")
+            group_href = htmllib.unescape(re.search(r'<a class="group" href="([^"]+)"', page).group(1))
+            report_href = htmllib.unescape(
+                re.search(r'<a href="([^"]+)" target="_blank" rel="noopener">report</a>', page).group(1))
+            group = _dom(base + group_href, tmp_path / "p2")
+            report = _dom(base + report_href, tmp_path / "p3")
+    finally:
+        dispose_engines()
+
+    # The filter came from the address: one critical group of the two matching, and the form says so.
+    assert set(re.findall(r'data-group="([^"]+)"', page)) == {"orders-processor"}
+    assert 'name="q" value="^orders|ledger"' in page and '<option value="warning"' in page
+    assert re.search(r'<option value="critical" selected(="")?>', page)
+
+    # The group view: its timeline in order, who approved, and its charts drawn with one line per partition.
+    assert group_href == "/lagdoctor/group/prod/orders-processor"
+    kinds = re.findall(r'data-kind="([a-z_]+)"', group)
+    assert kinds == ["first_seen", "approval", "action", "changed"]
+    assert "restart_consumers approved" in group and "by oncall" in group
+    card = group[group.index('<article class="card'):group.index("</article>")]
+    assert card.count('<svg class="chart"') == 3
+    assert len(re.findall(r'<g class="series" data-series="p\d+">', card)) == 12  # 6 partitions x lag, time lag
+    assert len(re.findall(r'<g class="series" data-series="(produced|consumed)">', card)) == 2
+    assert re.search(r'<path d="M[\d. L]+"', card)
+
+    # The report link works, and the report links back to the DAG run and the group, absolutely.
+    assert report_href.startswith(f"/lagdoctor/reports/{lag_data_root.sweep_run_key}/orders-processor__orders__")
+    assert "Partition imbalance" in report and report.count('<svg class="chart"') == 3
+    assert f'href="{base}/dags/kafka_lag_health_sweep/runs/scheduled__2026-11-21T14%3A30%3A00%2B00%3A00"' in report
+    assert f'href="{base}/lagdoctor/group/prod/orders-processor"' in report
+    plans = (lag_data_root.findings_root / lag_data_root.sweep_run_key / "plans.json").read_text()
+    assert f"{base}/lagdoctor/reports/{lag_data_root.sweep_run_key}/orders-processor__orders__" in plans

@@ -1,11 +1,13 @@
 """The lag page's FastAPI app, mounted by the Airflow plugin at /lagdoctor (contract 6).
 
-    GET /                       the lag page (HTML): current findings per cluster and group
+    GET /                       the lag page (HTML): current findings per cluster and group;
+                                ?cluster=, ?group= (exact), ?q= (group regex), ?severity= (minimum)
     GET /api/findings           the same as JSON: {"generated_at", "runs", "findings"}, and
                                 "runs_not_read" while the run index has older folders to read
+    GET /group/{cluster}/{group} one group: its current findings, charts, and incident timeline
     GET /reports/{run}/{file}   an incident report written by lagdoctor.web.report
 
-All three are read-only and go through ``auth.dag_run_reader``: the caller
+All are read-only and go through ``auth.dag_run_reader``: the caller
 must be signed in to Airflow, and sees only findings of DAG runs they may read.
 Routes are plain ``def``: file and Parquet reads run in FastAPI's thread pool,
 never on the API server's event loop.
@@ -13,16 +15,20 @@ never on the API server's event loop.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from datetime import datetime, timezone
 from typing import Any, Callable
+from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
 from lagdoctor.settings import Settings, join
 from lagdoctor.web.auth import DagReadCheck, dag_run_reader
+
+log = logging.getLogger(__name__)
 
 URL_PREFIX = "/lagdoctor"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}$")
@@ -33,6 +39,30 @@ def _airflow_base(request: Request, url_prefix: str) -> str:
     """The Airflow UI's base path, from where this app is mounted (works behind [api] base_url)."""
     root = request.scope.get("root_path", "").rstrip("/")
     return root[: -len(url_prefix)] if url_prefix and root.endswith(url_prefix) else root
+
+
+def _page_root(request: Request) -> str:
+    """This app's own mount path (e.g. /airflow/lagdoctor): links between its pages."""
+    return request.scope.get("root_path", "").rstrip("/")
+
+
+def _filters(states, q: str | None, severity: str | None) -> tuple[list, list, str]:
+    """(states matching the group regex, those also at or above the severity, the error line or "").
+    An invalid filter is said on the page and not applied: never a 500."""
+    from lagdoctor.web.views import at_least, group_matcher, minimum_severity
+
+    errors = []
+    try:
+        match = group_matcher(q)
+    except ValueError as exc:
+        match, errors = None, [str(exc)]
+    try:
+        minimum = minimum_severity(severity)
+    except ValueError as exc:
+        minimum = None
+        errors.append(str(exc))
+    matched = [st for st in states if match is None or match(st.group_id)]
+    return matched, [st for st in matched if at_least(st.severity, minimum)], "; ".join(errors)
 
 
 def _json_safe(value: Any) -> Any:
@@ -50,9 +80,11 @@ def create_app(
     settings_factory: Callable[[], Settings] = Settings.from_env,
     *,
     url_prefix: str = URL_PREFIX,
+    clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
 ) -> FastAPI:
     """The app the plugin mounts. Settings are read per request, so a changed
-    LAGDOCTOR_DATA_ROOT needs no restart and importing the plugin reads nothing."""
+    LAGDOCTOR_DATA_ROOT needs no restart and importing the plugin reads nothing.
+    ``clock`` is "now" for the pages (tests pass their own)."""
     app = FastAPI(title="lagdoctor", docs_url=None, redoc_url=None, openapi_url=None)
 
     def settings() -> Settings:
@@ -64,10 +96,12 @@ def create_app(
         can_read: DagReadCheck = Depends(dag_run_reader),
         cluster: str | None = Query(None, max_length=256),
         group: str | None = Query(None, max_length=512),
+        q: str | None = Query(None, max_length=4096),
+        severity: str | None = Query(None, max_length=64),
     ) -> HTMLResponse:
         from lagdoctor.web.data import current_index, latest_states
         from lagdoctor.web.html import CONTENT_SECURITY_POLICY, render
-        from lagdoctor.web.views import group_view, severity_counts
+        from lagdoctor.web.views import SEVERITIES, group_view, severity_counts
 
         s = settings()
         index = current_index(s.findings_root)
@@ -75,14 +109,22 @@ def create_app(
                                      can_read_dag=can_read, index=index)
         all_states = states if not (cluster or group) else latest_states(s.findings_root, can_read_dag=can_read,
                                                                          index=index)[0]
-        history = _history(s, states)
+        matched, states, filter_error = _filters(states, q, severity)
+        shown_runs = {st.run.run_key for st in states}
+        runs = [r for r in runs if r.run_key in shown_runs or r.has_overrides]
+        history = _history(s, states)  # after filtering: only the groups shown are read
         base = _airflow_base(request, url_prefix)
-        views = [group_view(st, history[st.key], airflow_base=base) for st in states]
+        root = _page_root(request)
+        views = [group_view(st, history[st.key], airflow_base=base, page_root=root) for st in states]
+        _link_local_reports(s, views, root)
         body = render(
-            "page.html", views=views, runs=runs, counts=severity_counts(views),
+            "page.html", views=views, runs=runs, counts=severity_counts(matched),
             clusters=sorted({st.cluster for st in all_states}), cluster=cluster, group=group,
+            q=q or "", severity=severity or "", severities=SEVERITIES, filter_error=filter_error,
+            filtered=bool(cluster or group or q or severity),
+            unknown_member_clusters=sorted({v.cluster for v in views if v.members_unknown}),
             runs_not_read=index.not_read,
-            generated_at=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+            generated_at=clock().strftime("%Y-%m-%d %H:%M:%S"),
             api_href="api/findings" + (f"?{request.url.query}" if request.url.query else ""),
         )
         return HTMLResponse(body, headers={**_NO_STORE, "Content-Security-Policy": CONTENT_SECURITY_POLICY})
@@ -93,6 +135,8 @@ def create_app(
         can_read: DagReadCheck = Depends(dag_run_reader),
         cluster: str | None = Query(None, max_length=256),
         group: str | None = Query(None, max_length=512),
+        q: str | None = Query(None, max_length=4096),
+        severity: str | None = Query(None, max_length=64),
     ) -> JSONResponse:
         from lagdoctor.web.data import current_index, latest_states
         from lagdoctor.web.views import dag_run_href
@@ -101,6 +145,12 @@ def create_app(
         index = current_index(s.findings_root)
         states, runs = latest_states(s.findings_root, cluster=cluster or None, group=group or None,
                                      can_read_dag=can_read, index=index)
+        _, states, filter_error = _filters(states, q, severity)
+        if filter_error:
+            return JSONResponse({"detail": filter_error}, status_code=400, headers=_NO_STORE)
+        if q or severity:
+            shown_runs = {st.run.run_key for st in states}
+            runs = [r for r in runs if r.run_key in shown_runs or r.has_overrides]
         base = _airflow_base(request, url_prefix)
         findings = [
             {**f, "run_key": st.run.run_key, "dag_id": st.run.dag_id, "run_id": st.run.run_id,
@@ -108,13 +158,46 @@ def create_app(
             for st in states for f in st.findings
         ]
         body = {
-            "generated_at": datetime.now(timezone.utc).isoformat(),
+            "generated_at": clock().isoformat(),
             "runs": [{**r.as_dict(), "dag_run_url": dag_run_href(r, base)} for r in runs],
             "findings": findings,
         }
         if index.not_read:
             body["runs_not_read"] = index.not_read  # older run folders the index has not read yet
         return JSONResponse(_json_safe(body), headers=_NO_STORE)
+
+    @app.get("/group/{cluster}/{group_id:path}", response_class=HTMLResponse, include_in_schema=False)
+    def group_page(request: Request, cluster: str, group_id: str,
+                   can_read: DagReadCheck = Depends(dag_run_reader)) -> HTMLResponse:
+        from lagdoctor.web.data import current_index, latest_states
+        from lagdoctor.web.html import CONTENT_SECURITY_POLICY, render
+        from lagdoctor.web.timeline import MAX_RUNS, group_timeline, problems_text, read_actions
+        from lagdoctor.web.views import dag_run_href, group_view
+
+        s = settings()
+        index = current_index(s.findings_root)
+        states, _ = latest_states(s.findings_root, cluster=cluster, group=group_id, can_read_dag=can_read,
+                                  index=index)
+        now = clock()
+        timeline = group_timeline(s.findings_root, cluster, group_id, index=index, can_read_dag=can_read,
+                                  actions=lambda: read_actions(s, cluster, group_id), now=now)
+        if not states and not timeline.looks:
+            # One line, and the same for a group the caller may not read: nothing confirmed.
+            return PlainTextResponse(f"no consumer group {group_id[:200]!r} on cluster {cluster[:100]!r}\n",
+                                     status_code=404, headers=_NO_STORE)
+        history = _history(s, states)
+        base = _airflow_base(request, url_prefix)
+        root = _page_root(request)
+        views = [group_view(st, history[st.key], airflow_base=base, with_rates=True) for st in states]
+        _link_local_reports(s, views, root)
+        body = render(
+            "group.html", cluster=cluster, group_id=group_id, views=views, timeline=timeline,
+            page_href=f"{root}/", run_href=lambda run: dag_run_href(run, base), problems_text=problems_text,
+            max_runs=MAX_RUNS,
+            unknown_member_clusters=sorted({v.cluster for v in views if v.members_unknown}),
+            generated_at=now.strftime("%Y-%m-%d %H:%M:%S"),
+        )
+        return HTMLResponse(body, headers={**_NO_STORE, "Content-Security-Policy": CONTENT_SECURITY_POLICY})
 
     @app.get("/reports/{run_key}/{name}", response_class=HTMLResponse, include_in_schema=False)
     def report(run_key: str, name: str, can_read: DagReadCheck = Depends(dag_run_reader)) -> HTMLResponse:
@@ -139,6 +222,35 @@ def create_app(
         return HTMLResponse(body, headers={**_NO_STORE, "Content-Security-Policy": CONTENT_SECURITY_POLICY})
 
     return app
+
+
+def _link_local_reports(s: Settings, views, root: str) -> None:
+    """Link each finding's report through this app's route when the file exists: relative,
+    so it works inside the Airflow UI whatever base URL the report was stamped with, if any.
+    One listing per run shown."""
+    import fsspec
+
+    from lagdoctor.web.report import report_name
+
+    fs, base = fsspec.core.url_to_fs(s.reports_root)
+    written: dict[str, set[str]] = {}
+    for v in views:
+        for f in v.findings:
+            if f.diagnosis == "healthy":
+                continue
+            run_key = v.run.run_key
+            if run_key not in written:
+                try:
+                    written[run_key] = {p.rstrip("/").rsplit("/", 1)[-1]
+                                        for p in fs.ls(f"{base.rstrip('/')}/{run_key}", detail=False)}
+                except (FileNotFoundError, NotADirectoryError):
+                    written[run_key] = set()
+                except OSError as exc:  # the link is a convenience: the page shows without it
+                    log.warning("reports of run %s not listed: %s", run_key, exc)
+                    written[run_key] = set()
+            name = report_name(f.raw)
+            if name in written[run_key]:
+                f.report_url = f"{root}/reports/{quote(run_key, safe='')}/{quote(name, safe='')}"
 
 
 def _history(s: Settings, states) -> dict:

@@ -6,6 +6,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from lagdoctor.web.data import SEVERITY_RANK
+
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 
 # Served with every page: no script, no outside resource, framed only by the
@@ -22,6 +24,7 @@ def environment():
     # missing optional field must render as nothing, not fail the page.
     env = Environment(loader=FileSystemLoader(str(TEMPLATES_DIR)), autoescape=True)
     env.globals["severity_word"] = lambda s: {"ok": "healthy"}.get(str(s), str(s) or "unknown")
+    env.filters["max_severity"] = lambda values: max(values, key=lambda s: SEVERITY_RANK.get(str(s), 0), default="ok")
     return env
 
 

@@ -9,15 +9,17 @@ retried task rewrites the same files). Each holds inline CSS and SVG only, so
 it opens from a disk, an attachment or the API server's
 ``/lagdoctor/reports/<run_key>/<file>`` route alike.
 
-With a base URL (argument, or LAGDOCTOR_REPORT_BASE_URL) each finding in the
-run's plans.json gets ``report_url``, which the Slack message links to.
+With a base URL (argument, else lagdoctor.web.links.report_base_url():
+LAGDOCTOR_REPORT_BASE_URL, else Airflow's [api] base_url + /lagdoctor/reports)
+each finding in the run's plans.json gets ``report_url``, which the Slack
+message links to. Without one nothing is linked: never a broken link. The
+report's DAG run and group name link into Airflow the same way, when it has a base URL.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import uuid
 from datetime import datetime, timezone
@@ -25,8 +27,8 @@ from typing import Any, Mapping
 from urllib.parse import quote
 
 from lagdoctor.settings import Settings, join
-
-REPORT_BASE_URL_ENV = "LAGDOCTOR_REPORT_BASE_URL"
+from lagdoctor.web import links
+from lagdoctor.web.links import REPORT_BASE_URL_ENV  # noqa: F401  (kept importable from here)
 
 
 def report_name(finding: Mapping[str, Any]) -> str:
@@ -68,34 +70,40 @@ def _write_atomic(path: str, text: str) -> None:
 
 
 def render_report(finding: Mapping[str, Any], view, *, plan: Mapping[str, Any] | None = None,
-                  generated_at: datetime | None = None) -> str:
+                  generated_at: datetime | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """One report's HTML; ``environ`` (default os.environ, then Airflow's config) gives the links' base URL."""
     from lagdoctor.web.html import render
-    from lagdoctor.web.views import DESCRIBE_HEADER, FindingView, stuck_record_of, title_of
+    from lagdoctor.web.views import DESCRIBE_HEADER, FindingView, display_summary, stuck_record_of, title_of
 
     plan = {"title": "", "next_steps": [], "diagnostic_steps": [], "actions": [], **(plan or {})}
     f = FindingView(diagnosis=str(finding.get("diagnosis") or ""), title=title_of(str(finding.get("diagnosis") or "")),
                     severity=str(finding.get("severity") or "ok"), pattern=str(finding.get("pattern") or "-"),
-                    summary=str(finding.get("summary") or ""), partitions=list(finding.get("partitions") or []),
-                    report_url=None, plan=plan, raw=finding)
+                    summary=display_summary(str(finding.get("summary") or "")),
+                    partitions=list(finding.get("partitions") or []), report_url=None, plan=plan, raw=finding)
     when = (generated_at or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M:%S")
+    run = view.run
     return render("report.html", f=f, v=view, plan=plan, describe_header=DESCRIBE_HEADER, generated_at=when,
-                  stuck=stuck_record_of(finding))
+                  stuck=stuck_record_of(finding),
+                  run_href=links.run_url(run.dag_id or "", run.run_id or "", environ),
+                  group_href=links.group_url(view.cluster, view.group_id, environ),
+                  unknown_member_clusters=[view.cluster] if view.members_unknown else [])
 
 
 def write_incident_report(run_dir: str, *, settings: Settings | None = None, base_url: str | None = None,
-                          now: datetime | None = None) -> list[str]:
+                          now: datetime | None = None, environ: Mapping[str, str] | None = None) -> list[str]:
     """Write a report for every non-healthy finding of the run in ``run_dir``; return their paths.
 
     Reads the run's findings, partition status and plans, and the offset
     history of each group over its finding's window from the snapshot store.
     Idempotent: the same run writes the same file names again (and, given the
     same ``now``, the same bytes: ``now`` is the "generated" stamp, default the clock).
+    ``base_url`` "" links nothing; None takes links.report_base_url(environ).
     """
     from lagdoctor.web.data import read_history, read_run, run_of, states_of_run
     from lagdoctor.web.views import group_view
 
     settings = settings or Settings.from_env()
-    base_url = base_url if base_url is not None else os.environ.get(REPORT_BASE_URL_ENV, "")
+    base_url = base_url if base_url is not None else (links.report_base_url(environ) or "")
     run = run_of(run_dir)
     states = [s for s in states_of_run(read_run(run)) if any(f.get("diagnosis") != "healthy" for f in s.findings)]
     paths: list[str] = []
@@ -109,7 +117,7 @@ def write_incident_report(run_dir: str, *, settings: Settings | None = None, bas
                 continue
             path = join(settings.reports_root, run.run_key, report_name(finding))
             _write_atomic(path, render_report(finding, view, plan=state.plans.get(str(finding.get("diagnosis"))),
-                                              generated_at=now))
+                                              generated_at=now, environ=environ))
             paths.append(path)
             url = report_url(path, base_url)
             if url:

@@ -11,7 +11,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 from urllib.parse import quote
 
 from markupsafe import Markup
@@ -33,14 +33,71 @@ from lagdoctor.notify.render import (
     time_lag_text,
 )
 from lagdoctor.web import charts
-from lagdoctor.web.data import GroupHistory, GroupState, Run
+from lagdoctor.web.data import SEVERITY_RANK, GroupHistory, GroupState, Run
 
 CHART_PARTITIONS = 8  # lines drawn one per partition; the rest are summed into "others"
-UNKNOWN_MEMBERS = "unknown (broker reports no member list)"
+# Where the broker lists no group members (Tansu does not implement it) every
+# group's owner is unknown: the page and the report say why once, in a note,
+# and each row just says "unknown".
+UNKNOWN_MEMBERS = "unknown"
+BROKER_NO_MEMBERS = "unknown (the broker lists no members)"  # the job's owner text (diagnosis.classify)
+SEVERITIES = ("ok", "warning", "critical")  # least to most bad: the page's minimum-severity filter
+MAX_FILTER_LENGTH = 512
 STATUS_RANK = {"OK": 0, "WARN": 1, "REWIND": 2, "STALL": 3, "STOP": 4, "ERR": 5}
 TIME_LAG_NOTES = {"record": "exact, from the timestamp of the record at the committed offset",
                   "lower_bound": "at least: the committed offset is older than the window",
                   "interpolated": "estimated from the log end offsets over the window"}
+
+
+def display_summary(summary: str) -> str:
+    """A finding's summary as shown: the broker's missing member list is said once per page, not per row."""
+    return summary.replace(BROKER_NO_MEMBERS, UNKNOWN_MEMBERS)
+
+
+def group_href(page_root: str, cluster: str, group_id: str) -> str:
+    """The group view under the app's mount point (links.group_url's shape, relative to the UI)."""
+    return f"{page_root.rstrip('/')}/group/{quote(cluster or '', safe='')}/{quote(group_id, safe='')}"
+
+
+def group_matcher(pattern: str | None) -> Callable[[str], bool] | None:
+    """The page's group filter: a regex found anywhere in the group id (anchor with ^ and $).
+
+    RE2 (linear time, as --groups is), else Python's re with the length cap
+    only. None for no filter; ValueError with one line when it does not compile.
+    """
+    if not pattern:
+        return None
+    shown = pattern if len(pattern) <= 60 else pattern[:57] + "..."
+    if len(pattern) > MAX_FILTER_LENGTH:
+        raise ValueError(f"group filter {shown!r} is {len(pattern)} characters long, at most {MAX_FILTER_LENGTH}")
+    try:
+        import re2
+    except ImportError:
+        try:
+            return re.compile(pattern).search
+        except re.error as exc:
+            raise ValueError(f"group filter {shown!r} is not a valid regex: {exc}") from None
+    options = re2.Options()
+    options.log_errors = False  # RE2 would print its own line to stderr
+    try:
+        return re2.compile(pattern, options).search
+    except re2.error as exc:
+        reason = exc.args[0] if exc.args else exc
+        reason = reason.decode("utf-8", "replace") if isinstance(reason, bytes) else str(reason)
+        raise ValueError(f"group filter {shown!r} is not a valid regex: {' '.join(reason.split())}") from None
+
+
+def minimum_severity(value: str | None) -> str | None:
+    """The page's severity filter (ok, warning, critical); ValueError with one line for anything else."""
+    if not value:
+        return None
+    if value not in SEVERITIES:
+        raise ValueError(f"unknown severity {value[:40]!r}: one of {', '.join(SEVERITIES)}")
+    return value
+
+
+def at_least(severity: str, minimum: str | None) -> bool:
+    return minimum is None or SEVERITY_RANK.get(severity, 0) >= SEVERITY_RANK[minimum]
 
 
 def title_of(diagnosis: str) -> str:
@@ -86,6 +143,7 @@ class PartitionRow:
     involved: bool = False
     lag_value: float = -1.0
     time_lag_note: str = ""  # how the time lag is known (a tooltip), "" when the run did not say
+    owner: str = "-"  # host, else member id, else why there is none
 
     @property
     def status_class(self) -> str:
@@ -132,6 +190,8 @@ class GroupView:
     data_loss_state: str = ""
     data_loss_basis: str = ""
     retention: str = ""
+    members_unknown: bool = False  # the broker lists no members: the page's note explains "unknown"
+    group_href: str | None = None  # the group view, on the page
 
     @property
     def healthy(self) -> bool:
@@ -140,6 +200,13 @@ class GroupView:
 
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _broker_lists_no_members(state: GroupState, history: GroupHistory) -> bool:
+    """The member count is there and null (the broker's answer), not merely missing (an older run)."""
+    latest = history.latest_rows()
+    row = latest[-1] if latest else (state.findings[0].get("evidence") or {} if state.findings else {})
+    return "group_members" in row and row["group_members"] is None
 
 
 def _members_text(state: GroupState, history: GroupHistory) -> tuple[str, str]:
@@ -190,13 +257,15 @@ def partition_rows(state: GroupState, history: GroupHistory) -> list[PartitionRo
     for p in sorted(set(status) | set(snap)):
         s, h = status.get(p, {}), snap.get(p, {})
         lag = s.get("lag", h.get("lag"))
+        owner = h.get("host") or h.get("member_id") or (UNKNOWN_MEMBERS if h and h.get("group_members") is None
+                                                        else "-")
         rows.append(PartitionRow(
             partition=p, status=s.get("status"), lag=fmt_int(lag), time_lag=table_time_lag(s),
             time_lag_note=TIME_LAG_NOTES.get("lower_bound" if is_lower_bound(s) else str(s.get("time_lag_source")), ""),
             produce_rate=fmt_rate(s.get("produce_rate")), consume_rate=fmt_rate(s.get("consume_rate")),
             current_offset=fmt_int(h.get("committed_offset")), log_end_offset=fmt_int(h.get("log_end_offset")),
             member_id=h.get("member_id"), client_id=h.get("client_id"), host=h.get("host"),
-            involved=p in involved, lag_value=_num(lag) if _num(lag) is not None else -1.0,
+            involved=p in involved, lag_value=_num(lag) if _num(lag) is not None else -1.0, owner=owner,
         ))
     return rows
 
@@ -322,7 +391,9 @@ def stuck_record_of(finding: Mapping[str, Any]) -> StuckRecord | None:
     )
 
 
-def group_view(state: GroupState, history: GroupHistory, *, airflow_base: str = "", with_rates: bool = False) -> GroupView:
+def group_view(state: GroupState, history: GroupHistory, *, airflow_base: str = "", with_rates: bool = False,
+               page_root: str | None = None) -> GroupView:
+    """``page_root``: the app's mount path, to link the group's view; None (the report) links nothing."""
     start, end = state.window
     x_range = (start, end) if start and end else None
     name = f"{state.group_id} on {state.topic}"
@@ -332,7 +403,7 @@ def group_view(state: GroupState, history: GroupHistory, *, airflow_base: str = 
     findings = [
         FindingView(diagnosis=str(f.get("diagnosis") or ""), title=title_of(str(f.get("diagnosis") or "")),
                     severity=str(f.get("severity") or "ok"), pattern=str(f.get("pattern") or "-"),
-                    summary=str(f.get("summary") or ""), partitions=list(f.get("partitions") or []),
+                    summary=display_summary(str(f.get("summary") or "")), partitions=list(f.get("partitions") or []),
                     report_url=f.get("report_url"), plan=state.plans.get(str(f.get("diagnosis")), {}), raw=f)
         for f in state.findings
     ]
@@ -349,6 +420,9 @@ def group_view(state: GroupState, history: GroupHistory, *, airflow_base: str = 
         data_loss=data_loss_text(loss), data_loss_state=data_loss_state(loss) or "",
         data_loss_basis=DATA_LOSS_BASIS.get(str((loss.get("data_loss") or {}).get("basis")), ""),
         retention=retention_text(loss),
+        members_unknown=_broker_lists_no_members(state, history)
+        or any(BROKER_NO_MEMBERS in str(f.get("summary") or "") for f in state.findings),
+        group_href=group_href(page_root, state.cluster, state.group_id) if page_root is not None else None,
     )
 
 
