@@ -17,12 +17,16 @@ from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
+from lagdoctor.web import slack_actions
 from lagdoctor.web.app import URL_PREFIX, create_app
 
 
 class LagdoctorPlugin(AirflowPlugin):
     name = "lagdoctor"
-    fastapi_apps = [{"app": create_app(), "url_prefix": URL_PREFIX, "name": "lagdoctor"}]
+    fastapi_apps = [{"app": create_app(), "url_prefix": URL_PREFIX, "name": "lagdoctor"},
+                    # Slack's Interactivity request URL: signed by Slack, not behind Airflow's login.
+                    {"app": slack_actions.create_app(), "url_prefix": slack_actions.URL_PREFIX,
+                     "name": "lagdoctor-slack"}]
     external_views = [{
         "name": "Kafka lag",
         "href": URL_PREFIX.lstrip("/") + "/",

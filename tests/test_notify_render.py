@@ -12,6 +12,7 @@ from lagdoctor.notify.render import (
     render_action_result,
     render_incident,
     render_recovery,
+    render_update,
     worst_partitions,
 )
 
@@ -294,3 +295,58 @@ def test_an_action_awaiting_approval_says_how_to_act():
     (text,) = section_texts(msg)
     assert "trigger `kafka_lag_incident`" in text and "dry_run off" in text
     assert "group_pattern `orders\\-eu`" in text and "cluster `prod`" in text
+
+
+# ---------------------------------------------------------------- issue 11: links, the broker's excuse said once
+
+TANSU = "owner unknown (the broker lists no members)"
+
+
+def _tansu(group: str) -> dict:
+    return {"cluster": "prod", "group_id": group, "topic": "orders", "partitions": [0, 1],
+            "diagnosis": "stalled_consumer", "pattern": "plateau", "severity": "critical",
+            "summary": f"partition 0 stopped committing: no progress for 10m while lag grew to 500; {TANSU}",
+            "evidence": {"lag": 500, "partitions": [{"partition": 0, "lag": 500}, {"partition": 1, "lag": 0}]}}
+
+
+def _all_text(msg: dict) -> str:
+    return json.dumps(msg["blocks"], ensure_ascii=False)
+
+
+def test_the_brokers_missing_members_are_said_once_per_message():
+    from lagdoctor.notify.render import OWNER_UNKNOWN, render_run_header
+
+    for msg in (render_incident(_tansu("a"), None, run_id="r1"),
+                render_update(_tansu("a"), ["severity warning → critical"]),
+                render_run_header([_tansu("a"), _tansu("b"), _tansu("c")], scope="prod", run_id="r1")):
+        text = _all_text(msg)
+        assert text.count("the broker lists no members") == 1
+        assert OWNER_UNKNOWN not in text  # the summaries keep "owner unknown", not the reason
+    header = _all_text(render_run_header([_tansu("a"), _tansu("b")], scope="prod", run_id="r1"))
+    assert header.lower().count("owner unknown") == 3  # each summary's, and the one note
+
+
+def test_a_message_without_the_excuse_has_no_note():
+    f = {**_tansu("a"), "summary": "lag grows; owner consumer-2 on 10.0.1.15"}
+    assert "broker lists no members" not in _all_text(render_incident(f, None, run_id="r1"))
+
+
+def test_first_message_and_updates_link_the_run_the_group_view_and_the_report(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example.com/")
+    f = {**_tansu("orders eu"), "report_url": "https://airflow.example.com/lagdoctor/reports/r1/a.html"}
+    run = "https://airflow.example.com/dags/kafka_lag_incident/runs/manual__2026-11-21T10%3A00%3A00%2B00%3A00"
+    group = "https://airflow.example.com/lagdoctor/group/prod/orders%20eu"
+    for msg in (render_incident(f, None, run_id="manual__2026-11-21T10:00:00+00:00", dag_id="kafka_lag_incident"),
+                render_update(f, ["pattern plateau → spiky"], run_id="manual__2026-11-21T10:00:00+00:00",
+                              dag_id="kafka_lag_incident")):
+        text = _all_text(msg)
+        assert f"<{run}|Airflow run>" in text
+        assert f"<{group}|group view>" in text
+        assert "<https://airflow.example.com/lagdoctor/reports/r1/a.html|HTML report>" in text
+
+
+def test_no_base_url_no_links(monkeypatch):
+    monkeypatch.delenv("AIRFLOW__API__BASE_URL", raising=False)
+    monkeypatch.setattr("lagdoctor.web.links.airflow_base_url", lambda environ=None: None)
+    text = _all_text(render_incident(_tansu("a"), None, run_id="r1", dag_id="kafka_lag_incident"))
+    assert "Airflow run" not in text and "group view" not in text

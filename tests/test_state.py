@@ -264,3 +264,13 @@ def test_pruning_slack_state_keeps_undelivered_messages_and_every_open_thread(st
                              sender=slack, settings=settings, now=NOW)
     failure_root = next(p["ts"] for p in slack.posts if "kafka_lag_health_sweep" in p["text"])
     assert slack.posts[-1]["thread_ts"] == failure_root
+
+
+def test_insert_ignore_says_whether_it_inserted(state_url):
+    # Callers branch on it (a replayed Slack request, a new lease); PostgreSQL once answered False always.
+    from lagdoctor.state import slack_requests
+
+    db = StateDB.from_url(state_url)
+    with db.transaction() as conn:
+        assert db.insert_ignore(conn, slack_requests, {"signature": "a", "received_at": NOW}, ("signature",))
+        assert not db.insert_ignore(conn, slack_requests, {"signature": "a", "received_at": NOW}, ("signature",))

@@ -1,5 +1,6 @@
 """lagdoctor's own state in a SQL database: Slack threads, the action log,
-leases, the durable Slack outbox and failure threads.
+leases, the durable Slack outbox, failure threads and Slack's buttons
+(approvals, acknowledge/snooze, seen requests, the click audit).
 
 Where it lives (first that applies):
 
@@ -124,6 +125,63 @@ failure_threads = sa.Table(
     "failure_threads", metadata,
     sa.Column("dag_id", sa.String(255), primary_key=True),
     sa.Column("data", sa.JSON, nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+
+# -- Slack interactivity (lagdoctor.notify.interactive, lagdoctor.web.slack_actions) --
+
+# Requests already seen, by Slack signature: a replayed request is acted on once.
+# Rows older than Slack's 5-minute window are pruned (a replay that old fails the timestamp check).
+slack_requests = sa.Table(
+    "slack_requests", metadata,
+    sa.Column("signature", sa.String(128), primary_key=True),
+    sa.Column("received_at", sa.DateTime(timezone=True), nullable=False, index=True),
+)
+
+# Every click, allowed or not: who, what, on what, and what came of it (append-only).
+slack_interactions = sa.Table(
+    "slack_interactions", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("user_id", sa.String(64), nullable=False),
+    sa.Column("user_name", sa.String(255), nullable=True),
+    sa.Column("action", sa.String(64), nullable=False),  # approve | reject | ack | snooze | unknown
+    sa.Column("target", sa.String(255), nullable=False),  # approval id or incident key digest
+    sa.Column("outcome", sa.String(32), nullable=False),  # done | already | refused | failed | unknown_target
+    sa.Column("detail", sa.Text, nullable=True),
+)
+
+# An approval a HITL task waits for, posted to Slack with Approve / Reject; the
+# buttons carry only `id`. `status` waiting | approved | rejected; answered_* say by whom.
+slack_approvals = sa.Table(
+    "slack_approvals", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("dag_id", sa.String(250), nullable=False),
+    sa.Column("run_id", sa.String(250), nullable=False),
+    sa.Column("task_id", sa.String(250), nullable=False),
+    sa.Column("map_index", sa.Integer, nullable=False),
+    sa.Column("subject", sa.Text, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("message_id", sa.Integer, nullable=True),  # the outbox row of the request
+    sa.Column("answered_by", sa.String(255), nullable=True),
+    sa.Column("answered_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.UniqueConstraint("dag_id", "run_id", "task_id", "map_index", name="uq_slack_approvals_ti"),
+)
+
+# Acknowledge / Snooze per incident thread (IncidentKey.digest()); `root_message_id`
+# ties them to one thread: a new thread for the same key starts loud again.
+incident_controls = sa.Table(
+    "incident_controls", metadata,
+    sa.Column("key_digest", sa.String(32), primary_key=True),
+    sa.Column("root_message_id", sa.Integer, nullable=True),
+    sa.Column("ack_by", sa.String(255), nullable=True),
+    sa.Column("ack_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("ack_severity", sa.String(16), nullable=True),
+    sa.Column("snoozed_by", sa.String(255), nullable=True),
+    sa.Column("snoozed_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("snoozed_until", sa.DateTime(timezone=True), nullable=True),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
 )
 
@@ -313,7 +371,9 @@ class StateDB:
         else:
             from sqlalchemy.dialects.sqlite import insert
         stmt = insert(table).values(**values).on_conflict_do_nothing(index_elements=list(conflict))
-        return conn.execute(stmt).rowcount == 1
+        # RETURNING, not rowcount: psycopg 3 under SQLAlchemy 2.1 reports rowcount -1 here,
+        # which read every insert on PostgreSQL as a conflict.
+        return conn.execute(stmt.returning(sa.literal_column("1"))).first() is not None
 
     # -- leases ------------------------------------------------------------------
 
@@ -389,6 +449,8 @@ def prune_notifications(db: StateDB, before: datetime) -> dict[str, int]:
     - ``run_threads``: not updated since ``before``, unless an open incident
       thread still replies under its first message.
     - ``leases``: expired before ``before`` (an expired lease is a free one).
+    - Slack clicks: seen request signatures, approvals, acknowledge/snooze
+      and the click audit, older than ``before``.
     """
     before = as_utc(before)
     with db.transaction() as conn:
@@ -421,6 +483,14 @@ def prune_notifications(db: StateDB, before: datetime) -> dict[str, int]:
             stmt = stmt.where(slack_messages.c.id.not_in(sorted(keep)))
         counts["slack_messages"] = conn.execute(stmt).rowcount or 0
         counts["leases"] = conn.execute(sa.delete(leases).where(leases.c.expires_at < before)).rowcount or 0
+        counts["slack_requests"] = conn.execute(sa.delete(slack_requests).where(
+            slack_requests.c.received_at < before)).rowcount or 0
+        counts["slack_approvals"] = conn.execute(sa.delete(slack_approvals).where(
+            slack_approvals.c.created_at < before)).rowcount or 0
+        counts["incident_controls"] = conn.execute(sa.delete(incident_controls).where(
+            incident_controls.c.updated_at < before)).rowcount or 0
+        counts["slack_interactions"] = conn.execute(sa.delete(slack_interactions).where(
+            slack_interactions.c.at < before)).rowcount or 0
     return counts
 
 

@@ -23,6 +23,7 @@ from typing import Any, Iterator, Mapping
 import sqlalchemy as sa
 
 from lagdoctor.notify import outbox, render
+from lagdoctor.notify.interactive import lift_acknowledgement, quiet_reason
 from lagdoctor.notify.redact import one_line
 from lagdoctor.notify.slack import Sender, slack_sender
 from lagdoctor.notify.templates import escape_mrkdwn
@@ -93,6 +94,27 @@ def _deliver(db, settings: Any, sender: Sender | None, now: datetime | None) -> 
     return result
 
 
+SWEEP_DAG_ID, INCIDENT_DAG_ID = "kafka_lag_health_sweep", "kafka_lag_incident"  # contract 5
+
+
+def _dag_id(dag_id: str | None, default: str) -> str:
+    """The DAG whose run a message links to: given, else the running task's, else ``default``."""
+    if dag_id:
+        return dag_id
+    try:
+        from airflow.sdk import get_current_context
+
+        return str(get_current_context()["dag"].dag_id)
+    except Exception:  # outside a task (tests, the CLI)
+        return default
+
+
+def _buttons(buttons: bool | None) -> bool:
+    from lagdoctor.notify.interactive import buttons_enabled
+
+    return buttons_enabled() if buttons is None else buttons
+
+
 def _reply_target(state: ThreadState) -> dict[str, Any]:
     """Where a reply in `state`'s thread goes: the known ts, or the parent row to wait for."""
     return {"parent_id": state.root_message_id, "thread_ts": state.thread_ts or None,
@@ -114,16 +136,23 @@ def post_or_update_incident(
     sender: Sender | None = None,
     settings: Any = None,
     now: datetime | None = None,
+    dag_id: str | None = None,
+    buttons: bool | None = None,
 ) -> dict[str, Any]:
     """Post a new incident thread, reply when it changed, or close it on recovery.
 
     ``plan`` is ``lagdoctor.runbooks.Plan.as_dict()`` for this finding (next
     steps and proposed actions); ``None`` posts without them.
-    Returns ``{"decision": "posted"|"replied"|"recovered"|"incomplete"|"unchanged"|"healthy",
+    Returns ``{"decision": "posted"|"replied"|"quiet"|"recovered"|"incomplete"|"unchanged"|"healthy",
     "threads": [...], "undelivered": int, "delivery_error": str | None}``;
-    "incomplete" is a healthy finding on incomplete data (rule 6): nothing closed.
+    "incomplete" is a healthy finding on incomplete data (rule 6): nothing closed;
+    "quiet" is a change left unsaid because the thread was acknowledged or snoozed.
+    ``dag_id`` (default: the running task's DAG) is linked; ``buttons`` (default:
+    when enabled, lagdoctor.notify.interactive) adds Acknowledge / Snooze.
     """
     settings = _settings(settings)
+    dag_id = _dag_id(dag_id, SWEEP_DAG_ID)
+    buttons = _buttons(buttons)
     db = _state_db(settings)
     store = ThreadStore(db)
     key = IncidentKey.of(finding)
@@ -132,7 +161,8 @@ def post_or_update_incident(
         if finding.get("diagnosis") == HEALTHY:
             result, keys = _on_healthy(db, conn, store, finding, run_id=run_id, now=_now(now))
         else:
-            result, keys = _on_problem(db, conn, store, finding, plan, run_id=run_id, now=_now(now))
+            result, keys = _on_problem(db, conn, store, finding, plan, run_id=run_id, now=_now(now),
+                                       dag_id=dag_id, buttons=buttons)
     result.update(_deliver(db, settings, sender, now))
     # Refs after delivery, so they carry the Slack ts of a thread just posted.
     result["threads"] = [_thread_ref(s) for s in (store.get(k) for k in keys) if s is not None]
@@ -159,6 +189,8 @@ def _on_healthy(db, conn, store: ThreadStore, finding: Mapping[str, Any], *, run
             state.status, state.closed_at, state.replies = "closed", stamp, state.replies + 1
             remember(state, finding, run_id=run_id, now=stamp)
         elif decision.kind == "incomplete":
+            if quiet_reason(conn, state, finding, now):
+                continue
             msg = render.render_data_incomplete(finding, state.key.diagnosis)
             outbox.queue_message(
                 db, conn, dedupe_key=f"incident:{state.key.digest()}:{_thread_anchor(state)}:incomplete:{run_id}",
@@ -173,22 +205,30 @@ def _on_healthy(db, conn, store: ThreadStore, finding: Mapping[str, Any], *, run
 
 
 def _on_problem(db, conn, store: ThreadStore, finding: Mapping[str, Any], plan: Mapping[str, Any] | None, *,
-                run_id: str, now: datetime) -> tuple[dict[str, Any], list[IncidentKey]]:
+                run_id: str, now: datetime, dag_id: str | None = None,
+                buttons: bool = False) -> tuple[dict[str, Any], list[IncidentKey]]:
     stamp = now.isoformat()
     key = IncidentKey.of(finding)
     state = store.get(key, conn=conn)
     decision = decide(finding, state, run_id=run_id)
     if decision.kind == "nothing":
         return {"decision": "unchanged"}, [key] if state else []
+    controls = key.digest() if buttons else None
     if decision.kind == "post":
-        msg = render.render_incident(finding, plan, run_id=run_id)
+        msg = render.render_incident(finding, plan, run_id=run_id, dag_id=dag_id, controls=controls)
         root = outbox.queue_message(db, conn, dedupe_key=f"incident:{key.digest()}:post:{run_id}",
                                     text=msg["text"], blocks=msg["blocks"], now=now)
         state = ThreadState(key=key, channel="", thread_ts="", opened_at=stamp, root_message_id=root)
         result = "posted"
     else:
         assert state is not None
-        msg = render.render_update(finding, decision.changes, run_id=run_id)
+        quiet = quiet_reason(conn, state, finding, now)
+        if quiet:
+            # Remembered, not said: the next reply (after the snooze, or a new severity) compares with now.
+            store.save(remember(state, finding, run_id=run_id, now=stamp), conn=conn)
+            return {"decision": "quiet", "reason": quiet, "changes": list(decision.changes)}, [key]
+        lift_acknowledgement(conn, state, finding)
+        msg = render.render_update(finding, decision.changes, run_id=run_id, dag_id=dag_id, controls=controls)
         outbox.queue_message(db, conn, dedupe_key=f"incident:{key.digest()}:{_thread_anchor(state)}:reply:{run_id}",
                              text=msg["text"], blocks=msg["blocks"], now=now, **_reply_target(state))
         state.replies += 1
@@ -205,6 +245,8 @@ def post_incident_run(
     sender: Sender | None = None,
     settings: Any = None,
     now: datetime | None = None,
+    dag_id: str | None = None,
+    buttons: bool | None = None,
 ) -> dict[str, Any]:
     """A manual incident run: one Slack thread for the whole run.
 
@@ -216,6 +258,8 @@ def post_incident_run(
     from lagdoctor.state import run_threads, utcnow
 
     settings = _settings(settings)
+    dag_id = _dag_id(dag_id, INCIDENT_DAG_ID)
+    buttons = _buttons(buttons)
     db = _state_db(settings)
     store = ThreadStore(db)
     at = _now(now)
@@ -228,7 +272,7 @@ def post_incident_run(
             outbox.lock_key(db, conn, name)
         row = conn.execute(sa.select(run_threads.c.data).where(run_threads.c.run_key == run_id)).first()
         if row is None:
-            msg = render.render_run_header([i["finding"] for i in items], scope=scope, run_id=run_id)
+            msg = render.render_run_header([i["finding"] for i in items], scope=scope, run_id=run_id, dag_id=dag_id)
             root = outbox.queue_message(db, conn, dedupe_key=f"run:{run_id}:header", text=msg["text"],
                                         blocks=msg["blocks"], now=at)
             run = {"root_message_id": root, "posted": []}
@@ -240,7 +284,8 @@ def post_incident_run(
             key = IncidentKey.of(finding)
             if key.digest() in run["posted"]:
                 continue
-            msg = render.render_incident(finding, item.get("plan"), run_id=run_id)
+            msg = render.render_incident(finding, item.get("plan"), run_id=run_id, dag_id=dag_id,
+                                         controls=key.digest() if buttons else None)
             outbox.queue_message(db, conn, dedupe_key=f"run:{run_id}:{key.digest()}", text=msg["text"],
                                  blocks=msg["blocks"], parent_id=root, now=at)
             thread = ThreadState(key=key, channel="", thread_ts="", opened_at=stamp, root_message_id=root)

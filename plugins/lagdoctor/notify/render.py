@@ -441,16 +441,47 @@ def one_line_id(value: Any, default: str = "-") -> str:
     return text or default
 
 
+# The job names no owner when the broker lists no group members (Tansu, some
+# Kafka-compatible brokers) and says why in every summary; a message says it once.
+OWNER_UNKNOWN = "unknown (the broker lists no members)"
+OWNER_UNKNOWN_NOTE = (":information_source: Owner unknown: the broker lists no members for this group "
+                      "(as Tansu and some Kafka-compatible brokers do), so no consumer can be named.")
+
+
+def owner_unknown_once(text: Any) -> tuple[str, bool]:
+    """``text`` with the broker's excuse cut to "unknown", and whether it was there."""
+    value = "" if text is None else str(text)
+    return value.replace(OWNER_UNKNOWN, "unknown"), OWNER_UNKNOWN in value
+
+
+def _owner_note_block() -> dict[str, Any]:
+    return {"type": "context", "elements": [{"type": "mrkdwn", "text": OWNER_UNKNOWN_NOTE}]}
+
+
+def links_text(finding: Mapping[str, Any], *, dag_id: str | None, run_id: str) -> str:
+    """`<run|Airflow run> · <group|group view> · <report|HTML report>`: each one only when it has a URL
+    (an absolute one: Airflow's base URL must be configured, lagdoctor.web.links)."""
+    from lagdoctor.web import links
+
+    parts = [report_link(links.run_url(dag_id or "", run_id), "Airflow run") if dag_id and run_id else "",
+             report_link(links.group_url(str(finding.get("cluster") or ""), str(finding.get("group_id") or "")),
+                         "group view"),
+             report_link(finding.get("report_url"))]
+    return " · ".join(p for p in parts if p)
+
+
 def _values(finding: Mapping[str, Any]) -> dict[str, Any]:
     diagnosis = one_line_id(finding.get("diagnosis"), "")
     severity = str(finding.get("severity") or "")
+    summary, owner_unknown = owner_unknown_once(finding.get("summary"))
     return {
+        "owner_unknown": owner_unknown,
         "group": one_line_id(finding.get("group_id")), "topic": one_line_id(finding.get("topic")),
         "cluster": one_line_id(finding.get("cluster")), "diagnosis": diagnosis,
         "diagnosis_title": _title(diagnosis), "severity": severity or "-",
         "severity_word": severity.upper() or "FINDING",
         "emoji": SEVERITY_EMOJI.get(severity, ":grey_question:"),
-        "pattern": finding.get("pattern") or "-", "summary": finding.get("summary") or "",
+        "pattern": finding.get("pattern") or "-", "summary": summary,
         "time_lag": _time_lag_shown(finding), "lag_total": fmt_int(_lag_total(finding)),
     }
 
@@ -503,11 +534,14 @@ def incomplete_data_text(finding: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------- messages
 
 def render_incident(finding: Mapping[str, Any], plan: Mapping[str, Any] | None = None,
-                    *, run_id: str = "", actions: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+                    *, run_id: str = "", actions: Sequence[Mapping[str, Any]] | None = None,
+                    dag_id: str | None = None, controls: str | None = None) -> dict[str, Any]:
     """The first message of an incident thread: ``{"text": fallback, "blocks": [...]}``.
 
     ``plan`` is ``lagdoctor.runbooks.Plan.as_dict()`` (next steps, proposed actions);
     ``actions`` are action records to show instead of the plan's proposals.
+    ``dag_id`` links the Airflow run; ``controls`` (the incident key's digest)
+    adds Acknowledge / Snooze 1 h (lagdoctor.notify.interactive).
     """
     v = _values(finding)
     plan = plan or {}
@@ -538,10 +572,16 @@ def render_incident(finding: Mapping[str, Any], plan: Mapping[str, Any] | None =
         blocks.append(_text_section(render("actions_title") + "\n" + "\n".join(lines)))
     window = " → ".join(str(finding[k]) for k in ("window_start", "window_end") if finding.get(k))
     context = render("context", window=window or "-", run_id=run_id or "-")
-    link = report_link(finding.get("report_url"))
+    link = links_text(finding, dag_id=dag_id, run_id=run_id)
     if link:
         context += " · " + link
     blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": context}]})
+    if v["owner_unknown"]:
+        blocks.append(_owner_note_block())
+    if controls:
+        from lagdoctor.notify.interactive import incident_buttons
+
+        blocks.append(incident_buttons(controls))
     return {"text": render("fallback", **v), "blocks": blocks}
 
 
@@ -557,7 +597,9 @@ def report_link(url: object, label: str = "HTML report") -> str:
     return f"<{safe}|{label}>"
 
 
-def render_update(finding: Mapping[str, Any], changes: Sequence[str], *, run_id: str = "") -> dict[str, Any]:
+def render_update(finding: Mapping[str, Any], changes: Sequence[str], *, run_id: str = "",
+                  dag_id: str | None = None, controls: str | None = None) -> dict[str, Any]:
+    """A reply in an incident's thread: what changed, with the same links and buttons as the first message."""
     v = _values(finding)
     changes_text = "; ".join(changes)
     blocks = [_text_section(render("update", changes=changes_text, **{k: v[k] for k in ("emoji", "summary")})),
@@ -572,12 +614,22 @@ def render_update(finding: Mapping[str, Any], changes: Sequence[str], *, run_id:
     table = evidence_table(finding)
     if table:
         blocks.append(_text_section("```\n" + table + "\n```"))
+    link = links_text(finding, dag_id=dag_id, run_id=run_id)
+    if link:
+        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": link}]})
+    if v["owner_unknown"]:
+        blocks.append(_owner_note_block())
+    if controls:
+        from lagdoctor.notify.interactive import incident_buttons
+
+        blocks.append(incident_buttons(controls))
     return {"text": render("update_fallback", changes=changes_text, group=v["group"], topic=v["topic"]), "blocks": blocks}
 
 
 def render_recovery(finding: Mapping[str, Any], *, diagnosis: str, duration_seconds: float | None) -> dict[str, Any]:
     v = {**_values(finding), "diagnosis": diagnosis.replace("_", " "), "duration": fmt_duration(duration_seconds)}
-    return {"text": render("recovery_fallback", **v), "blocks": [_text_section(render("recovery", **v))]}
+    blocks = [_text_section(render("recovery", **v))] + ([_owner_note_block()] if v["owner_unknown"] else [])
+    return {"text": render("recovery_fallback", **v), "blocks": blocks}
 
 
 def render_action_result(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -615,7 +667,8 @@ def render_data_incomplete(finding: Mapping[str, Any], diagnosis: str) -> dict[s
     text = render("data_incomplete", **v)
     detail = incomplete_data_text(finding)
     return {"text": render("data_incomplete_fallback", **v),
-            "blocks": [_text_section(text + ("\n" + detail if detail else ""))]}
+            "blocks": [_text_section(text + ("\n" + detail if detail else ""))]
+            + ([_owner_note_block()] if v["owner_unknown"] else [])}
 
 
 def render_quarantine_notice(entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -641,16 +694,21 @@ def render_approval_request(record: Mapping[str, Any]) -> dict[str, str]:
     return {"subject": render_plain(APPROVAL_SUBJECT, **v), "body": render_plain(APPROVAL_BODY, **v)}
 
 
-def render_run_header(findings: Sequence[Mapping[str, Any]], *, scope: str, run_id: str) -> dict[str, Any]:
+def render_run_header(findings: Sequence[Mapping[str, Any]], *, scope: str, run_id: str,
+                      dag_id: str | None = None) -> dict[str, Any]:
     """The first message of a manual incident run: what was looked at and what was found."""
+    from lagdoctor.web import links
+
+    link = report_link(links.run_url(dag_id, run_id), "Airflow run") if dag_id and run_id else ""
     problems = [f for f in findings if f.get("diagnosis") != "healthy"]
     worst = "critical" if any(f.get("severity") == "critical" for f in problems) else (
         "warning" if problems else "ok")
+    owner_unknown = any(owner_unknown_once(f.get("summary"))[1] for f in problems[:20])
     lines = [
         f"{SEVERITY_EMOJI.get(f.get('severity', ''), ':grey_question:')} "
         f"*{escape_mrkdwn(_title(one_line_id(f.get('diagnosis'), '')))}* "
         f"· `{escape_mrkdwn(code_safe(f.get('group_id', '')))}` on `{escape_mrkdwn(code_safe(f.get('topic', '')))}`: "
-        f"{mrkdwn_value(f.get('summary', ''))}"
+        f"{mrkdwn_value(owner_unknown_once(f.get('summary', ''))[0])}"
         + (" _(incomplete data)_" if _evidence(f).get("data_complete") is False else "")
         for f in problems[:20]
     ] or ["No problem found: every matching group keeps up."]
@@ -665,6 +723,35 @@ def render_run_header(findings: Sequence[Mapping[str, Any]], *, scope: str, run_
         _text_section(f"*Scope* `{escape_mrkdwn(code_safe(scope))}` · {len(problems)} problem(s), {healthy} healthy"),
         _text_section("\n".join(lines)[:2900]),
         {"type": "context", "elements": [{"type": "mrkdwn",
-                                          "text": f"run `{escape_mrkdwn(code_safe(run_id))}` · details in this thread"}]},
+                                          "text": f"run `{escape_mrkdwn(code_safe(run_id))}` · details in this thread"
+                                                  + (" · " + link if link else "")}]},
     ]
+    if owner_unknown:
+        blocks.append(_owner_note_block())
     return {"text": text, "blocks": blocks}
+
+
+def render_approval_prompt(subject: str, body: str | None, *, approval_id: int | None,
+                           answer_url: str | None) -> dict[str, Any]:
+    """A HITL task waits: its question, Approve / Reject when ``approval_id`` is given
+    (buttons enabled), and where to answer in Airflow."""
+    subject_text = mrkdwn_value(subject)
+    body_text, owner_unknown = owner_unknown_once(body or "")
+    # The form's body is Markdown for the Airflow UI: Slack's bold is one asterisk.
+    lines = [escape_mrkdwn(" ".join(line.replace("**", "*").split()))
+             for line in body_text.splitlines() if line.strip()][:20]
+    text = f":raised_hand: *Approval needed:* {subject_text}" + ("\n" + "\n".join(lines) if lines else "")
+    blocks: list[dict[str, Any]] = [_text_section(text)]
+    where = report_link(answer_url, "answer in Airflow")
+    if approval_id is not None:
+        hint = "Approve / Reject answer the task in Airflow (configured approvers only)" + (f" · or {where}" if where else "")
+    else:
+        hint = f"Answer in Airflow: {where}" if where else "Answer in the Airflow UI (Required actions)."
+    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": hint}]})
+    if owner_unknown:
+        blocks.append(_owner_note_block())
+    if approval_id is not None:
+        from lagdoctor.notify.interactive import approval_buttons
+
+        blocks.append(approval_buttons(approval_id))
+    return {"text": f"Approval needed: {subject_text}", "blocks": blocks}

@@ -1,0 +1,99 @@
+"""An action waiting in Airflow's human-in-the-loop, asked in Slack.
+
+The DAG's ApprovalOperator calls the notifier when its task starts to wait::
+
+    ApprovalOperator(task_id="approve", ..., notifiers=[SlackApprovalNotifier()])
+
+It records the waiting task instance (``slack_approvals``: the buttons carry
+only that row's id) and posts the question in the run's Slack thread, with
+Approve / Reject when buttons are enabled (a public base URL and a signing
+secret), else with a link to the task's page in Airflow. The click is
+answered by lagdoctor.web.slack_actions through Airflow's own HITL API.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any, Mapping
+
+import sqlalchemy as sa
+
+from lagdoctor.notify.redact import one_line
+
+log = logging.getLogger(__name__)
+
+
+def required_actions_url(dag_id: str, run_id: str, task_id: str, map_index: int = -1,
+                         environ: Mapping[str, str] | None = None) -> str | None:
+    """The Airflow UI's page where the task's question is answered (as HITLOperator links it)."""
+    from urllib.parse import quote
+
+    from lagdoctor.web.links import airflow_base_url
+
+    base = airflow_base_url(environ)
+    if not base:
+        return None
+    q = lambda v: quote(str(v), safe="")  # noqa: E731
+    return f"{base}/dags/{q(dag_id)}/runs/{q(run_id)}/tasks/{q(task_id)}/required_actions?map_index={int(map_index)}"
+
+
+def post_approval_request(*, dag_id: str, run_id: str, task_id: str, map_index: int = -1, subject: str,
+                          body: str | None = None, settings: Any = None, sender: Any = None,
+                          now: datetime | None = None, buttons: bool | None = None) -> dict[str, Any]:
+    """Record the waiting task and post its question once (a retried task posts nothing twice).
+
+    In the run's thread when the run has one (a manual incident run), else top-level."""
+    from lagdoctor.notify import interactive, outbox, render
+    from lagdoctor.notify.incidents import _deliver, _now, _settings, _state_db
+    from lagdoctor.state import run_threads, slack_approvals as a
+
+    settings = _settings(settings)
+    db = _state_db(settings)
+    at = _now(now)
+    buttons = interactive.buttons_enabled() if buttons is None else buttons
+    ti = {"dag_id": dag_id, "run_id": run_id, "task_id": task_id, "map_index": int(map_index)}
+    with db.transaction() as conn:
+        outbox.lock_key(db, conn, f"approval-request:{dag_id}:{run_id}:{task_id}:{map_index}")
+        run = conn.execute(sa.select(run_threads.c.data).where(run_threads.c.run_key == run_id)).first()
+        root = run.data.get("root_message_id") if run is not None and isinstance(run.data, dict) else None
+        db.insert_ignore(conn, a, {**ti, "subject": subject[:2000], "status": interactive.WAITING,
+                                   "message_id": root, "created_at": at},
+                         ("dag_id", "run_id", "task_id", "map_index"))
+        row = conn.execute(sa.select(a).where(*(getattr(a.c, k) == v for k, v in ti.items()))).mappings().one()
+        msg = render.render_approval_prompt(subject, body, approval_id=row["id"] if buttons else None,
+                                            answer_url=required_actions_url(dag_id, run_id, task_id, map_index))
+        message_id = outbox.queue_message(db, conn, dedupe_key=f"approval:{row['id']}:request", text=msg["text"],
+                                          blocks=msg["blocks"], parent_id=root, now=at)
+        if root is None and row["message_id"] is None:
+            # Top-level question: who answered goes in its own thread.
+            conn.execute(sa.update(a).where(a.c.id == row["id"]).values(message_id=message_id))
+    return {"approval_id": row["id"], "buttons": buttons, **_deliver(db, settings, sender, now)}
+
+
+try:
+    from airflow.sdk.bases.notifier import BaseNotifier
+except ImportError:  # pragma: no cover - only DAG code uses the notifier
+    BaseNotifier = object  # type: ignore[assignment,misc]
+
+
+class SlackApprovalNotifier(BaseNotifier):  # type: ignore[misc,valid-type]
+    """For ``HITLOperator(notifiers=[...])``: ask in Slack when the task starts to wait.
+
+    Never raises: a Slack problem must not fail the approval task (it can
+    still be answered in the Airflow UI)."""
+
+    template_fields = ()
+
+    def notify(self, context: Mapping[str, Any]) -> None:
+        ti = context["ti"]
+        task = context.get("task")
+        try:
+            result = post_approval_request(
+                dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id,
+                map_index=ti.map_index if isinstance(ti.map_index, int) else -1,
+                subject=str(getattr(task, "subject", "") or ti.task_id), body=getattr(task, "body", None))
+            if result.get("delivery_error"):
+                log.warning("Slack approval request queued, not delivered yet: %s", result["delivery_error"])
+        except Exception as exc:  # noqa: BLE001
+            log.error("could not post the approval request to Slack: %s", one_line(exc))

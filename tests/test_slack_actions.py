@@ -1,0 +1,472 @@
+"""Slack's buttons, end to end on loopback: the request URL app under uvicorn, the
+loopback Slack (threads, ephemeral replies, user groups), and a loopback fake of
+Airflow's HITL endpoint (PATCH/GET .../taskInstances/{task}/{map_index}/hitlDetails,
+409 once answered; its path is checked against Airflow's own router below; a real
+api-server per test would cost ~15 s and 1.5 GB). State on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import socket
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler
+from urllib.parse import parse_qs, unquote, urlencode, urlparse
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from lagdoctor.notify import interactive
+from lagdoctor.notify.approvals import post_approval_request
+from lagdoctor.notify.incidents import post_incident_run, post_or_update_incident
+from lagdoctor.settings import Settings
+from lagdoctor.state import StateDB, slack_interactions
+from tests.fixtures.loopback import serve_loopback
+from tests.fixtures.slack import SLACK_TEST_TOKEN, FakeSlack, SlackRequest, _handler
+
+SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
+AIRFLOW_TOKEN = "airflow-api-token-for-tests-7Hq"
+APPROVER, OTHER_APPROVER, STRANGER, GROUP_MEMBER = "U0APPROVE1", "U0APPROVE2", "U0STRANGER", "U0INGROUP"
+DAG, RUN, TASK = "kafka_lag_incident", "manual__2026-11-21T10:00:00+00:00", "remediate_restart_consumers.approve"
+
+
+# ---------------------------------------------------------------- loopback doubles
+
+def slack_handler(fake: FakeSlack, groups: dict[str, list[str]]):
+    base = _handler(fake)
+
+    class Handler(base):
+        def _extra(self, method: str, body: dict) -> None:
+            fake.requests.append(SlackRequest(method, dict(self.headers), body, 200, time.monotonic()))
+            if method == "chat.postEphemeral":
+                self._send(200, {"ok": True, "message_ts": fake.next_ts()})
+            else:
+                self._send(200, {"ok": True, "users": groups.get(body.get("usergroup"), [])})
+
+        def do_GET(self) -> None:  # slack-sdk lists a user group with GET
+            parsed = urlparse(self.path)
+            self._extra(parsed.path.rsplit("/", 1)[-1], {k: v[0] for k, v in parse_qs(parsed.query).items()})
+
+        def do_POST(self) -> None:
+            parsed = urlparse(self.path)
+            method = parsed.path.rsplit("/", 1)[-1]
+            if method not in ("chat.postEphemeral", "usergroups.users.list"):
+                return super().do_POST()
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
+            body = json.loads(raw) if "json" in (self.headers.get("Content-Type") or "") else \
+                {k: v[0] for k, v in parse_qs(raw).items()}
+            self._extra(method, {**{k: v[0] for k, v in parse_qs(parsed.query).items()}, **body})
+
+    return Handler
+
+
+class FakeAirflow:
+    """Airflow's HITL endpoint for one waiting task instance."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, dict, str]] = []  # method, path, body, authorization
+        self.answer: dict | None = None
+        self.lock = threading.Lock()
+
+    def handler(self):
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, status: int, payload: dict) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _route(self, method: str) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = json.loads(raw or b"{}")
+                fake.requests.append((method, self.path, body, self.headers.get("Authorization", "")))
+                expected = f"/api/v2/dags/{DAG}/dagRuns/{RUN}/taskInstances/{TASK}/-1/hitlDetails"
+                if unquote(self.path) != expected:
+                    return self._send(404, {"detail": "not found"})
+                if self.headers.get("Authorization") != f"Bearer {AIRFLOW_TOKEN}":
+                    return self._send(401, {"detail": "Not authenticated"})
+                with fake.lock:
+                    if method == "GET":
+                        a = fake.answer or {}
+                        return self._send(200, {"chosen_options": a.get("chosen_options"),
+                                                "responded_by_user": a.get("responded_by"),
+                                                "responded_at": a.get("responded_at"),
+                                                "response_received": bool(a)})
+                    if fake.answer is not None:
+                        return self._send(409, {"detail": "already been updated"})
+                    fake.answer = {"chosen_options": body["chosen_options"],
+                                   "responded_by": {"id": "lagdoctor-slack", "name": "lagdoctor-slack"},
+                                   "responded_at": "2026-11-21T10:00:01+00:00"}
+                    return self._send(200, {**fake.answer, "params_input": {}})
+
+            def do_PATCH(self):
+                self._route("PATCH")
+
+            def do_GET(self):
+                self._route("GET")
+
+        return Handler
+
+    @property
+    def patches(self) -> list[dict]:
+        return [body for method, _p, body, _a in self.requests if method == "PATCH"]
+
+
+def serve_app(app):
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return server, thread, f"http://127.0.0.1:{port}"
+
+
+# ---------------------------------------------------------------- fixtures
+
+class Clock:
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@pytest.fixture
+def slack(monkeypatch):
+    fake = FakeSlack()
+    groups = {"S0ONCALL": [GROUP_MEMBER]}
+    with serve_loopback(slack_handler(fake, groups)) as base:
+        fake.url = base + "/api/"
+        conn = {"conn_type": "slack", "password": SLACK_TEST_TOKEN,
+                "extra": {"base_url": fake.url, "signing_secret": SECRET}}
+        monkeypatch.setenv("AIRFLOW_CONN_SLACK_API_DEFAULT", json.dumps(conn))
+        yield fake
+
+
+@pytest.fixture
+def airflow_api(monkeypatch):
+    fake = FakeAirflow()
+    with serve_loopback(fake.handler()) as base:
+        monkeypatch.setenv("LAGDOCTOR_AIRFLOW_API_URL", base)
+        monkeypatch.setenv("LAGDOCTOR_AIRFLOW_API_TOKEN", AIRFLOW_TOKEN)
+        monkeypatch.setenv("LAGDOCTOR_SLACK_HITL_IDENTITY", "service")
+        yield fake
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path, state_url, slack, airflow_api):
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example.com")
+    monkeypatch.setenv("LAGDOCTOR_SLACK_APPROVERS", f"{APPROVER}, {OTHER_APPROVER},S0ONCALL")
+    monkeypatch.delenv(interactive.SIGNING_SECRET_ENV, raising=False)
+    return Settings(data_root=str(tmp_path))
+
+
+@pytest.fixture
+def clock():
+    return Clock(T0)
+
+
+@pytest.fixture
+def app_url(env, clock):
+    from fastapi import FastAPI
+
+    from lagdoctor.web.slack_actions import create_app
+
+    api_server = FastAPI()  # mounted as Airflow mounts a plugin's app
+    api_server.mount(interactive.URL_PREFIX, create_app(clock=clock, settings_factory=lambda: env))
+    server, thread, url = serve_app(api_server)
+    yield url + interactive.URL_PREFIX + interactive.ACTIONS_PATH
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+# ---------------------------------------------------------------- helpers
+
+def finding(severity="critical", pattern="steady_climb", group="orders-eu"):
+    return {"cluster": "prod", "group_id": group, "topic": "orders", "partitions": [1],
+            "diagnosis": "crashed_consumer", "pattern": pattern, "severity": severity,
+            "summary": "no live members while lag grows", "evidence": {"lag_total": 5000},
+            "window_start": "2026-11-21T09:30:00Z", "window_end": "2026-11-21T10:00:00Z"}
+
+
+def buttons_of(message: dict) -> dict[str, str]:
+    """What a person sees as buttons: label -> the value Slack would send back."""
+    return {e["text"]["text"]: e["value"] for b in message.get("blocks", []) if b["type"] == "actions"
+            for e in b["elements"]}
+
+
+def signed(body: bytes, ts: int, secret: str = SECRET) -> dict[str, str]:
+    sig = "v0=" + hmac.new(secret.encode(), f"v0:{ts}:".encode() + body, hashlib.sha256).hexdigest()
+    return {"X-Slack-Request-Timestamp": str(ts), "X-Slack-Signature": sig,
+            "Content-Type": "application/x-www-form-urlencoded"}
+
+
+_clicks = iter(range(1, 10_000))
+
+
+def click_body(action_id: str, value: str, user: str, name: str = "alice", thread_ts: str | None = None) -> bytes:
+    payload = {"type": "block_actions", "user": {"id": user, "username": name, "team_id": "T0"},
+               "channel": {"id": "C0LAGDOC"},
+               "container": {"type": "message", "channel_id": "C0LAGDOC", "message_ts": "1700000000.000002",
+                             "thread_ts": thread_ts},
+               "actions": [{"action_id": action_id, "value": value, "type": "button",
+                            "action_ts": f"1763719200.{next(_clicks):06d}"}]}
+    return urlencode({"payload": json.dumps(payload)}).encode()
+
+
+def click(url: str, clock: Clock, action_id: str, value: str, user: str, name: str = "alice",
+          body: bytes | None = None, ts: int | None = None, secret: str = SECRET) -> httpx.Response:
+    body = body if body is not None else click_body(action_id, value, user, name)
+    ts = int(clock.now.timestamp()) if ts is None else ts
+    return httpx.post(url, content=body, headers=signed(body, ts, secret), timeout=30)
+
+
+def wait_for(predicate, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    return predicate()
+
+
+def ephemerals(slack: FakeSlack, user: str) -> list[str]:
+    return [r.body["text"] for r in slack.requests if r.method == "chat.postEphemeral" and r.body.get("user") == user]
+
+
+def thread_posts(slack: FakeSlack, text: str) -> list[SlackRequest]:
+    return [p for p in slack.posts if text in (p.body.get("text") or "")]
+
+
+@pytest.fixture
+def waiting_approval(env, slack):
+    """An incident run's thread and, in it, a HITL approval waiting; its Approve/Reject values."""
+    post_incident_run([{"finding": finding(), "plan": None}], run_id=RUN, scope="prod / orders-.*",
+                      settings=env, now=T0, dag_id=DAG)
+    post_approval_request(dag_id=DAG, run_id=RUN, task_id=TASK, subject="lagdoctor: approve restart_consumers?",
+                          body="lagdoctor proposes `restart_consumers` for:\n- prod / orders-eu / orders: no members",
+                          settings=env, now=T0)
+    header, request = slack.posts[0], slack.posts[-1]
+    assert request.body["thread_ts"] == header.ts
+    return header, buttons_of(request.body)
+
+
+# ---------------------------------------------------------------- approve / reject
+
+def test_a_signed_approve_answers_airflow_and_says_who_in_the_thread(app_url, clock, slack, airflow_api,
+                                                                     waiting_approval):
+    header, buttons = waiting_approval
+    assert set(buttons) == {"Approve", "Reject"}
+    assert buttons["Approve"].isdigit()  # an id, nothing else
+
+    response = click(app_url, clock, interactive.APPROVE, buttons["Approve"], APPROVER, "alice")
+
+    assert response.status_code == 200 and response.json()["outcome"] == "done"
+    assert airflow_api.patches == [{"chosen_options": ["Approve"]}]
+    assert airflow_api.requests[0][3] == f"Bearer {AIRFLOW_TOKEN}"
+    (post,) = wait_for(lambda: thread_posts(slack, "Approved"))
+    assert post.body["thread_ts"] == header.ts
+    assert f"slack:{APPROVER} (alice)" in post.body["text"] and "goes ahead" in post.body["text"]
+
+
+def test_reject_through_a_slack_user_group(app_url, clock, slack, airflow_api, waiting_approval):
+    _header, buttons = waiting_approval
+    response = click(app_url, clock, interactive.REJECT, buttons["Reject"], GROUP_MEMBER, "gus")
+    assert response.json()["outcome"] == "done"
+    assert airflow_api.patches == [{"chosen_options": ["Reject"]}]
+    (post,) = wait_for(lambda: thread_posts(slack, "Rejected"))
+    assert f"slack:{GROUP_MEMBER} (gus)" in post.body["text"] and "is skipped" in post.body["text"]
+
+
+def test_a_wrong_signature_is_401_and_does_nothing(app_url, clock, slack, airflow_api, waiting_approval):
+    _header, buttons = waiting_approval
+    posts_before = len(slack.posts)
+    response = click(app_url, clock, interactive.APPROVE, buttons["Approve"], APPROVER, secret="not-the-secret")
+    assert response.status_code == 401
+    body = click_body(interactive.APPROVE, buttons["Approve"], APPROVER)
+    headers = signed(body, int(clock.now.timestamp()))
+    tampered = body.replace(b"alice", b"mallory")  # signed body, then changed on the way
+    assert httpx.post(app_url, content=tampered, headers=headers).status_code == 401
+    assert httpx.post(app_url, content=body).status_code == 401  # unsigned
+    time.sleep(0.3)
+    assert airflow_api.requests == [] and len(slack.posts) == posts_before
+
+
+def test_a_stale_timestamp_is_401(app_url, clock, airflow_api, waiting_approval):
+    _header, buttons = waiting_approval
+    old = int((clock.now - timedelta(seconds=301)).timestamp())
+    assert click(app_url, clock, interactive.APPROVE, buttons["Approve"], APPROVER, ts=old).status_code == 401
+    ahead = int((clock.now + timedelta(seconds=301)).timestamp())
+    assert click(app_url, clock, interactive.APPROVE, buttons["Approve"], APPROVER, ts=ahead).status_code == 401
+    assert airflow_api.requests == []
+
+
+def test_a_replayed_request_is_acted_on_once(app_url, clock, slack, airflow_api, waiting_approval):
+    _header, buttons = waiting_approval
+    body = click_body(interactive.APPROVE, buttons["Approve"], APPROVER)
+    ts = int(clock.now.timestamp())
+    first = httpx.post(app_url, content=body, headers=signed(body, ts))
+    clock.now += timedelta(seconds=30)
+    again = httpx.post(app_url, content=body, headers=signed(body, ts))  # the same request, captured
+    retried = httpx.post(app_url, content=body, headers=signed(body, ts + 30))  # Slack's retry: new ts, same click
+    assert first.json()["outcome"] == "done"
+    assert again.status_code == 200 and again.json()["outcome"] == "replayed"
+    assert retried.json()["outcome"] == "replayed"
+    assert len(airflow_api.patches) == 1
+    wait_for(lambda: thread_posts(slack, "Approved"))
+    time.sleep(0.3)
+    assert len(thread_posts(slack, "Approved")) == 1
+
+
+def test_an_unknown_user_is_refused_privately_and_audited(app_url, clock, slack, airflow_api, waiting_approval,
+                                                          env):
+    _header, buttons = waiting_approval
+    response = click(app_url, clock, interactive.APPROVE, buttons["Approve"], STRANGER, "eve")
+    assert response.json()["outcome"] == "refused"
+    (note,) = wait_for(lambda: ephemerals(slack, STRANGER))
+    assert "not allowed" in note and "nothing was done" in note
+    assert airflow_api.requests == [] and not thread_posts(slack, "Approved")
+    with StateDB.from_settings(env).engine.connect() as conn:
+        rows = conn.execute(sa.select(slack_interactions)).mappings().all()
+    assert [(r["user_id"], r["action"], r["outcome"]) for r in rows] == [(STRANGER, "approve", "refused")]
+
+
+def test_a_double_click_answers_already_approved_and_does_nothing_more(app_url, clock, slack, airflow_api,
+                                                                       waiting_approval):
+    _header, buttons = waiting_approval
+    assert click(app_url, clock, interactive.APPROVE, buttons["Approve"], APPROVER, "alice").json()["outcome"] == "done"
+    clock.now += timedelta(seconds=5)
+    same = click(app_url, clock, interactive.APPROVE, buttons["Approve"], APPROVER, "alice")
+    other = click(app_url, clock, interactive.REJECT, buttons["Reject"], OTHER_APPROVER, "bob")
+    assert same.json()["outcome"] == other.json()["outcome"] == "already"
+    (note,) = wait_for(lambda: ephemerals(slack, OTHER_APPROVER))
+    assert note.startswith(f"Already approved by slack:{APPROVER} (alice) at 2026-11-21 10:00 UTC")
+    assert len(airflow_api.patches) == 1
+    time.sleep(0.3)
+    assert len(thread_posts(slack, "Approved")) == 1 and not thread_posts(slack, "Rejected")
+
+
+def test_an_answer_given_in_the_airflow_ui_first_is_reported_not_overwritten(app_url, clock, slack, airflow_api,
+                                                                             waiting_approval):
+    _header, buttons = waiting_approval
+    airflow_api.answer = {"chosen_options": ["Reject"], "responded_by": {"id": "admin", "name": "admin"},
+                          "responded_at": "2026-11-21T09:59:00+00:00"}
+    response = click(app_url, clock, interactive.APPROVE, buttons["Approve"], APPROVER)
+    assert response.json()["outcome"] == "already"
+    assert response.json()["text"].startswith("Already rejected by admin at 2026-11-21 09:59 UTC")
+    assert "answered in Airflow" in response.json()["text"]
+
+
+def test_the_signing_secret_never_reaches_a_log_line(app_url, clock, airflow_api, waiting_approval, caplog):
+    _header, buttons = waiting_approval
+    with caplog.at_level(logging.DEBUG):
+        click(app_url, clock, interactive.APPROVE, buttons["Approve"], APPROVER, secret="wrong")
+        click(app_url, clock, interactive.APPROVE, buttons["Approve"], APPROVER)
+    assert caplog.records
+    assert SECRET not in caplog.text and AIRFLOW_TOKEN not in caplog.text and SLACK_TEST_TOKEN not in caplog.text
+
+
+# ---------------------------------------------------------------- acknowledge / snooze
+
+def test_acknowledge_silences_updates_until_the_severity_changes(app_url, clock, slack, env):
+    post_or_update_incident(finding("warning"), run_id="r1", settings=env, now=T0)
+    root = slack.posts[0]
+    assert set(buttons_of(root.body)) == {"Acknowledge", "Snooze 1 h"}
+
+    response = click(app_url, clock, interactive.ACK, buttons_of(root.body)["Acknowledge"], STRANGER, "carol")
+    assert response.json()["outcome"] == "done"  # anyone in the channel may acknowledge
+    (ack,) = wait_for(lambda: thread_posts(slack, "Acknowledged"))
+    assert ack.body["thread_ts"] == root.ts and "slack:U0STRANGER (carol)" in ack.body["text"]
+    again = click(app_url, clock, interactive.ACK, buttons_of(root.body)["Acknowledge"], APPROVER, "alice")
+    assert again.json()["text"].startswith("Already acknowledged by slack:U0STRANGER (carol)")
+
+    count = len(slack.posts)
+    quiet = post_or_update_incident(finding("warning", "plateau"), run_id="r2", settings=env, now=T0)
+    assert quiet["decision"] == "quiet" and len(slack.posts) == count
+    loud = post_or_update_incident(finding("critical", "plateau"), run_id="r3", settings=env, now=T0)
+    assert loud["decision"] == "replied"
+    assert "severity warning → critical" in slack.posts[-1].body["text"]
+
+
+def test_snooze_silences_every_update_for_an_hour(app_url, clock, slack, env):
+    post_or_update_incident(finding("warning"), run_id="r1", settings=env, now=T0)
+    root = slack.posts[0]
+    assert click(app_url, clock, interactive.SNOOZE_ACTION, buttons_of(root.body)["Snooze 1 h"],
+                 STRANGER, "carol").json()["outcome"] == "done"
+    (snooze,) = wait_for(lambda: thread_posts(slack, "Snoozed"))
+    assert "until 2026-11-21 11:00 UTC" in snooze.body["text"]
+    count = len(slack.posts)
+    during = post_or_update_incident(finding("critical"), run_id="r2", settings=env, now=T0 + timedelta(minutes=59))
+    assert during["decision"] == "quiet" and len(slack.posts) == count
+    after = post_or_update_incident(finding("critical", "plateau"), run_id="r3", settings=env,
+                                    now=T0 + timedelta(minutes=61))
+    assert after["decision"] == "replied" and slack.posts[-1].body["thread_ts"] == root.ts
+
+
+# ---------------------------------------------------------------- when there are no buttons
+
+def test_without_a_signing_secret_no_buttons_and_every_request_is_refused(monkeypatch, env, slack, clock, app_url):
+    conn = {"conn_type": "slack", "password": SLACK_TEST_TOKEN, "extra": {"base_url": slack.url}}
+    monkeypatch.setenv("AIRFLOW_CONN_SLACK_API_DEFAULT", json.dumps(conn))
+    post_or_update_incident(finding(), run_id="r1", settings=env, now=T0)
+    assert buttons_of(slack.posts[0].body) == {}
+    assert click(app_url, clock, interactive.ACK, "whatever", APPROVER).status_code == 401
+
+
+def test_without_a_public_base_url_no_buttons(monkeypatch, env, slack):
+    monkeypatch.delenv("AIRFLOW__API__BASE_URL")
+    monkeypatch.setattr("lagdoctor.web.links.airflow_base_url", lambda environ=None: None)
+    post_or_update_incident(finding(), run_id="r1", settings=env, now=T0)
+    post_approval_request(dag_id=DAG, run_id=RUN, task_id=TASK, subject="approve?", settings=env, now=T0)
+    assert all(buttons_of(p.body) == {} for p in slack.posts)
+    assert "Answer in the Airflow UI" in str(slack.posts[-1].body["blocks"])
+
+
+# ---------------------------------------------------------------- Airflow's side (no database needed)
+
+def test_the_fake_serves_the_path_airflow_routes_hitl_answers_on():
+    from starlette.routing import compile_path
+
+    from airflow.api_fastapi.core_api.routes.public.hitl import task_instances_hitl_router
+    from lagdoctor.notify.airflow_api import hitl_path
+
+    patch = next(r for r in task_instances_hitl_router.routes if "PATCH" in r.methods)
+    regex, _fmt, _conv = compile_path("/api/v2" + patch.path)
+    match = regex.match(hitl_path(DAG, RUN, TASK, -1))
+    assert match and unquote(match["dag_run_id"]) == RUN and match["task_id"] == TASK and match["map_index"] == "-1"
+
+
+def test_a_minted_token_names_the_slack_user_as_airflow_sees_it():
+    import asyncio
+
+    from airflow.api_fastapi.app import create_auth_manager
+    from lagdoctor.notify.airflow_api import minted_token_provider
+
+    manager = create_auth_manager()
+    mint = minted_token_provider({})
+    assert mint is not None
+    claims = asyncio.run(manager._get_token_validator().avalidated_claims(mint("slack:U0APPROVE1 (alice)")))
+    user = manager.deserialize_user(claims)
+    # What the HITL endpoint stores as responded_by: the Airflow UI shows the Slack user.
+    assert (user.get_id(), user.get_name(), user.role) == ("slack:U0APPROVE1 (alice)",) * 2 + ("USER",)
