@@ -26,15 +26,16 @@ with DAG(
                          description="Airflow connection id (type kafka) of the cluster to sweep "
                                      "when `clusters` is empty."),
         "clusters": clusters_param(sweep_clusters_default()),
-        "group_pattern": Param("", type="string", description="Only groups matching this regex in full; empty: all."),
+        "group_pattern": Param("", type="string",
+                               description="Regex, full match (RE2) against the whole group id, e.g. orders-.* "
+                                           "for orders-processor and orders-archiver; empty: all groups."),
         "topic": Param("", type="string", description="Only this topic; empty: all."),
         "window_minutes": Param(30, type="integer", minimum=1, maximum=1440,
                                 description="History the diagnosis looks at."),
         "samples": Param(3, type="integer", minimum=1, maximum=60,
                          description="Snapshots taken by each run (history accumulates across runs)."),
         "interval_seconds": Param(10, type="number", minimum=0, maximum=300),
-        "thresholds": thresholds_param('Diagnosis thresholds to override, e.g. {"warning_lag": 5000} '
-                                       "(a JSON object or its text)."),
+        "thresholds": thresholds_param(),
         "dry_run": Param(True, type="boolean", description="Remediation only says what it would do."),
     },
     doc_md="""

@@ -24,13 +24,15 @@ with DAG(
         "cluster": Param("kafka_default", type="string", minLength=1, title="Cluster",
                          description="Airflow connection id (type kafka) of the cluster."),
         "group_pattern": Param(".*", type="string", minLength=1, title="Consumer groups",
-                               description="Regex matched against the whole group id, e.g. orders-.*"),
+                               description="Regex, full match (RE2) against the whole group id: orders-.* "
+                                           "matches orders-processor and orders-archiver; orders alone matches "
+                                           "only a group named exactly orders. A pattern that matches no group "
+                                           "fails the run at once, naming the closest group ids."),
         "topic": Param("", type=["string", "null"], title="Topic (optional)",
                        description="Only this topic; empty for all topics of the groups."),
         "window_minutes": Param(120, type="integer", minimum=1, maximum=10080, title="Window (minutes)",
                                 description="How much stored history to diagnose."),
-        "thresholds": thresholds_param('Diagnosis thresholds to override, e.g. {"warning_lag": 5000} '
-                                       "(a JSON object or its text)."),
+        "thresholds": thresholds_param(),
         "dry_run": Param(True, type="boolean", title="Dry run",
                          description="Remediation only says what it would do; nothing waits for approval."),
         "samples": Param(6, type="integer", minimum=1, maximum=60, title="Fresh samples",
@@ -41,11 +43,15 @@ with DAG(
 ### Kafka lag incident
 
 Trigger with the form: name the cluster connection and a regex of consumer
-groups. The run takes `samples` fresh snapshots `interval_seconds` apart
+groups, matched in full (`orders-.*`, not `orders`). A pattern that matches no
+group on the cluster fails the `snapshot` task at once with the closest group
+ids, before any diagnosis. The run takes `samples` fresh snapshots `interval_seconds` apart
 (enough to diagnose on a fresh install with no history), merges them with the
 stored history of the last `window_minutes`, runs the PySpark diagnosis and
 posts what it finds. With `dry_run` on (the default) remediation only says what
-it would do; turned off, irreversible actions wait for approval here.
+it would do; turned off, irreversible actions wait for approval here, and the
+approval names the action, its target and its effect. An approved action that a
+guardrail then blocks shows as skipped, with the reason in its log and in Slack.
 """,
 ) as dag:
     build_pipeline(samples=6, interval_s=5.0, prune=False, one_thread_per_run=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -96,15 +97,32 @@ def test_remediation_does_not_depend_on_slack(dagbag, dag_id):
     assert not check.upstream_task_ids & branchy
 
 
-@pytest.mark.parametrize("value", [{}, {"warning_lag": 5000}, '{"warning_lag": 5000}', ""])
+@pytest.mark.parametrize("value", [{}, {"warning_lag": 5000}, '{"warning_lag": 5000}', "", None, "{not json"])
 def test_threshold_field_takes_an_object_or_its_text(dagbag, value):
-    """The form's JSON editor must never disable Trigger: text is accepted here and checked by validate_params."""
-    from airflow.sdk.definitions.param import ParamsDict
-
+    """The form never disables Trigger: any text passes here (validate_params checks it when the
+    run starts), and API/CLI triggers may still send a JSON object."""
     for dag_id in (SWEEP_DAG_ID, INCIDENT_DAG_ID):
-        params = ParamsDict(dagbag.dags[dag_id].params)
+        # What a trigger does with its conf (a copy: the session's DagBag stays as parsed).
+        params = copy.deepcopy(dagbag.dags[dag_id].params)
         params["thresholds"] = value
         params.validate()
+
+
+@pytest.mark.parametrize("dag_id", [SWEEP_DAG_ID, INCIDENT_DAG_ID])
+def test_threshold_field_is_a_json_text_box(dagbag, dag_id):
+    """The form picks its widget from the schema's `type`, else from the value: no `type` and
+    the text "{}" give a plain text area, never the object editor that sometimes did not render."""
+    param = dagbag.dags[dag_id].params.get_param("thresholds")
+    assert param.value == "{}"
+    assert "type" not in param.schema and param.schema.get("format") == "multiline"
+    assert '{"warning_lag": 5000' in param.description and "fails it at once" in param.description
+
+
+@pytest.mark.parametrize("dag_id", [SWEEP_DAG_ID, INCIDENT_DAG_ID])
+def test_group_pattern_help_says_full_match_with_an_example(dagbag, dag_id):
+    help_text = dagbag.dags[dag_id].params.get_param("group_pattern").description
+    assert "full match (RE2)" in help_text
+    assert "orders-.*" in help_text and "orders-processor" in help_text
 
 
 def test_sweep_runs_on_a_five_minute_schedule(dagbag):

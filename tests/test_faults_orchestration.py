@@ -53,6 +53,12 @@ BAD_FORMS = [
                  id="threshold not a number"),
     pytest.param({"thresholds": '{"warning_lag": "abc"}'}, r"^thresholds\.warning_lag: expected a number",
                  id="threshold as JSON text"),
+    pytest.param({"thresholds": '{"warning_lag": 5000'}, r"^thresholds: not valid JSON \(.+ at character \d+\)$",
+                 id="threshold text that is not JSON"),
+    pytest.param({"thresholds": '{"warn_lag": 5000}'}, r"^thresholds\.warn_lag: unknown threshold; known: ",
+                 id="unknown threshold in JSON text"),
+    pytest.param({"thresholds": '[5000]'}, r"^thresholds: expected a JSON object like \{\"warning_lag\": 5000\}, "
+                 r"got list$", id="threshold text not an object"),
     pytest.param({"cluster": "prod_eu"}, r"^cluster: no Airflow connection 'prod_eu' of type kafka$",
                  id="missing connection"),
 ]

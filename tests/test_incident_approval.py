@@ -16,6 +16,15 @@ pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.airflow]
 APPROVAL_TASK = "remediate_restart_consumers.approve"
 
 
+def remediation_config(group, k8s_server, **extra):
+    return json.dumps({
+        "require_approval": ["restart_consumers"],
+        "deployments": {group: {"namespace": "mail", "name": "mailer"}},
+        "kubernetes": {"host": k8s_server.url},
+        **extra,
+    })
+
+
 @pytest.fixture
 def real_run_env(monkeypatch, kafka_bootstrap, k8s_server, crashed_group, tmp_path):
     _, group = crashed_group
@@ -24,12 +33,20 @@ def real_run_env(monkeypatch, kafka_bootstrap, k8s_server, crashed_group, tmp_pa
         {"conn_type": "kafka", "extra": {"bootstrap.servers": kafka_bootstrap}}))
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", str(tmp_path / "data"))
-    monkeypatch.setenv("LAGDOCTOR_REMEDIATION_CONFIG", json.dumps({
-        "require_approval": ["restart_consumers"],
-        "deployments": {group: {"namespace": "mail", "name": "mailer"}},
-        "kubernetes": {"host": k8s_server.url},
-    }))
+    monkeypatch.setenv("LAGDOCTOR_REMEDIATION_CONFIG", remediation_config(group, k8s_server))
     return tmp_path / "data"
+
+
+def approval_shown(run) -> tuple[str, str]:
+    """(subject, body) of the approval form as the Airflow UI showed it."""
+    from airflow.models.hitl import HITLDetail
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    ti = run.get_task_instance(APPROVAL_TASK)
+    with create_session() as session:
+        detail = session.scalars(select(HITLDetail).where(HITLDetail.ti_id == ti.id)).one()
+        return detail.subject, detail.body
 
 
 @pytest.mark.parametrize("answer, restarted", [("Approve", True), ("Reject", False)])
@@ -56,6 +73,11 @@ def test_restart_waits_for_approval_and_follows_the_answer(
     # The branch ran only what the crashed group's runbook chose.
     assert states["remediate_scale_consumers.gate"] == TaskInstanceState.SKIPPED
     assert states["remediate_add_partitions.gate"] == TaskInstanceState.SKIPPED
+    # The form named the concrete change, its target and why.
+    subject, body = approval_shown(run)
+    assert subject == f"lagdoctor: rollout restart mail/mailer (group {group} on kafka_default)?"
+    assert f"**{group}** on kafka_default, topic {crashed_group[0]}: rollout restart mail/mailer" in body
+    assert "target: Deployment mail/mailer" in body and "why: crashed_consumer: " in body
     patches = [r for r in k8s_server.requests if r.method == "PATCH"]
     from lagdoctor.remediation.audit import ActionLog
     from lagdoctor.settings import Settings
@@ -71,3 +93,34 @@ def test_restart_waits_for_approval_and_follows_the_answer(
         assert states["remediate_restart_consumers.run"] == TaskInstanceState.SKIPPED
         assert patches == []
         assert [r for r in audit if r["status"] in ("started", "executed")] == []
+
+
+def test_an_approved_action_its_guard_blocks_shows_skipped_with_the_reason(
+    airflow_db, incident_dag, real_run_env, crashed_group, k8s_server, slack_connection, monkeypatch
+):
+    from airflow.utils.state import TaskInstanceState
+
+    _, group = crashed_group
+    monkeypatch.setenv("LAGDOCTOR_REMEDIATION_CONFIG", remediation_config(group, k8s_server, deny_groups=[group]))
+    answerer = answer_approval(INCIDENT_DAG_ID, APPROVAL_TASK, "Approve")
+    try:
+        run = incident_dag.test(run_conf={
+            "group_pattern": re.escape(group), "samples": 3, "interval_seconds": 1, "window_minutes": 30,
+            "dry_run": False,
+        })
+    finally:
+        answerer.stop()
+    assert answerer.error is None, answerer.error
+    assert answerer.answered
+
+    reason = f"deny_list: group matches deny pattern '{group}'"
+    # The approver was told it would not run...
+    _, body = approval_shown(run)
+    assert f"**blocked now**: {reason} (approving will not run it)" in body
+    # ...and after the approval the grid does not show it as done.
+    ran = run.get_task_instance("remediate_restart_consumers.run")
+    assert ran.state == TaskInstanceState.SKIPPED
+    assert ran.xcom_pull(task_ids=ran.task_id, key="blocked") == (
+        f"restart_consumers blocked for 1 of 1 group(s), not run: group {group} on kafka_default: {reason}")
+    assert [r for r in k8s_server.requests if r.method == "PATCH"] == []
+    assert any(reason in json.dumps(m) for m in slack_connection.messages)

@@ -503,3 +503,84 @@ def test_sweep_flow_plan_post_act_reply(settings, k8s, slack_connection, monkeyp
     assert [r["thread_ts"] for r in replies] == [slack_connection.posts[0].ts] * 2
     assert "dry run" in replies[0]["text"] and "max.poll.records=150" in replies[1]["blocks"][0]["text"]["text"]
     assert k8s.requests == []  # dry run by default: nothing was touched
+
+
+# ------------------------------------------------------------ what an approval says, what a block shows
+
+def write_plans(tmp_path, items):
+    """A plan file as the plan task writes it: [(finding, action), ...]."""
+    path = tmp_path / "plans.json"
+    path.write_text(json.dumps([{"finding": f, "plan": {"actions": [{"action": a, "params": {}, "guardrails": {}}]}}
+                                for f, a in items]))
+    return str(path)
+
+
+def stuck_at(offset, group="payments-ledger"):
+    return {**finding("stalled_consumer", group=group), "topic": "payments", "partitions": [0],
+            "summary": "offset 120 has not moved for 40 min while 3,000 records wait",
+            "evidence": {"partitions": [{"partition": 0, "committed_offset": offset}]}}
+
+
+def test_the_approval_names_the_record_the_topic_and_the_offset_it_will_commit(settings, tmp_path):
+    from lagdoctor.orchestration import approval_form
+
+    form = approval_form("skip_poison_pill", write_plans(tmp_path, [(stuck_at(120), "skip_poison_pill")]), now=T0)
+    change = ("copy the record at payments p0@120 to payments.dlq and commit offset 121 "
+              "(group must be EMPTY); irreversible")
+    assert form["subject"] == f"lagdoctor: {change} (group payments-ledger on prod)?"
+    assert f"**payments-ledger** on prod, topic payments: {change}" in form["body"]
+    assert "target: group payments-ledger on prod (skip_poison_pill)" in form["body"]
+    assert "why: stalled_consumer: offset 120 has not moved for 40 min" in form["body"]
+    assert "Effect: The group will never process the skipped record" in form["body"]
+    assert "blocked now" not in form["body"]
+
+
+def test_the_approval_says_when_a_guardrail_would_block_it(settings, tmp_path, monkeypatch):
+    from lagdoctor.orchestration import approval_form
+
+    monkeypatch.setenv("LAGDOCTOR_REMEDIATION_CONFIG", json.dumps({
+        "deny_groups": ["payments-*"], "deployments": {"orders": {"namespace": "shop", "name": "orders-consumer"}}}))
+    plans = write_plans(tmp_path, [(finding("crashed_consumer"), "restart_consumers"),
+                                   (finding("crashed_consumer", group="payments-ledger"), "restart_consumers")])
+    form = approval_form("restart_consumers", plans, now=T0)
+    assert form["subject"] == "lagdoctor: restart_consumers for 2 groups?"
+    assert "**orders** on prod, topic orders.v1: rollout restart shop/orders-consumer" in form["body"]
+    assert "target: Deployment shop/orders-consumer" in form["body"]
+    assert ("**blocked now**: deny_list: group matches deny pattern 'payments-*' (approving will not run it)"
+            in form["body"])
+    assert form["body"].count("blocked now") == 1
+
+
+def test_an_approved_action_its_guard_blocks_is_reported_and_raised_not_returned(
+        settings, k8s, slack_connection, tmp_path, monkeypatch):
+    from lagdoctor.orchestration import RemediationBlocked, remediate
+
+    monkeypatch.setenv("LAGDOCTOR_REMEDIATION_CONFIG", json.dumps({
+        "deny_groups": ["orders"], "deployments": {"orders": {"namespace": "shop", "name": "orders-consumer"}},
+        "kubernetes": {"host": k8s.url}}))
+    plans = write_plans(tmp_path, [(finding("crashed_consumer"), "restart_consumers")])
+    with pytest.raises(RemediationBlocked) as blocked:
+        remediate("restart_consumers", plans, "manual__1", dry_run=False, approved=True, settings=settings)
+    assert str(blocked.value) == ("restart_consumers blocked for 1 of 1 group(s), not run: group orders on prod: "
+                                  "deny_list: group matches deny pattern 'orders'")
+    assert blocked.value.changed is False
+    assert k8s.writes() == []
+    # The reason is in the action log and in Slack, as before.
+    assert [(r["status"], r["rule"]) for r in audit(settings)] == [("blocked", "deny_list")]
+    assert any("deny pattern 'orders'" in json.dumps(m) for m in slack_connection.messages)
+    # A dry run that would meet the same guard just says so: nothing to skip.
+    assert remediate("restart_consumers", plans, "manual__2", dry_run=True, settings=settings) == {"blocked": 1}
+
+
+def test_blocked_for_one_group_after_acting_for_another_says_something_changed(settings, k8s, tmp_path, monkeypatch):
+    from lagdoctor.orchestration import RemediationBlocked, remediate
+
+    monkeypatch.setenv("LAGDOCTOR_REMEDIATION_CONFIG", json.dumps({
+        "deployments": {"orders": {"namespace": "shop", "name": "orders-consumer"}}, "kubernetes": {"host": k8s.url}}))
+    plans = write_plans(tmp_path, [(finding("crashed_consumer"), "restart_consumers"),
+                                   (finding("crashed_consumer", group="billing"), "restart_consumers")])
+    with pytest.raises(RemediationBlocked) as blocked:
+        remediate("restart_consumers", plans, "manual__1", dry_run=False, approved=True, settings=settings)
+    assert blocked.value.changed is True
+    assert "blocked for 1 of 2 group(s), not run: group billing on prod: no Deployment mapped" in str(blocked.value)
+    assert len(k8s.writes()) == 1

@@ -54,6 +54,20 @@ class ClusterUnreadable(RuntimeError):
     """One cluster of a run could not be snapshotted: one line naming it (the others go on)."""
 
 
+class RemediationBlocked(RuntimeError):
+    """A real (not dry) remediation that a guardrail or the action itself blocked: one line
+    with the reasons. `changed`: whether the task changed anything for another group."""
+
+    def __init__(self, message: str, *, changed: bool) -> None:
+        super().__init__(message)
+        self.changed = changed
+
+
+class NoGroupMatched(ValueError):
+    """An incident's group_pattern (or topic) selects nothing on its cluster: one line with
+    the closest group ids. A retry cannot fix it, and diagnosing nothing would read as healthy."""
+
+
 def run_key(run_id: str, dag_id: str | None = None) -> str:
     """A folder/file name for one DAG run: readable, safe, stable across retries.
 
@@ -278,8 +292,13 @@ def take_snapshots(
     interval_s: float = 5.0,
     settings: Settings | None = None,
     dag_id: str | None = None,
+    require_match: bool = False,
 ) -> dict[str, Any]:
     """Collect `samples` snapshots `interval_s` apart into the store; idempotent per run.
+
+    `require_match` (incident runs): when the first sample taken holds no group
+    matching `group_pattern` (or none on `topic`), raise NoGroupMatched before
+    anything is written or slept, naming the closest group ids on the cluster.
 
     Each sample is keyed by the run and its index only, so a retried task finds
     the samples its earlier tries wrote (whatever time they were taken) and
@@ -311,11 +330,16 @@ def take_snapshots(
         table = collect_snapshot(admin, conn_id, group_pattern, now, bootstrap=bootstrap,
                                  record_partitions=settings.record_partitions,
                                  record_budget_s=settings.record_budget_s)
+        if require_match and n == 0 and table.num_rows == 0:
+            _raise_no_match(admin, conn_id, group_pattern)
+        matched = table
         if topic:
             # A group whose topics could not be read (topic "") may be on this topic: keep it.
             unknown = pc.and_(pc.equal(table["topic"], GROUP_ROW_TOPIC),
                               pc.equal(table["partition"], GROUP_ROW_PARTITION))
             table = table.filter(pc.or_(pc.equal(table["topic"], topic), unknown))
+        if require_match and n == 0 and table.num_rows == 0:
+            raise NoGroupMatched(no_topic_message(topic, group_pattern, conn_id, matched))
         path = write_snapshot(table, settings.snapshots_root, conn_id, now, key=keys[i])
         if path is None:
             log.info("sample %d of run %s was written meanwhile by another try; kept that one", i + 1, run_id)
@@ -330,17 +354,105 @@ def take_snapshots(
 
 
 def snapshot_cluster(cluster: str, run_id: str, form: Mapping[str, Any], *, dag_id: str | None = None,
-                     settings: Settings | None = None) -> dict[str, Any]:
+                     settings: Settings | None = None, require_match: bool = False) -> dict[str, Any]:
     """One cluster's part of a run (one mapped task instance): `take_snapshots` with
     the run's form. Failing, it says which cluster in one line; its samples are
-    keyed by (run, cluster), so its retry never touches another cluster's."""
+    keyed by (run, cluster), so its retry never touches another cluster's.
+    `require_match`: see `take_snapshots` (NoGroupMatched passes through as is)."""
     try:
         return take_snapshots(cluster, run_id, group_pattern=form.get("group_pattern"), topic=form.get("topic"),
                               samples=int(form.get("samples") or 1),
-                              interval_s=float(form.get("interval_seconds") or 0), settings=settings, dag_id=dag_id)
+                              interval_s=float(form.get("interval_seconds") or 0), settings=settings, dag_id=dag_id,
+                              require_match=require_match)
+    except NoGroupMatched:
+        raise  # already one line naming the cluster; the cluster was read fine
     except Exception as exc:  # noqa: BLE001 (a timeout is a BaseException and passes through)
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise ClusterUnreadable(f"cluster {cluster}: {reason[:400]}") from exc
+
+
+# -- a pattern that matches nothing ---------------------------------------------------
+
+CLOSEST_GROUPS = 3
+_REGEX_SYNTAX = re.compile(r"[\\^$.|?*+()\[\]{}]")
+
+
+def _literal(pattern: str) -> str:
+    """The pattern's text with regex syntax dropped (`orders\\-eu.*` -> `orders-eu`): what a
+    person meant to type, for comparing with group ids."""
+    return _REGEX_SYNTAX.sub("", pattern.replace("\\", "")).lower()
+
+
+def closest_groups(pattern: str, group_ids: list[str], limit: int = CLOSEST_GROUPS) -> list[str]:
+    """The group ids a mistyped pattern most likely meant: those containing its text
+    first (prefix before infix), then by difflib similarity; at most `limit`, and
+    none that look nothing alike."""
+    import difflib
+
+    text = _literal(pattern)
+    scored = []
+    for gid in group_ids:
+        low = gid.lower()
+        ratio = difflib.SequenceMatcher(None, text, low).ratio()
+        contains = 2 if text and low.startswith(text) else 1 if text and text in low else 0
+        if contains or ratio >= 0.5:
+            scored.append((-contains, -ratio, gid))
+    return [gid for *_, gid in sorted(scored)[:limit]]
+
+
+def suggest_pattern(pattern: str, closest: list[str]) -> str | None:
+    """A full-match pattern for what was probably meant: `orders` with orders-processor and
+    orders-archiver -> `orders-.*`; None when the pattern is not plain text or nothing fits."""
+    import os
+
+    if not pattern or _REGEX_SYNTAX.search(pattern):
+        return None
+    starts = [g for g in closest if g.startswith(pattern)]
+    if starts:
+        common = os.path.commonprefix(starts) if len(starts) > 1 else pattern
+        return re.sub(r"([\\^$.|?*+()\[\]{}])", r"\\\1", common) + ".*"
+    if any(pattern in g for g in closest):
+        return f".*{pattern}.*"
+    if closest:  # a typo: the likeliest id itself
+        return re.sub(r"([\\^$.|?*+()\[\]{}])", r"\\\1", closest[0])
+    return None
+
+
+def no_match_message(pattern: str | None, cluster: str, group_ids: list[str]) -> str:
+    """One line: `group_pattern 'orders' (full match) matched none of 7 groups on kafka_default;
+    closest: orders-processor, orders-archiver. Did you mean 'orders-.*'?`"""
+    pattern = pattern or ".*"
+    # Quoted as typed, not repr(): a backslash must not show doubled.
+    shown = " ".join(pattern.split())
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    if not group_ids:
+        return f"group_pattern '{shown}' (full match) matched no group on {cluster}: it has no consumer groups"
+    count = f"{len(group_ids)} group{'' if len(group_ids) == 1 else 's'}"
+    line = f"group_pattern '{shown}' (full match) matched none of {count} on {cluster}"
+    closest = closest_groups(pattern, group_ids)
+    line += "; closest: " + (", ".join(closest) if closest else "none alike")
+    suggestion = suggest_pattern(pattern, closest)
+    return line + (f". Did you mean '{suggestion}'?" if suggestion else "")
+
+
+def no_topic_message(topic: str | None, pattern: str | None, cluster: str, table: Any) -> str:
+    """One line when the pattern's groups have no offsets on the run's topic, naming theirs."""
+    groups = sorted(set(table["group_id"].to_pylist()))
+    topics = sorted({t for t in table["topic"].to_pylist() if t})
+    shown = ", ".join(topics[:5]) + (f" and {len(topics) - 5} more" if len(topics) > 5 else "")
+    return (f"topic '{topic}': none of the {len(groups)} group(s) matching '{pattern or '.*'}' on {cluster} "
+            f"has offsets on it; their topics: {shown or 'none'}")
+
+
+def _raise_no_match(admin: Any, cluster: str, pattern: str | None) -> None:
+    """Raise NoGroupMatched when no group id on the cluster matches `pattern` in full.
+    An empty sample whose groups do match (read errors, say) is left to the diagnosis."""
+    from lagdoctor.collector import compile_group_pattern, list_group_ids
+
+    everything = list_group_ids(admin, compile_group_pattern(None), 30.0)
+    compiled = compile_group_pattern(pattern)
+    if not any(compiled.fullmatch(g) for g in everything):
+        raise NoGroupMatched(no_match_message(pattern, cluster, everything))
 
 
 def snapshotted_clusters(clusters: list[str], results: list[Any]) -> list[str]:
@@ -742,14 +854,51 @@ def approval_needed(action: str, plans_path: str, *, dry_run: bool) -> bool:
     )
 
 
-def approval_text(action: str, plans_path: str) -> str:
-    """The body shown on the approval form: what would be done, to which groups."""
-    lines = [f"lagdoctor proposes `{action}` for:"]
+APPROVAL_SUBJECT_MAX = 200
+
+
+def approval_form(action: str, plans_path: str, *, settings: Settings | None = None,
+                  now: datetime | None = None) -> dict[str, str]:
+    """Subject and body (Markdown) of the approval form: per group, the concrete
+    change (the action's own describe() of its plan: action, target, effect),
+    "irreversible" when it is, why it was proposed, and a guardrail that would
+    block it as things stand, so nobody approves what will not run."""
+    from lagdoctor.notify.redact import one_line
+    from lagdoctor.remediation import get_action, preview_action
+
+    previews = []
     for item in read_plans(plans_path):
-        if any(a["action"] == action for a in item["plan"]["actions"]):
-            f = item["finding"]
-            lines.append(f"- {f['cluster']} / {f['group_id']} / {f['topic']}: {f['summary']}")
-    return "\n".join(lines)
+        for planned in item["plan"]["actions"]:
+            if planned["action"] == action:
+                p = preview_action(action, item["finding"], params=planned.get("params") or {},
+                                   guardrails=planned.get("guardrails") or {}, settings=settings, now=now)
+                previews.append((item["finding"], p))
+    spec = get_action(action)
+
+    def change(p: Mapping[str, Any]) -> str:
+        does = one_line(p["does"])
+        return does + ("; irreversible" if spec.irreversible and "irreversible" not in does else "")
+
+    groups = f"{len(previews)} group{'' if len(previews) == 1 else 's'}"
+    if len(previews) == 1:
+        f, p = previews[0]
+        subject = f"lagdoctor: {change(p)} (group {p['group_id']} on {p['cluster']})?"
+    else:
+        subject = f"lagdoctor: {action} for {groups}{' (irreversible)' if spec.irreversible else ''}?"
+    if len(subject) > APPROVAL_SUBJECT_MAX:
+        subject = subject[:APPROVAL_SUBJECT_MAX - 2] + "…?"
+    lines = [f"Approve runs `{action}`{' (**irreversible**)' if spec.irreversible else ''} for {groups}:", ""]
+    for f, p in previews:
+        lines.append(f"- **{p['group_id']}** on {p['cluster']}, topic {p['topic'] or '(all)'}: {change(p)}")
+        lines.append(f"  - target: {p['target']}")
+        lines.append(f"  - why: {one_line(f.get('diagnosis') or '')}: {one_line(f.get('summary') or '')}")
+        if p["blocked"]:
+            lines.append(f"  - **blocked now**: {p['blocked']} (approving will not run it)")
+    if spec.warning:
+        lines += ["", f"Effect: {spec.warning}"]
+    lines += ["", "Approve does exactly this; Reject changes nothing."]
+    return {"subject": subject, "body": "\n".join(lines)}
+
 
 
 def remediate(
@@ -771,6 +920,7 @@ def remediate(
 
     statuses: dict[str, int] = {}
     failures: list[str] = []
+    blocked: list[str] = []
     posted: list[Mapping[str, Any]] = []
     planned_items = [(item, planned) for item in read_plans(plans_path)
                      for planned in item["plan"]["actions"] if planned["action"] == action]
@@ -790,6 +940,8 @@ def remediate(
                 continue
             posted.append(post_action_result(record, settings=settings))
             statuses[record["status"]] = statuses.get(record["status"], 0) + 1
+            if record["status"] == "blocked" and not dry_run:
+                blocked.append(f"group {record.get('group_id')} on {record.get('cluster')}: {record.get('message')}")
     log.info("%s: %s", action, statuses)
     if failures:
         raise RemediationFailed(f"{action} failed for {len(failures)} group(s); first: {failures[0]}")
@@ -798,4 +950,11 @@ def remediate(
         # The action was taken and audited; its reply waits in the outbox for the next
         # run. Failing here would read as "the action failed" (post_findings shows Slack).
         log.warning("Slack: %d message(s) not delivered, kept in the outbox: %s", count, error)
+    if blocked:
+        # Recorded and posted above; raised last so the grid does not show a blocked change as done.
+        changed = bool(statuses.get("executed") or statuses.get("noop"))
+        line = (f"{action} blocked for {len(blocked)} of {len(planned_items)} group(s), not run: "
+                + "; ".join(blocked[:3]) + (f"; and {len(blocked) - 3} more" if len(blocked) > 3 else ""))
+        log.warning("%s", line)
+        raise RemediationBlocked(" ".join(line.split())[:1000], changed=changed)
     return statuses

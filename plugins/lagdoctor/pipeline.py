@@ -18,8 +18,10 @@ connection id) and nothing else: prepare_diagnosis runs once every snapshot is
 done and at least one succeeded, and diagnoses only those; check_failures then
 fails the run, naming the cluster. The incident DAG maps over its one cluster.
 
-Failures a retry cannot fix (the form, the job's bad-input exit codes, a
-runbook error, Slack messages left in the outbox) fail at once, without retry.
+Failures a retry cannot fix (the form, an incident's pattern that matches no
+group, the job's bad-input exit codes, a runbook error, Slack messages left in
+the outbox) fail at once, without retry. A real remediation that a guardrail
+blocks is skipped with the reason (failed, if it acted for another group).
 Every task has an execution timeout, so nothing holds the sweep forever.
 """
 
@@ -192,7 +194,10 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
     @task(task_id=SNAPSHOT_TASK_ID, execution_timeout=SNAPSHOT_TIMEOUT_CEILING, pre_execute=_narrow_snapshot_timeout,
           map_index_template="{{ task.op_kwargs['cluster'] }}")
     def snapshot(cluster: str, form: dict[str, Any]) -> dict[str, Any]:
-        return orchestration.snapshot_cluster(cluster, _run_id(), form, dag_id=get_current_context()["dag"].dag_id)
+        # An incident whose pattern selects nothing fails here, before Spark, never "no problem found".
+        with no_retry(orchestration.NoGroupMatched):
+            return orchestration.snapshot_cluster(cluster, _run_id(), form, dag_id=get_current_context()["dag"].dag_id,
+                                                  require_match=kind == "incident")
 
     # After every snapshot is done (retries included), for the clusters that were read.
     # The form comes from XCom: with validate_params upstream, its success alone would
@@ -329,10 +334,17 @@ def _remediation_group(action: str, branches, *, approvals: bool) -> None:
             summary = ctx["ti"].xcom_pull(task_ids=PLAN_TASK_ID)
             approval = ctx["ti"].xcom_pull(task_ids=f"{group_id}.approve") if asks else None
             # approved=None where approval is needed: the runner records it awaiting_approval.
-            return orchestration.remediate(
-                action, summary["plans"], _run_id(), dry_run=bool(ctx["params"]["dry_run"]),
-                approved=approved_from_hitl(approval) if approval else None,
-            )
+            try:
+                return orchestration.remediate(
+                    action, summary["plans"], _run_id(), dry_run=bool(ctx["params"]["dry_run"]),
+                    approved=approved_from_hitl(approval) if approval else None,
+                )
+            except orchestration.RemediationBlocked as exc:
+                # Blocked is not done: skipped (or failed, when it ran for other groups), never green.
+                from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+                ctx["ti"].xcom_push(key="blocked", value=str(exc))
+                raise (AirflowFailException if exc.changed else AirflowSkipException)(str(exc)) from None
 
         r = run()
         if not asks:
@@ -345,13 +357,15 @@ def _remediation_group(action: str, branches, *, approvals: bool) -> None:
             dry_run = bool(_params()["dry_run"])
             if orchestration.approval_needed(action, summary["plans"], dry_run=dry_run):
                 ti = get_current_context()["ti"]
-                ti.xcom_push(key="approval_text", value=orchestration.approval_text(action, summary["plans"]))
+                form = orchestration.approval_form(action, summary["plans"])
+                ti.xcom_push(key="approval_subject", value=form["subject"])
+                ti.xcom_push(key="approval_text", value=form["body"])
                 return f"{group_id}.approve"
             return f"{group_id}.run"
 
         approve = ApprovalOperator(
             task_id="approve",
-            subject=f"lagdoctor: approve {action}?",
+            subject=f"{{{{ ti.xcom_pull(task_ids='{group_id}.gate', key='approval_subject') }}}}",
             body=f"{{{{ ti.xcom_pull(task_ids='{group_id}.gate', key='approval_text') }}}}",
             defaults="Reject",
             response_timeout=APPROVAL_TIMEOUT,
@@ -363,12 +377,24 @@ def _remediation_group(action: str, branches, *, approvals: bool) -> None:
         approve >> r
 
 
-def thresholds_param(description: str):
-    """The threshold overrides field: a JSON object, or its text, so the form's
-    editor never disables Trigger; validate_params checks each name and value."""
+THRESHOLDS_HELP = ('JSON object of diagnosis thresholds to override, e.g. {"warning_lag": 5000, '
+                   '"critical_lag": 50000}; {} for none. Checked when the run starts: bad JSON, an unknown '
+                   "name or a value that is not a number fails it at once, naming the field.")
+
+
+def thresholds_param(description: str = THRESHOLDS_HELP):
+    """The threshold overrides field: JSON text in a plain text box (default "{}").
+
+    The form picks its widget from the value when the schema has no `type`:
+    a string gives a text box that is always there and never disables Trigger
+    (the object editor sometimes did not render). `anyOf` still lets API and
+    CLI triggers pass a JSON object, as before. validate_params parses and
+    checks it (names, numbers) when the run starts.
+    """
     from airflow.sdk import Param
 
-    return Param({}, type=["object", "string", "null"], title="Threshold overrides", description=description)
+    return Param("{}", anyOf=[{"type": "string"}, {"type": "object"}, {"type": "null"}], format="multiline",
+                 title="Threshold overrides", description=description)
 
 
 def clusters_param(default: list[str]):

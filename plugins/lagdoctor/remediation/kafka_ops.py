@@ -148,6 +148,7 @@ class SkipPoisonPill(Action):
         rows = {r.get("partition"): r for r in ctx.evidence.get("partitions") or [] if isinstance(r, Mapping)}
         parts = _stuck_partitions(ctx)
         plan = {
+            "topic": ctx.topic,
             "dead_letter_topic": template.format(topic=ctx.topic, group=ctx.group_id),
             "partitions": parts,
             "observed_offsets": {str(p): rows.get(p, {}).get("committed_offset") for p in parts},
@@ -160,9 +161,16 @@ class SkipPoisonPill(Action):
         return plan
 
     def describe(self, plan: Mapping[str, Any]) -> str:
+        """e.g. "copy the record at payments p0@120 to payments.dlq and commit offset 121 (group must be EMPTY)"."""
         offsets = plan.get("from_offsets") or plan.get("observed_offsets") or {}
-        at = ", ".join(f"p{p}@{'?' if offsets.get(str(p)) is None else offsets[str(p)]}" for p in plan["partitions"])
-        text = f"copy the record at {at} to {plan['dead_letter_topic']} and commit offset +1 (group must be EMPTY)"
+        known = [offsets.get(str(p)) for p in plan["partitions"]]
+        at = ", ".join(f"p{p}@{'?' if o is None else o}" for p, o in zip(plan["partitions"], known))
+        where = f"{plan['topic']} {at}" if plan.get("topic") else at  # plans written before the topic was kept
+        many = len(known) > 1
+        commit = (f"commit offset{'s' if many else ''} {', '.join(str(o + 1) for o in known)}"
+                  if None not in known else "commit offset +1")
+        text = (f"copy the record{'s' if many else ''} at {where} to {plan['dead_letter_topic']} and {commit} "
+                "(group must be EMPTY)")
         seen = _record_text(plan.get("stuck_record"), offsets)
         return f"{text}; the record: {seen}" if seen else text
 

@@ -86,6 +86,43 @@ def needs_approval(name: str, *, dry_run: bool, config: RemediationConfig | None
                 or (guardrails or {}).get("require_approval"))
 
 
+def preview_action(
+    name: str,
+    finding: Mapping[str, Any],
+    *,
+    params: Mapping[str, Any] | None = None,
+    guardrails: Mapping[str, Any] | None = None,
+    settings: Any = None,
+    config: RemediationConfig | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """What approving ``name`` for this finding would do, for the approval form:
+    ``does`` (the action's describe() of its prepared plan), ``target``,
+    ``irreversible``, ``warning``, and ``blocked``: why it would not run as things
+    stand (a guardrail or the plan itself), else None. Reads the audit log for
+    the guardrails; never touches the cluster or Kubernetes."""
+    action = get_action(name)
+    config = config or RemediationConfig.from_env()
+    now = now or datetime.now(timezone.utc)
+    ctx = ActionContext(finding=finding, config=config, params=dict(params or {}), now=now, kafka_config=dict)
+    target = action.target(ctx) or group_target(ctx.cluster, ctx.group_id, name)
+    out = {"action": name, "cluster": ctx.cluster, "group_id": ctx.group_id, "topic": ctx.topic, "target": target,
+           "irreversible": action.irreversible, "warning": action.warning, "does": action.summary, "blocked": None}
+    # In run_action's order: the guardrails first, then the plan.
+    if action.changes_state:
+        effective = _effective_config(config, guardrails or {})
+        audit = ActionLog.from_settings(settings)
+        verdict = check_guardrails(cluster=ctx.cluster, group_id=ctx.group_id, action=name, config=effective,
+                                   history=audit.attempts_since(now - _max_window(effective)), now=now, target=target)
+        if not verdict.allowed:
+            out["blocked"] = f"{verdict.rule}: {verdict.reason}"
+    try:
+        out["does"] = action.describe(action.prepare(ctx))
+    except ActionBlocked as exc:
+        out["blocked"] = out["blocked"] or one_line(str(exc))
+    return out
+
+
 def run_action(
     name: str,
     finding: Mapping[str, Any],
@@ -136,11 +173,7 @@ def run_action(
         "irreversible": action.irreversible, "requires_approval": approval and not dry_run,
         "warning": action.warning, "target": target,
     }
-    # Runbooks may only lengthen the cooldown, never shorten it.
-    effective = config
-    if guardrails.get("cooldown_minutes") is not None:
-        effective = replace(config, cooldown_minutes=max(config.cooldown_minutes,
-                                                          float(guardrails["cooldown_minutes"])))
+    effective = _effective_config(config, guardrails)
 
     def record(status: str, message: str, plan: Mapping[str, Any] | None = None, *,
                conn: sa.Connection | None = None, **extra: Any) -> dict[str, Any]:
@@ -243,6 +276,13 @@ def _finish(audit: ActionLog, target: str, holder: str, claimed: bool, record: A
         rec = record(status, message, plan, conn=conn, **extra)
         audit.db.release_lease(lease_key(target), holder, conn=conn)
     return rec
+
+
+def _effective_config(config: RemediationConfig, guardrails: Mapping[str, Any]) -> RemediationConfig:
+    """The config with the runbook's cooldown: runbooks may only lengthen it, never shorten it."""
+    if guardrails.get("cooldown_minutes") is None:
+        return config
+    return replace(config, cooldown_minutes=max(config.cooldown_minutes, float(guardrails["cooldown_minutes"])))
 
 
 def _serialize_claims(audit: ActionLog, conn: sa.Connection) -> None:
