@@ -89,6 +89,9 @@ def test_restart_waits_for_approval_and_follows_the_answer(
         # Audited write-ahead: "started" before the call, then its outcome.
         assert [(r["action"], r["status"], r["dry_run"]) for r in audit] == [
             ("restart_consumers", "started", False), ("restart_consumers", "executed", False)]
+        # who answered in Airflow is in the action log (the lag page's timeline shows it)
+        assert {r["approval"]["by"] for r in audit} == {"oncall"}
+        assert all(r["approval"]["chosen"] == ["Approve"] and r["approval"]["at"] for r in audit)
     else:
         assert states["remediate_restart_consumers.run"] == TaskInstanceState.SKIPPED
         assert patches == []

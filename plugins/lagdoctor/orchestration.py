@@ -909,6 +909,7 @@ def remediate(
     dry_run: bool,
     approved: bool | None = None,
     settings: Settings | None = None,
+    approval_by: Mapping[str, Any] | None = None,
 ) -> dict[str, int]:
     """Run one registered action for every finding that wants it; report each in its thread.
 
@@ -930,7 +931,7 @@ def remediate(
                 record = run_action(
                     action, item["finding"], run_id=run_id, dry_run=dry_run, approved=approved,
                     params=planned.get("params") or {}, guardrails=planned.get("guardrails") or {},
-                    settings=settings,
+                    settings=settings, approval_by=approval_by,
                 )
             except RemediationFailed as exc:
                 # One group's failure must not stop the action for the others;

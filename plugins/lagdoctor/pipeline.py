@@ -36,7 +36,8 @@ from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import TaskGroup, get_current_context, task
 
 from lagdoctor import orchestration
-from lagdoctor.remediation import action_names, approved_from_hitl, get_action
+from lagdoctor.notify.approvals import SlackApprovalNotifier
+from lagdoctor.remediation import action_names, approval_meta, approved_from_hitl, get_action
 
 VALIDATE_TASK_ID = "validate_params"
 POST_TASK_ID = "post_findings"
@@ -338,6 +339,7 @@ def _remediation_group(action: str, branches, *, approvals: bool) -> None:
                 return orchestration.remediate(
                     action, summary["plans"], _run_id(), dry_run=bool(ctx["params"]["dry_run"]),
                     approved=approved_from_hitl(approval) if approval else None,
+                    approval_by=approval_meta(approval),
                 )
             except orchestration.RemediationBlocked as exc:
                 # Blocked is not done: skipped (or failed, when it ran for other groups), never green.
@@ -369,6 +371,8 @@ def _remediation_group(action: str, branches, *, approvals: bool) -> None:
             body=f"{{{{ ti.xcom_pull(task_ids='{group_id}.gate', key='approval_text') }}}}",
             defaults="Reject",
             response_timeout=APPROVAL_TIMEOUT,
+            # asks in the run's Slack thread (Approve / Reject buttons when enabled)
+            notifiers=[SlackApprovalNotifier()],
             execution_timeout=TIMEOUTS["approve"],
         )
         g = gate()

@@ -11,7 +11,7 @@ Task-level API (cheap to import; client libraries load inside the actions):
 """
 
 from lagdoctor.remediation.actions import ActionBlocked, action_names, get_action, registered_actions
-from lagdoctor.remediation.approval import approval_request, approved_from_hitl
+from lagdoctor.remediation.approval import approval_meta, approval_request, approved_from_hitl
 from lagdoctor.remediation.config import ConfigError, RemediationConfig
 from lagdoctor.remediation.runner import (
     RemediationFailed,
@@ -23,6 +23,6 @@ from lagdoctor.remediation.runner import (
 
 __all__ = [
     "ActionBlocked", "ConfigError", "RemediationConfig", "RemediationFailed", "action_names",
-    "approval_request", "approved_from_hitl", "get_action", "idempotency_key", "needs_approval",
+    "approval_meta", "approval_request", "approved_from_hitl", "get_action", "idempotency_key", "needs_approval",
     "preview_action", "registered_actions", "run_action",
 ]

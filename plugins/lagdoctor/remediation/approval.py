@@ -26,3 +26,19 @@ def approved_from_hitl(result: Mapping[str, Any] | None) -> bool | None:
         return None
     chosen = result.get("chosen_options") or []
     return APPROVE in chosen
+
+
+def approval_meta(result: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Who answered the ApprovalOperator and when, for the action log (the lag page's
+    timeline shows it); None when nobody answered (a timeout takes the default)."""
+    if not result:
+        return None
+    who = result.get("responded_by_user")
+    if isinstance(who, Mapping):
+        who = who.get("name") or who.get("id")
+    at = result.get("responded_at")
+    if who is None and at is None:
+        return None
+    return {"by": None if who is None else str(who),
+            "at": at.isoformat() if hasattr(at, "isoformat") else (None if at is None else str(at)),
+            "chosen": list(result.get("chosen_options") or [])}

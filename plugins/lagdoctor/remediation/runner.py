@@ -136,8 +136,12 @@ def run_action(
     config: RemediationConfig | None = None,
     now: datetime | None = None,
     kafka_config: Mapping[str, Any] | None = None,
+    approval_by: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run (or dry-run) one registered action for one finding; returns its audit record.
+
+    `approval_by` ({"by", "at", "chosen"}: who answered the approval in Airflow)
+    goes into the record as `approval`.
 
     ``params``/``guardrails`` come from the runbook's plan; ``kafka_config``
     overrides the cluster connection's client config (tests); ``now`` defaults
@@ -172,6 +176,7 @@ def run_action(
         "diagnosis": finding.get("diagnosis"), "dry_run": dry_run,
         "irreversible": action.irreversible, "requires_approval": approval and not dry_run,
         "warning": action.warning, "target": target,
+        **({"approval": dict(approval_by)} if approval_by else {}),
     }
     effective = _effective_config(config, guardrails)
 
