@@ -163,6 +163,22 @@ def test_skip_poison_pill_refuses_when_the_offset_moved_since_the_plan(settings,
     assert committed(kafka_bootstrap, group, topic, 0) == 3
 
 
+def test_skip_poison_pill_never_skips_a_record_other_than_the_approved_one(settings, kafka_bootstrap, kafka_cluster,
+                                                                           unique):
+    topic, group = unique("orders"), unique("orders-group")
+    create_topics(kafka_bootstrap, topic)
+    create_topics(kafka_bootstrap, f"{topic}.dlq", partitions=1)
+    produce(kafka_bootstrap, topic, [f"v{i}".encode() for i in range(8)])
+    commit(kafka_bootstrap, group, topic, 0, 4)
+    f = stalled(kafka_cluster, group, topic, 4)  # the finding (and so the approval) showed offset 4
+    commit(kafka_bootstrap, group, topic, 0, 6)  # someone moved the group before the approved run
+    done = run_action("skip_poison_pill", f, run_id="r1", dry_run=False, approved=True, now=T0)
+    assert done["status"] == "blocked"
+    assert "partition 0 is at offset 6, not 4 as approved" in done["message"]
+    assert committed(kafka_bootstrap, group, topic, 0) == 6
+    assert read_all(kafka_bootstrap, f"{topic}.dlq") == []
+
+
 def test_add_partitions_reports_the_brokers_answer_cleanly(settings, kafka_bootstrap, kafka_cluster, unique):
     topic = unique("surge")
     create_topics(kafka_bootstrap, topic)

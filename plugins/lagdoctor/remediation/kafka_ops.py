@@ -193,6 +193,16 @@ class SkipPoisonPill(Action):
         config = ctx.kafka_config()
         topic, dlt = ctx.topic, plan["dead_letter_topic"]
         from_offsets = {int(p): int(o) for p, o in plan["from_offsets"].items()}
+        # What was approved is the record at the offset the finding showed: if the group is
+        # elsewhere now, the record at its position is not the one a person agreed to skip.
+        for p, seen in (plan.get("observed_offsets") or {}).items():
+            if seen is None or int(p) not in from_offsets:
+                continue
+            if from_offsets[int(p)] == int(seen) + 1:
+                from_offsets[int(p)] = int(seen)  # skipped by an earlier attempt: said below
+            elif from_offsets[int(p)] != int(seen):
+                raise ActionBlocked(f"partition {p} is at offset {from_offsets[int(p)]}, not {seen} as approved: "
+                                    "the record approved for skipping is no longer the group's next")
         with admin_client(config) as admin:
             state, members = group_state(admin, ctx.group_id)
             if state != "EMPTY":
