@@ -27,10 +27,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
 from lagdoctor.settings import Settings, join
 from lagdoctor.web.auth import DagReadCheck, dag_run_reader
+from lagdoctor.web.links import URL_PREFIX  # one mount point for the app and the links built to it
 
 log = logging.getLogger(__name__)
 
-URL_PREFIX = "/lagdoctor"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}$")
 _NO_STORE = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin"}
 
