@@ -15,7 +15,7 @@ export PATH := $(BIN):$(PATH)
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 
-.PHONY: demo test install clean bench airflow browser postgres
+.PHONY: demo test install clean bench airflow browser postgres kafka
 
 install: $(STAMP)
 
@@ -35,10 +35,10 @@ $(STAMP): pyproject.toml Makefile
 	@touch $(STAMP)
 	@echo "==> installed"
 
-demo: $(STAMP)
-	@$(BIN)/python -m lagdoctor.demo
+demo: $(STAMP) kafka
+	@$(BIN)/python -m lagdoctor.lab.demo
 
-test: $(STAMP) browser postgres
+test: $(STAMP) browser postgres kafka
 	@$(BIN)/python -m pytest
 
 # Headless Chromium for the lag page's browser test (Debian's package, ~25 s once).
@@ -64,9 +64,22 @@ postgres:
 		fi; \
 	fi
 
+# Apache Kafka's jars for the embedded broker, from Maven Central into the user's
+# cache folder (~45 MB, once; lagdoctor/kafka/broker.py). Needs Java 17+ and Maven.
+kafka: $(STAMP)
+	@if ! command -v mvn >/dev/null; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "==> installing Debian's maven to fetch Apache Kafka"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven >/dev/null; \
+		else \
+			echo "lagdoctor fetches Apache Kafka with Maven: install it (apt-get install maven)"; exit 1; \
+		fi; \
+	fi
+	@$(BIN)/python -m lagdoctor.kafka.broker --quiet-if-present
+
 # Airflow standalone on the embedded broker with the DAGs, the lag page and the demo's data.
-airflow: $(STAMP)
-	@$(BIN)/python -m lagdoctor.standalone
+airflow: $(STAMP) kafka
+	@$(BIN)/python -m lagdoctor.lab.standalone
 
 bench: $(STAMP)
 	@$(BIN)/python bench/snapshot_bench.py

@@ -4,7 +4,7 @@
     PYTHONPATH=plugins .venv/bin/python bench/accuracy_bench.py --tuning         # the tuning seeds
     PYTHONPATH=plugins .venv/bin/python bench/accuracy_bench.py --seeds 101,102 --groups 2 --wrong
 
-Writes lagdoctor.sim's conditions (every scenario under every condition:
+Writes lagdoctor.lab.sim's conditions (every scenario under every condition:
 sweep cadence, diurnal traffic, hot keys, multi-topic groups, 1 to 128
 partitions, 1 and 50k msg/s, 15 s to 5 min cadences with missed sweeps, mixed
 causes) for each seed, runs the job's own transforms (partition_features,
@@ -35,7 +35,7 @@ def run(seeds, groups: int, conditions=None, overrides=None, show_wrong: bool = 
     from lagdoctor.diagnosis.session import start_spark
     from lagdoctor.diagnosis.snapshots import read_snapshots
     from lagdoctor.diagnosis.thresholds import Thresholds
-    from lagdoctor.sim import score, score_text, write_conditions
+    from lagdoctor.lab.sim import score, score_text, write_conditions
 
     th = Thresholds.from_overrides(overrides or {})
     with tempfile.TemporaryDirectory(prefix="lagdoctor-accuracy-") as tmp:

@@ -80,7 +80,7 @@ def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[int, float, int, 
 
 
 def ensure_history(root: Path, rows: int, seed: int) -> Path:
-    from lagdoctor.sim import write_benchmark_history
+    from lagdoctor.lab.sim import write_benchmark_history
 
     path = root / f"rows-{rows}-seed-{seed}"
     marker = path / "_COMPLETE"

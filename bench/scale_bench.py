@@ -61,7 +61,7 @@ def setup(bootstrap: str, groups: int, partitions: int, groups_per_topic: int, r
     from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
     from confluent_kafka.admin import NewTopic
 
-    from lagdoctor.kafka_clients import admin_client, client_config
+    from lagdoctor.kafka.clients import admin_client, client_config
 
     admin = admin_client(bootstrap)
     topics = sorted({topic_of(g, groups_per_topic) for g in range(groups)})
@@ -111,8 +111,8 @@ def measure_snapshot(bootstrap: str, repeat: int, profile: bool, extra: dict) ->
     """Run in a fresh process: `repeat` timed snapshots; peak RSS is this process's."""
     from snapshot_bench import RequestCounter
 
-    from lagdoctor.collector import collect_snapshot
-    from lagdoctor.kafka_clients import admin_client
+    from lagdoctor.kafka.collector import collect_snapshot
+    from lagdoctor.kafka.clients import admin_client
 
     counter = RequestCounter()
     admin = admin_client(bootstrap, {"stats_cb": counter, "statistics.interval.ms": 100})
@@ -157,7 +157,7 @@ def measure_snapshot(bootstrap: str, repeat: int, profile: bool, extra: dict) ->
 def run_snapshot(args) -> dict:
     import psutil
 
-    from lagdoctor.broker import EmbeddedBroker
+    from lagdoctor.kafka.broker import EmbeddedBroker
 
     with EmbeddedBroker() as broker:
         t = time.perf_counter()

@@ -28,7 +28,7 @@ def setup(bootstrap: str, groups: int, partitions: int, records: int = 0) -> Non
     from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
     from confluent_kafka.admin import NewTopic
 
-    from lagdoctor.kafka_clients import admin_client, client_config
+    from lagdoctor.kafka.clients import admin_client, client_config
 
     admin = admin_client(bootstrap)
     topics = [f"bench-topic-{g:04d}" for g in range(groups)]
@@ -81,9 +81,9 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
 
-    from lagdoctor.broker import EmbeddedBroker
-    from lagdoctor.collector import collect_snapshot
-    from lagdoctor.kafka_clients import admin_client
+    from lagdoctor.kafka.broker import EmbeddedBroker
+    from lagdoctor.kafka.collector import collect_snapshot
+    from lagdoctor.kafka.clients import admin_client
 
     with EmbeddedBroker() as broker:
         t = time.monotonic()

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from lagdoctor.kafka_clients import admin_client as _real_admin_client
+from lagdoctor.kafka.clients import admin_client as _real_admin_client
 from lagdoctor.store import list_snapshot_files, read_snapshots
-from lagdoctor.workload import commit_offsets, create_topic, produce_counts
+from lagdoctor.lab.workload import commit_offsets, create_topic, produce_counts
 
 LAGDOCTOR = str(Path(sys.executable).parent / "lagdoctor")
 
@@ -159,7 +159,7 @@ def test_diagnose_missing_path_fails_with_the_path_named(tmp_path):
 def test_diagnose_runs_the_job_on_the_seeds_incident(tmp_path):
     import json
 
-    from lagdoctor.sim import write_seeds_incident
+    from lagdoctor.lab.sim import write_seeds_incident
 
     write_seeds_incident(str(tmp_path / "snapshots"))
     result = run("diagnose", "--snapshots", str(tmp_path / "snapshots"), "--output", str(tmp_path / "out"),
@@ -190,7 +190,7 @@ def test_sasl_handshake_failure_says_cannot_authenticate_in_one_line(kafka_boots
 
 def _describe_in_process(monkeypatch, capsys, bootstrap, group, **failures):
     """`lagdoctor describe` run in this process, its AdminClient failing as `failures` say."""
-    import lagdoctor.kafka_clients as kafka_clients
+    import lagdoctor.kafka.clients as kafka_clients
     from lagdoctor.cli import main
     from tests.fixtures.failing_admin import FailingAdmin
 

@@ -11,10 +11,10 @@ from datetime import datetime, timezone
 import pytest
 from confluent_kafka import ConsumerGroupState
 
-from lagdoctor.collector import collect_snapshot, compile_group_pattern, group_state_name
+from lagdoctor.kafka.collector import collect_snapshot, compile_group_pattern, group_state_name
 from lagdoctor.contracts import GROUP_STATES
-from lagdoctor.kafka_clients import admin_client
-from lagdoctor.workload import commit_offsets, create_topic, live_consumer_config, produce_counts
+from lagdoctor.kafka.clients import admin_client
+from lagdoctor.lab.workload import commit_offsets, create_topic, live_consumer_config, produce_counts
 
 broker = pytest.mark.broker
 
@@ -134,7 +134,7 @@ def test_deleted_topic_rows_are_dropped_and_other_topics_kept(kafka_bootstrap, u
 def test_commit_below_log_start_keeps_the_row(kafka_bootstrap, unique, monkeypatch):
     # Tansu cannot DeleteRecords (shared/STACK.md), so retention is simulated by
     # raising the log start offset the real broker reports for one partition.
-    import lagdoctor.collector as collector
+    import lagdoctor.kafka.collector as collector
 
     topic, group = unique("retained"), unique("slowpoke")
     create_topic(kafka_bootstrap, topic, 1)

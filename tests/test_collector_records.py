@@ -9,9 +9,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from lagdoctor.collector import collect_snapshot
-from lagdoctor.kafka_clients import admin_client
-from lagdoctor.workload import commit_offsets, create_topic
+from lagdoctor.kafka.collector import collect_snapshot
+from lagdoctor.kafka.clients import admin_client
+from lagdoctor.lab.workload import commit_offsets, create_topic
 
 broker = pytest.mark.broker
 

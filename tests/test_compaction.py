@@ -135,7 +135,7 @@ def test_an_unreadable_file_is_left_alone_and_named(tmp_path):
 
 
 def test_columns_differ_between_files_union_with_nulls(tmp_path):
-    from lagdoctor.collector import snapshot_schema
+    from lagdoctor.kafka.collector import snapshot_schema
 
     fill_hour(tmp_path, samples=1)  # an older file: no read_error, no leader_broker
     ts = H3 + timedelta(minutes=30)

@@ -111,7 +111,7 @@ def test_optional_columns_extend_the_page_and_never_redefine_it():
 def test_writer_schema_is_the_contract_with_offsets_nullable_only_for_read_errors():
     """The collector writes contract 1's columns, in order and with their types; only the
     two offsets a failed ListOffsets leaves unknown are declared nullable, then the extras."""
-    from lagdoctor.collector import snapshot_schema
+    from lagdoctor.kafka.collector import snapshot_schema
 
     contract = contracts.snapshot_arrow_schema()
     written = snapshot_schema()

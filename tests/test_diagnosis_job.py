@@ -16,7 +16,7 @@ pytestmark = pytest.mark.spark
 
 def test_job_writes_findings_and_status_for_every_group(tmp_path):
     from lagdoctor.contracts import DIAGNOSES, FINDING_FIELDS, PARTITION_STATUS_FIELDS, PARTITION_STATUSES, PATTERNS
-    from lagdoctor.sim import write_scenarios, write_seeds_incident
+    from lagdoctor.lab.sim import write_scenarios, write_seeds_incident
 
     store = tmp_path / "snapshots"
     labels = write_scenarios(str(store), seed=11, n_groups_per_scenario=1)
@@ -64,7 +64,7 @@ def test_job_writes_findings_and_status_for_every_group(tmp_path):
 def test_bad_input_exits_non_zero_with_one_line(tmp_path):
     import pyarrow.parquet as pq
 
-    from lagdoctor.sim import seeds_incident_table
+    from lagdoctor.lab.sim import seeds_incident_table
 
     no_column = tmp_path / "no_column"
     no_column.mkdir()
@@ -123,7 +123,7 @@ def test_clusters_and_a_window_without_as_of_read_only_what_they_name(tmp_path):
 
     import pyarrow.compute as pc
 
-    from lagdoctor.sim import SEEDS_END, seeds_incident_table
+    from lagdoctor.lab.sim import SEEDS_END, seeds_incident_table
     from lagdoctor.store import write_snapshot
 
     store = tmp_path / "snapshots"

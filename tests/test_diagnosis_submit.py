@@ -88,6 +88,6 @@ def test_every_threshold_is_a_job_flag():
 
 
 def test_airflow_side_imports_no_pyspark():
-    code = ("import sys, lagdoctor.diagnosis.submit, lagdoctor.diagnosis.thresholds, lagdoctor.sim; "
+    code = ("import sys, lagdoctor.diagnosis.submit, lagdoctor.diagnosis.thresholds, lagdoctor.lab.sim; "
             "sys.exit('pyspark' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -320,7 +320,7 @@ def test_several_diagnoses_at_once(frame):
 @pytest.fixture(scope="module")
 def seeds_snapshots(spark, tmp_path_factory):
     from lagdoctor.diagnosis.snapshots import read_snapshots
-    from lagdoctor.sim import write_seeds_incident
+    from lagdoctor.lab.sim import write_seeds_incident
 
     root = tmp_path_factory.mktemp("seeds")
     write_seeds_incident(str(root))

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from lagdoctor import orchestration, store
-from lagdoctor.collector import CollectionError, collect_snapshot
-from lagdoctor.kafka_clients import admin_client
+from lagdoctor.kafka.collector import CollectionError, collect_snapshot
+from lagdoctor.kafka.clients import admin_client
 from lagdoctor.settings import Settings
-from lagdoctor.workload import commit_offsets, create_topic, produce_counts
+from lagdoctor.lab.workload import commit_offsets, create_topic, produce_counts
 from tests.fixtures.failing_admin import FailingAdmin
 
 pytestmark = pytest.mark.broker
@@ -157,7 +157,7 @@ def test_a_rerun_of_the_same_run_samples_only_what_is_missing(kafka_bootstrap, l
 
 
 def test_broker_killed_between_samples(kafka_env, tmp_path, monkeypatch, unique, capfd):
-    from lagdoctor.broker import EmbeddedBroker
+    from lagdoctor.kafka.broker import EmbeddedBroker
 
     settings = Settings(data_root=str(tmp_path))
     root = Path(settings.snapshots_root)
@@ -215,7 +215,7 @@ def test_airflow_connection_client_says_cannot_authenticate_and_keeps_stderr_cle
     like the CLI's: one line saying authentication failed, no librdkafka lines on stderr."""
     import json
 
-    from lagdoctor.kafka_clients import airflow_admin_client
+    from lagdoctor.kafka.clients import airflow_admin_client
 
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA_SASL", json.dumps({"conn_type": "kafka", "extra": {
         "bootstrap.servers": kafka_bootstrap, "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
@@ -283,7 +283,7 @@ def six_groups(kafka_bootstrap, unique):
 
 
 def test_one_failed_request_among_many_in_flight_marks_exactly_its_group(kafka_bootstrap, six_groups, monkeypatch):
-    import lagdoctor.collector as collector
+    import lagdoctor.kafka.collector as collector
 
     topic, groups, pattern = six_groups
     # ListOffsets in calls of 2 partitions: a topic's partitions span three calls.
@@ -342,7 +342,7 @@ def test_a_broker_that_dies_mid_snapshot_costs_the_budget_not_a_timeout_per_grou
     import time
     from concurrent.futures import Future
 
-    from lagdoctor.broker import EmbeddedBroker
+    from lagdoctor.kafka.broker import EmbeddedBroker
 
     broker = EmbeddedBroker().start()
     try:

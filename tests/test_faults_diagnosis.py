@@ -35,7 +35,7 @@ def group_table(group, topic, rows):
     import pyarrow as pa
 
     from lagdoctor.contracts import snapshot_arrow_schema
-    from lagdoctor.sim import SEEDS_END
+    from lagdoctor.lab.sim import SEEDS_END
 
     schema = snapshot_arrow_schema(include_optional=True)
     if "read_error" not in schema.names:  # contract 1's optional column, listed or not yet
@@ -57,7 +57,7 @@ def faulty_store(tmp_path_factory):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from lagdoctor.sim import seeds_incident_table, write_seeds_incident
+    from lagdoctor.lab.sim import seeds_incident_table, write_seeds_incident
 
     root = tmp_path_factory.mktemp("faults") / ".lagdoctor" / "snapshots"
     write_seeds_incident(str(root))

@@ -90,7 +90,7 @@ def test_a_bad_form_fails_in_the_first_task_once_with_one_line(airflow_db, incid
 def test_a_catastrophic_pattern_is_accepted_and_matches_as_it_should(kafka_bootstrap, unique, tmp_path, monkeypatch):
     """`(a+)+$` over a 31-character group id took 160 s per sample with backtracking;
     RE2 answers at once. The result is asserted, not the time."""
-    from lagdoctor.workload import commit_offsets, create_topic, produce_counts
+    from lagdoctor.lab.workload import commit_offsets, create_topic, produce_counts
 
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps(
         {"conn_type": "kafka", "extra": {"bootstrap.servers": kafka_bootstrap}}))

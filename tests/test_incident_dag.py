@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from lagdoctor.workload import SteadyProducer, ThrottledConsumer, create_topic
+from lagdoctor.lab.workload import SteadyProducer, ThrottledConsumer, create_topic
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.airflow]
 

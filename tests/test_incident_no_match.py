@@ -30,7 +30,7 @@ def test_no_match_line_names_the_closest_groups_and_a_pattern_that_would_match(p
     assert orchestration.no_match_message(pattern, "kafka_default", SEEN) == line
     suggestion = re.search(r"Did you mean '(.+)'\?$", line)
     if suggestion:  # the suggestion really matches what it names, in full
-        from lagdoctor.collector import compile_group_pattern
+        from lagdoctor.kafka.collector import compile_group_pattern
 
         assert any(compile_group_pattern(suggestion.group(1)).fullmatch(g) for g in SEEN)
 
@@ -43,7 +43,7 @@ def test_a_cluster_without_groups_says_so():
 @pytest.fixture
 def near_misses(kafka_bootstrap, unique):
     """Three groups whose ids contain `base`, none equal to it: what `orders` meets on a real cluster."""
-    from lagdoctor.workload import commit_offsets, create_topic, produce_counts
+    from lagdoctor.lab.workload import commit_offsets, create_topic, produce_counts
 
     base, topic = unique("refunds"), unique("refund-events")
     create_topic(kafka_bootstrap, topic, 1)

@@ -11,10 +11,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from lagdoctor.collector import collect_snapshot
-from lagdoctor.kafka_clients import admin_client
+from lagdoctor.kafka.collector import collect_snapshot
+from lagdoctor.kafka.clients import admin_client
 from lagdoctor.store import write_snapshot
-from lagdoctor.workload import ThrottledConsumer, create_topic
+from lagdoctor.lab.workload import ThrottledConsumer, create_topic
 from tests.fixtures.spark import read_jsonl, run_job
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]

@@ -8,9 +8,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from lagdoctor.kafka_clients import client_config
-from lagdoctor.records import read_records_at
-from lagdoctor.workload import create_topic
+from lagdoctor.kafka.clients import client_config
+from lagdoctor.kafka.records import read_records_at
+from lagdoctor.lab.workload import create_topic
 
 T0 = datetime(2026, 11, 21, 3, 14, tzinfo=timezone.utc)
 
@@ -57,7 +57,7 @@ def test_a_group_without_a_commit_is_not_read(kafka_bootstrap, records_topic):
 
 
 def test_assignments_keep_the_most_important_positions_first():
-    from lagdoctor.records import rounds_of
+    from lagdoctor.kafka.records import rounds_of
 
     wanted = [("a", 0, 10), ("a", 0, 20), ("b", 1, 5), ("a", 1, 7), ("a", 0, 10), ("c", 0, 1)]
     rounds = rounds_of(wanted, batch=2)

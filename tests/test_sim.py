@@ -18,7 +18,7 @@ GROUPS_PER_CASE = 1
 
 def test_every_diagnosis_pattern_and_trap_is_simulated():
     from lagdoctor.contracts import DIAGNOSES, PATTERNS
-    from lagdoctor.sim import SCENARIOS, scenario_table
+    from lagdoctor.lab.sim import SCENARIOS, scenario_table
 
     table, labels = scenario_table(seed=3, n_groups_per_scenario=2)
     assert {d for lab in labels for d in lab["diagnoses"]} == set(DIAGNOSES)
@@ -36,7 +36,7 @@ def test_histories_are_contract_1_with_noise_gaps_and_jitter():
     import pyarrow.compute as pc
 
     from lagdoctor.contracts import snapshot_arrow_schema
-    from lagdoctor.sim import scenario_table
+    from lagdoctor.lab.sim import scenario_table
 
     table, labels = scenario_table(seed=4, n_groups_per_scenario=4)
     assert table.schema.equals(snapshot_arrow_schema())
@@ -61,7 +61,7 @@ def test_histories_are_contract_1_with_noise_gaps_and_jitter():
 
 
 def test_same_seed_same_history():
-    from lagdoctor.sim import scenario_table
+    from lagdoctor.lab.sim import scenario_table
 
     a, la = scenario_table(seed=9, n_groups_per_scenario=1, scenarios=["slow_consumer", "rebalance_loop_staircase"])
     b, lb = scenario_table(seed=9, n_groups_per_scenario=1, scenarios=["slow_consumer", "rebalance_loop_staircase"])
@@ -70,7 +70,7 @@ def test_same_seed_same_history():
 
 
 def test_write_scenarios_layout(tmp_path):
-    from lagdoctor.sim import LABELS_FILE, read_labels, write_scenarios
+    from lagdoctor.lab.sim import LABELS_FILE, read_labels, write_scenarios
 
     labels = write_scenarios(str(tmp_path), seed=5, n_groups_per_scenario=1, scenarios=["healthy_steady"])
     assert read_labels(str(tmp_path)) == labels
@@ -81,7 +81,7 @@ def test_write_scenarios_layout(tmp_path):
 def test_benchmark_history_hits_the_row_target(tmp_path):
     import pyarrow.parquet as pq
 
-    from lagdoctor.sim import write_benchmark_history
+    from lagdoctor.lab.sim import write_benchmark_history
 
     n = write_benchmark_history(str(tmp_path), rows=20_002, partitions_per_group=4, snapshots_per_group=500)
     files = list(tmp_path.glob("cluster=bench/date=*/*.parquet"))
@@ -97,7 +97,7 @@ def _by_group_topic(table, *columns):
 
 
 def test_sweep_cadence_is_bursts_of_three_samples_every_five_minutes():
-    from lagdoctor.sim import condition_table
+    from lagdoctor.lab.sim import condition_table
 
     table, labels = condition_table(seed=21, conditions=["sweep_cadence"], n_groups_per_case=1)
     for rows in _by_group_topic(table).values():
@@ -110,7 +110,7 @@ def test_sweep_cadence_is_bursts_of_three_samples_every_five_minutes():
 
 
 def test_multi_topic_groups_are_labelled_per_topic_with_one_sick_topic():
-    from lagdoctor.sim import condition_table
+    from lagdoctor.lab.sim import condition_table
 
     table, labels = condition_table(seed=22, conditions=["multi_topic"], n_groups_per_case=2)
     by_group = collections.defaultdict(list)
@@ -128,7 +128,7 @@ def test_multi_topic_groups_are_labelled_per_topic_with_one_sick_topic():
 
 
 def test_hot_key_rises_on_a_few_partitions_and_producer_surge_on_most():
-    from lagdoctor.sim import condition_table
+    from lagdoctor.lab.sim import condition_table
 
     table, labels = condition_table(seed=23, conditions=["hot_key"], n_groups_per_case=3)
     rows = _by_group_topic(table, "log_end_offset")
@@ -156,7 +156,7 @@ def test_conditions_cover_rates_partitions_cadences_diurnal_and_mixed_causes():
     import pyarrow.compute as pc
 
     from lagdoctor.contracts import snapshot_arrow_schema
-    from lagdoctor.sim import CONDITIONS, condition_table
+    from lagdoctor.lab.sim import CONDITIONS, condition_table
 
     table, labels = condition_table(seed=24, n_groups_per_case=1)
     assert table.schema.equals(snapshot_arrow_schema(include_optional=True))
@@ -190,7 +190,7 @@ def test_conditions_cover_rates_partitions_cadences_diurnal_and_mixed_causes():
 
 
 def test_true_time_lag_is_window_end_minus_the_committed_records_production_time():
-    from lagdoctor.sim import condition_table
+    from lagdoctor.lab.sim import condition_table
 
     table, labels = condition_table(seed=25, conditions=["baseline"], n_groups_per_case=2, record_ts_share=1.0)
     rows = _by_group_topic(table, "lag", "committed_record_ts")
@@ -216,7 +216,7 @@ def test_true_time_lag_is_window_end_minus_the_committed_records_production_time
 def test_production_clock_by_hand():
     import numpy as np
 
-    from lagdoctor.sim import DEFAULT_START, _Group
+    from lagdoctor.lab.sim import DEFAULT_START, _Group
 
     g = _Group(np.random.default_rng(0), "healthy_steady", "c", "g", "t", DEFAULT_START, n_partitions=1, rate=10.0)
     # end offsets 100 before the window, 150 after the tick at t=0, 200 at t=5, 250 at t=10
@@ -229,7 +229,7 @@ def test_production_clock_by_hand():
 
 
 def test_same_seed_same_conditions():
-    from lagdoctor.sim import condition_table
+    from lagdoctor.lab.sim import condition_table
 
     a, la = condition_table(seed=26, conditions=["diurnal", "mixed_causes"])
     b, lb = condition_table(seed=26, conditions=["diurnal", "mixed_causes"])
@@ -241,7 +241,7 @@ def test_classifier_accuracy_on_an_unseen_seed(spark, tmp_path):
     from lagdoctor.diagnosis.classify import findings
     from lagdoctor.diagnosis.features import group_features, group_series, partition_features
     from lagdoctor.diagnosis.snapshots import read_snapshots
-    from lagdoctor.sim import score, score_text, write_conditions
+    from lagdoctor.lab.sim import score, score_text, write_conditions
 
     labels = write_conditions(str(tmp_path), seed=ACCURACY_SEED, n_groups_per_case=GROUPS_PER_CASE)
     df = read_snapshots(spark, str(tmp_path))

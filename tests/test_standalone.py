@@ -3,7 +3,7 @@ memory-only broker that no longer exists) and Airflow database are moved aside, 
 
 from __future__ import annotations
 
-from lagdoctor.standalone import start_clean
+from lagdoctor.lab.standalone import start_clean
 
 
 def test_a_start_moves_the_previous_history_and_database_aside(tmp_path):

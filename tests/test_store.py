@@ -133,7 +133,7 @@ def test_keys_are_per_cluster(tmp_path):
 
 
 def test_read_error_rows_read_back_beside_older_files_without_the_column(tmp_path):
-    from lagdoctor.collector import snapshot_schema
+    from lagdoctor.kafka.collector import snapshot_schema
 
     # An older file first (no read_error column, offsets declared non-null) ...
     store.write_snapshot(snapshot(T0), str(tmp_path), "prod", T0)

@@ -30,7 +30,7 @@ def _fail(message: str) -> int:
 # -- broker -------------------------------------------------------------------
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    from lagdoctor.broker import EmbeddedBroker
+    from lagdoctor.kafka.broker import EmbeddedBroker
 
     broker = EmbeddedBroker(args.port)
     stop = {"signal": None}
@@ -55,7 +55,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 # -- snapshot / describe ------------------------------------------------------
 
 def _admin(args: argparse.Namespace):
-    from lagdoctor.kafka_clients import admin_client, read_properties, resolve_bootstrap
+    from lagdoctor.kafka.clients import admin_client, read_properties, resolve_bootstrap
 
     bootstrap = resolve_bootstrap(args.bootstrap_servers)
     extra = read_properties(args.command_config) if args.command_config else None
@@ -63,7 +63,7 @@ def _admin(args: argparse.Namespace):
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    from lagdoctor.collector import collect_snapshot, compile_group_pattern
+    from lagdoctor.kafka.collector import collect_snapshot, compile_group_pattern
     from lagdoctor.settings import Settings
     from lagdoctor.store import write_snapshot
 
@@ -95,8 +95,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    from lagdoctor.collector import collect_snapshot
-    from lagdoctor.describe import read_errors_line, render_describe
+    from lagdoctor.kafka.collector import collect_snapshot
+    from lagdoctor.kafka.describe import read_errors_line, render_describe
 
     bootstrap, admin = _admin(args)
     table = collect_snapshot(admin, "describe", None, bootstrap=bootstrap, group_ids=[args.group])
@@ -246,8 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level={0: logging.ERROR, 1: logging.INFO}.get(args.verbose, logging.DEBUG),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from lagdoctor.collector import CollectionError
-    from lagdoctor.kafka_clients import ConfigError
+    from lagdoctor.kafka.collector import CollectionError
+    from lagdoctor.kafka.clients import ConfigError
     from lagdoctor.store import StoreError
 
     try:

@@ -90,7 +90,7 @@ def kafka_admin(conn_id: str) -> tuple[Any, str]:
     bare install works against the embedded broker; any other id must exist.
     """
     from lagdoctor.connections import connection_exists
-    from lagdoctor.kafka_clients import admin_client, airflow_admin_client, resolve_bootstrap
+    from lagdoctor.kafka.clients import admin_client, airflow_admin_client, resolve_bootstrap
 
     if connection_exists(conn_id):
         from airflow.sdk.bases.hook import BaseHook
@@ -117,7 +117,7 @@ def check_cluster(conn_id: Any, environ: Mapping[str, str] | None = None, *, fie
     import os
 
     from lagdoctor.connections import connection_exists
-    from lagdoctor.kafka_clients import BOOTSTRAP_ENV
+    from lagdoctor.kafka.clients import BOOTSTRAP_ENV
 
     if not isinstance(conn_id, str) or not conn_id.strip():
         raise FormError(f"{field}: required, the id of an Airflow connection of type kafka")
@@ -252,7 +252,7 @@ def validate_params(params: Mapping[str, Any], environ: Mapping[str, str] | None
     a dict, empty pattern/topic as None, `clusters` the checked connection ids
     (see `resolve_clusters`; `conf` is the run's own conf) and `cluster` the first.
     """
-    from lagdoctor.collector import compile_group_pattern
+    from lagdoctor.kafka.collector import compile_group_pattern
 
     field, ids = resolve_clusters(params, conf)
     clusters = [check_cluster(c, environ, field=field) for c in ids]
@@ -307,7 +307,7 @@ def take_snapshots(
     """
     import pyarrow.compute as pc
 
-    from lagdoctor.collector import collect_snapshot
+    from lagdoctor.kafka.collector import collect_snapshot
     from lagdoctor.contracts import GROUP_ROW_PARTITION, GROUP_ROW_TOPIC
     from lagdoctor.store import find_keyed_snapshots, write_snapshot
 
@@ -447,7 +447,7 @@ def no_topic_message(topic: str | None, pattern: str | None, cluster: str, table
 def _raise_no_match(admin: Any, cluster: str, pattern: str | None) -> None:
     """Raise NoGroupMatched when no group id on the cluster matches `pattern` in full.
     An empty sample whose groups do match (read errors, say) is left to the diagnosis."""
-    from lagdoctor.collector import compile_group_pattern, list_group_ids
+    from lagdoctor.kafka.collector import compile_group_pattern, list_group_ids
 
     everything = list_group_ids(admin, compile_group_pattern(None), 30.0)
     compiled = compile_group_pattern(pattern)
@@ -665,7 +665,7 @@ def plan_findings(
     """
     import fsspec
 
-    from lagdoctor.collector import compile_group_pattern
+    from lagdoctor.kafka.collector import compile_group_pattern
     from lagdoctor.runbooks import choose_actions, load_runbooks
 
     if kind not in KINDS:

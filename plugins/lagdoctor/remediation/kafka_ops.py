@@ -32,7 +32,7 @@ def kafka_config_for(conn_id: str, environ: Mapping[str, str] | None = None) -> 
     import os
 
     from lagdoctor.connections import connection_exists
-    from lagdoctor.kafka_clients import BOOTSTRAP_ENV
+    from lagdoctor.kafka.clients import BOOTSTRAP_ENV
 
     if not connection_exists(conn_id):
         env = os.environ if environ is None else environ

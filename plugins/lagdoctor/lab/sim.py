@@ -7,7 +7,7 @@ membership and rebalances) and samples it the way the collector does, at
 jittered intervals with occasional gaps. The labels are what the engine
 should say (contract 2 diagnoses and pattern).
 
-    from lagdoctor.sim import write_scenarios, write_seeds_incident, write_benchmark_history
+    from lagdoctor.lab.sim import write_scenarios, write_seeds_incident, write_benchmark_history
 
     labels = write_scenarios("/tmp/snapshots", seed=7, n_groups_per_scenario=3)
     write_seeds_incident("/tmp/seeds")                 # the seeds' partition_imbalance incident

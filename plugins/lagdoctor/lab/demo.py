@@ -77,7 +77,7 @@ def replay_rebalance_loop(snapshots_root: str, now: datetime) -> None:
     inventory-sync): Tansu's coordinator cannot reproduce member churn live."""
     import numpy as np
 
-    from lagdoctor.sim import simulate_group
+    from lagdoctor.lab.sim import simulate_group
     from lagdoctor.store import write_snapshot
 
     window = 1200.0  # a loop needs room: at least 3 rebalances in the window
@@ -104,7 +104,7 @@ class Demo:
     # -- lifecycle ----------------------------------------------------------
 
     def run(self) -> int:
-        from lagdoctor.broker import EmbeddedBroker
+        from lagdoctor.kafka.broker import EmbeddedBroker
 
         if self.data_root.exists():
             shutil.rmtree(self.data_root)  # each demo tells one fresh story
@@ -143,7 +143,7 @@ class Demo:
     # -- workloads ----------------------------------------------------------
 
     def start_incidents(self) -> None:
-        from lagdoctor.workload import SteadyProducer, ThrottledConsumer, create_topic
+        from lagdoctor.lab.workload import SteadyProducer, ThrottledConsumer, create_topic
 
         bootstrap = self.broker.bootstrap
         self.incidents = live_incidents()
@@ -159,8 +159,8 @@ class Demo:
                 raise RuntimeError(f"consumer of {inc.group} was not assigned partitions within 60 s")
 
     def sample_history(self) -> None:
-        from lagdoctor.collector import collect_snapshot
-        from lagdoctor.kafka_clients import admin_client
+        from lagdoctor.kafka.collector import collect_snapshot
+        from lagdoctor.kafka.clients import admin_client
         from lagdoctor.store import write_snapshot
 
         admin = admin_client(self.broker.bootstrap)
@@ -309,7 +309,7 @@ def project_root() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lagdoctor.demo", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m lagdoctor.lab.demo", description=__doc__.split("\n")[0])
     parser.add_argument("--workdir", default=str(project_root() / ".demo"))
     parser.add_argument("--sample-seconds", type=float, default=60.0)
     parser.add_argument("--interval-seconds", type=float, default=5.0)

@@ -28,7 +28,7 @@ import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
-from lagdoctor.demo import CLUSTER, live_incidents, project_root, replay_rebalance_loop, say
+from lagdoctor.lab.demo import CLUSTER, live_incidents, project_root, replay_rebalance_loop, say
 
 DAG_IDS = ("kafka_lag_health_sweep", "kafka_lag_incident")
 CRASH_AFTER_S = 15.0  # invoices-mailer's only consumer dies
@@ -83,15 +83,15 @@ def airflow_cli(bindir: str, env: dict[str, str], *args: str) -> tuple[bool, str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lagdoctor.standalone", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m lagdoctor.lab.standalone", description=__doc__.split("\n")[0])
     parser.add_argument("--workdir", default=str(project_root() / ".demo"))
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--no-workloads", action="store_true", help="do not play the demo's live incidents")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
 
-    from lagdoctor.broker import EmbeddedBroker
-    from lagdoctor.workload import SteadyProducer, ThrottledConsumer, create_topic
+    from lagdoctor.kafka.broker import EmbeddedBroker
+    from lagdoctor.lab.workload import SteadyProducer, ThrottledConsumer, create_topic
 
     workdir = Path(args.workdir).resolve()
     airflow_home = workdir / "airflow"

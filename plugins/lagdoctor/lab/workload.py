@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lagdoctor.kafka_clients import admin_client, client_config
+from lagdoctor.kafka.clients import admin_client, client_config
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int, *, timeout_s: float = 10.0) -> None:

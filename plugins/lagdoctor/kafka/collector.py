@@ -17,7 +17,7 @@ Broker requests grow with groups and brokers, not with partitions per group:
        the data-loss forecast's input)
     B  Fetch, per broker and round: the record at the committed offset of the
        `record_partitions` most lagging partitions of each (group, topic)
-       (lagdoctor.records: one consumer, assign only, never a commit; groups at
+       (lagdoctor.kafka.records: one consumer, assign only, never a commit; groups at
        different offsets of one partition take a round each), within
        `record_budget_s`. Its timestamp is committed_record_ts (exact time lag);
        its key hash, size and header names describe a stuck record. A position
@@ -72,7 +72,7 @@ from lagdoctor.contracts import (
     SNAPSHOT_NULL_ON_READ_ERROR,
     snapshot_writer_schema,
 )
-from lagdoctor.kafka_clients import config_of, error_text, failure_message, forget_errors
+from lagdoctor.kafka.clients import config_of, error_text, failure_message, forget_errors
 
 log = logging.getLogger(__name__)
 
@@ -487,7 +487,7 @@ def collect_snapshot(
     config = consumer_config if consumer_config is not None else config_of(admin)
     positions = record_positions(views, rows_of, ends, offset_errors, record_partitions)
     if positions and config is not None:
-        from lagdoctor.records import read_records
+        from lagdoctor.kafka.records import read_records
 
         try:
             records, record_errors = read_records(config, positions, budget_s=record_budget_s)
