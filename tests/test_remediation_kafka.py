@@ -1,10 +1,9 @@
-"""Kafka-side actions against a real broker (embedded Tansu, or KAFKA_BOOTSTRAP_SERVERS),
+"""Kafka-side actions against a real broker (the embedded Apache Kafka, or KAFKA_BOOTSTRAP_SERVERS),
 with the action log on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
 import json
-import os
 from datetime import datetime, timezone
 
 import pytest
@@ -48,8 +47,7 @@ def create_topics(bootstrap, *topics, partitions=2):
 def produce(bootstrap, topic, values, partition=0):
     from confluent_kafka import Producer
 
-    # batch.num.messages=1: Tansu's high watermark is exact only without batching (STACK.md).
-    p = Producer({"bootstrap.servers": bootstrap, "batch.num.messages": 1, "linger.ms": 0})
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
     try:
         for v in values:
             p.produce(topic, key=b"k", value=v, partition=partition)
@@ -179,25 +177,107 @@ def test_skip_poison_pill_never_skips_a_record_other_than_the_approved_one(setti
     assert read_all(kafka_bootstrap, f"{topic}.dlq") == []
 
 
-def test_add_partitions_reports_the_brokers_answer_cleanly(settings, kafka_bootstrap, kafka_cluster, unique):
+def _owners(bootstrap, group):
+    """{partition: member_id} of the group's current assignment."""
+    with admin(bootstrap) as a:
+        (desc,) = [f.result(timeout=30) for f in a.describe_consumer_groups([group]).values()]
+    return {tp.partition: m.member_id for m in desc.members for tp in m.assignment.topic_partitions}
+
+
+def test_add_partitions_grows_the_topic_and_the_group_rebalances_onto_them(settings, kafka_bootstrap, kafka_cluster,
+                                                                          unique):
+    import time
+
+    from confluent_kafka import Consumer
+
+    topic, group = unique("surge"), unique("surge-group")
+    create_topics(kafka_bootstrap, topic)
+    # a live member that refreshes metadata every second, so it sees new partitions soon
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group, "session.timeout.ms": 6000,
+                         "topic.metadata.refresh.interval.ms": 1000, "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    try:
+        deadline = time.monotonic() + 60
+        while set(_owners(kafka_bootstrap, group)) != {0, 1}:
+            assert time.monotonic() < deadline, "the member never got partitions 0 and 1"
+            consumer.poll(0.2)
+        f = {"cluster": kafka_cluster, "group_id": group, "topic": topic, "partitions": [],
+             "diagnosis": "producer_surge", "pattern": "explosion", "severity": "critical", "summary": "surge",
+             "evidence": {"partition_count": 2}}
+        assert run_action("add_partitions", f, run_id="r1", dry_run=False, now=T0)["status"] == "awaiting_approval"
+        assert _owners(kafka_bootstrap, group).keys() == {0, 1}  # nothing changed while it waited
+
+        rec = run_action("add_partitions", f, run_id="r1", dry_run=False, approved=True, now=T0)
+        assert rec["status"] == "executed" and rec["detail"]["partitions"] == 4
+        assert "grew " + topic + " from 2 to 4 partitions" in rec["message"]
+        deadline = time.monotonic() + 60
+        while set(_owners(kafka_bootstrap, group)) != {0, 1, 2, 3}:
+            assert time.monotonic() < deadline, f"the group never took the new partitions: {_owners(kafka_bootstrap, group)}"
+            consumer.poll(0.2)
+        # a retried task of the same run does not grow the topic again
+        assert run_action("add_partitions", f, run_id="r1", dry_run=False, approved=True, now=T0) == rec
+        with admin(kafka_bootstrap) as a:
+            assert len(a.list_topics(topic=topic, timeout=10).topics[topic].partitions) == 4
+    finally:
+        consumer.close()
+
+
+def test_add_partitions_on_a_topic_deleted_meanwhile_is_blocked_and_creates_nothing(settings, kafka_bootstrap,
+                                                                                   kafka_cluster, unique):
     topic = unique("surge")
     create_topics(kafka_bootstrap, topic)
     f = {"cluster": kafka_cluster, "group_id": unique("g"), "topic": topic, "partitions": [],
          "diagnosis": "producer_surge", "pattern": "explosion", "severity": "critical", "summary": "surge",
          "evidence": {"partition_count": 2}}
     assert run_action("add_partitions", f, run_id="r1", dry_run=False, now=T0)["status"] == "awaiting_approval"
-    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        rec = run_action("add_partitions", f, run_id="r1", dry_run=False, approved=True, now=T0)
-        assert rec["status"] == "executed" and rec["detail"]["partitions"] == 4
-        return
-    # Tansu does not implement CreatePartitions (STACK.md): the real error must come back as one clean line.
-    with pytest.raises(RemediationFailed) as err:
-        run_action("add_partitions", f, run_id="r1", dry_run=False, approved=True, now=T0)
-    message = str(err.value)
-    assert "\n" not in message and "CreatePartitions" in message and "not supported" in message
-    assert message.startswith(f"add_partitions failed for group {f['group_id']}: KafkaException")
+    with admin(kafka_bootstrap) as a:
+        for fut in a.delete_topics([topic]).values():
+            fut.result(timeout=30)
+    rec = run_action("add_partitions", f, run_id="r1", dry_run=False, approved=True, now=T0)
+    assert rec["status"] == "blocked" and rec["message"].endswith(f"topic '{topic}' not found")
+    with admin(kafka_bootstrap) as a:
+        assert topic not in a.list_topics(timeout=10).topics  # approving never re-creates a topic
     from lagdoctor.remediation.audit import ActionLog
 
-    log = list(ActionLog.from_settings(settings).records())
-    assert [r["status"] for r in log] == ["awaiting_approval", "started", "failed"]
-    assert log[-1]["message"] in message
+    assert [r["status"] for r in ActionLog.from_settings(settings).records()] == ["awaiting_approval", "blocked"]
+
+
+def test_skip_poison_pill_on_a_consumer_really_stuck_on_one_record(settings, kafka_bootstrap, kafka_cluster, unique):
+    """A live member whose handler fails on offset 3: refused while it runs (STABLE, one member),
+    done once it is stopped (EMPTY), and a restarted member goes on past the skipped record."""
+    import time
+
+    from lagdoctor.lab.workload import ThrottledConsumer
+
+    topic, group = unique("payments"), unique("ledger")
+    create_topics(kafka_bootstrap, topic, partitions=1)
+    create_topics(kafka_bootstrap, f"{topic}.dlq", partitions=1)
+    produce(kafka_bootstrap, topic, [f"v{i}".encode() for i in range(6)])
+    stuck = ThrottledConsumer(kafka_bootstrap, group, topic, client_id="ledger-1", stuck_at={0: 3}).start()
+    try:
+        assert stuck.assigned.wait(30), "the consumer was never assigned"
+        deadline = time.monotonic() + 30
+        while committed(kafka_bootstrap, group, topic, 0) != 3:
+            assert time.monotonic() < deadline, "the consumer never reached the poison record"
+            time.sleep(0.2)
+        f = stalled(kafka_cluster, group, topic, 3)
+        refused = run_action("skip_poison_pill", f, run_id="r1", dry_run=False, approved=True, now=T0)
+        assert refused["status"] == "blocked"
+        assert "group is STABLE with 1 member(s), not EMPTY: stop its consumers first" in refused["message"]
+        assert committed(kafka_bootstrap, group, topic, 0) == 3 and read_all(kafka_bootstrap, f"{topic}.dlq") == []
+    finally:
+        stuck.stop()  # the on-call stops the consumer, as the approval form asks
+
+    done = run_action("skip_poison_pill", f, run_id="r2", dry_run=False, approved=True, now=T0)
+    assert done["status"] == "executed", done["message"]
+    assert committed(kafka_bootstrap, group, topic, 0) == 4
+    assert [m.value() for m in read_all(kafka_bootstrap, f"{topic}.dlq")] == [b"v3"]
+
+    resumed = ThrottledConsumer(kafka_bootstrap, group, topic, client_id="ledger-2").start()
+    try:
+        deadline = time.monotonic() + 30
+        while committed(kafka_bootstrap, group, topic, 0) != 6:
+            assert time.monotonic() < deadline, "the restarted consumer did not go on past the skipped record"
+            time.sleep(0.2)
+    finally:
+        resumed.stop()

@@ -75,6 +75,21 @@ Cases that sharpen the causes (issue 10; each measured by bench/accuracy_bench.p
 16  mixed causes         rules hold independently (stalled partitions and a      one finding per rule that holds
                          rebalance loop; a slow owner and a loop)                (the truth is a set)
 
+Real client behaviour (issue 16; each a live test on Apache Kafka):
+
+ #  case                 holds when                                              so
+18  assign() consumer    the group had no members at two snapshots in a row and  not 1: a consumer that assign()s its
+                         its commits advanced between them, at least             partitions commits without joining
+                         memberless_commit_min times in the window               (Flink, Spark, custom): EMPTY is its
+                                                                                 normal state, no member list can
+                                                                                 exist; it keeps up -> healthy, it
+                                                                                 stops -> 3 (stalled), saying so
+19  static membership    owners carry a group.instance.id                        owner churn counts instance ids, not
+                                                                                 member ids: a static member that
+                                                                                 restarts gets a new member id and no
+                                                                                 rebalance, so a rolling restart is
+                                                                                 not 2
+
 A forecast that changes severity (forecast.py):
 
  #  case                 holds when                                              so
@@ -100,6 +115,9 @@ from lagdoctor.diagnosis.features import GROUP_KEY
 from lagdoctor.diagnosis.patterns import pattern_column
 from lagdoctor.diagnosis.snapshots import GROUP_MARKER_PARTITION, GROUP_MARKER_TOPIC
 from lagdoctor.diagnosis.thresholds import Thresholds
+
+# Case 18: what a finding says of the owner of a partition consumed outside the group protocol.
+OUTSIDE_OWNER = "a consumer outside the group protocol (it commits without joining: assign(); no member list can exist)"
 
 # At most this many read errors are listed in a finding's evidence (all are counted).
 MAX_READ_ERRORS = 10
@@ -257,7 +275,9 @@ def _owner_text(focus):
     unknown = F.col("group_members").isNull()
     member = F.coalesce(
         focus["member_id"],
-        F.when(unknown, F.lit("unknown (the broker lists no members)")).otherwise(F.lit("nobody (unassigned)")),
+        F.when(F.col("is_outside"), F.lit(OUTSIDE_OWNER))
+        .when(unknown, F.lit("unknown (the broker lists no members)"))
+        .otherwise(F.lit("nobody (unassigned)")),
     )
     return F.when(focus["host"].isNotNull(), F.concat(member, F.lit(" on "), focus["host"])).otherwise(member)
 
@@ -319,7 +339,9 @@ def findings(
     max_hot = F.greatest(F.lit(1), F.floor(c("partition_count") * th.imbalance_max_partition_fraction))
     nonstalled = c("partition_count") - c("stalled_count")
 
-    crashed = inactive & (lag > 0)
+    # 18: commits that advance without members come from a consumer outside the group protocol.
+    outside = F.coalesce(c("memberless_commit_advances"), F.lit(0)) >= th.memberless_commit_min
+    crashed = inactive & (lag > 0) & ~outside
     loop = ~crashed & (c("rebalances") >= th.rebalance_loop_min)
     stalled = ~crashed & (c("stalled_count") >= 1)
     imbalance = (
@@ -351,6 +373,7 @@ def findings(
     g = g.withColumns(
         {
             "is_crashed": F.coalesce(crashed, F.lit(False)),
+            "is_outside": F.coalesce(outside, F.lit(False)),
             "is_loop": F.coalesce(loop, F.lit(False)),
             "is_stalled": F.coalesce(stalled, F.lit(False)),
             "is_imbalance": F.coalesce(imbalance, F.lit(False)),
@@ -543,6 +566,9 @@ def findings(
         c("state_changes").alias("state_changes"),
         c("group_state").alias("group_state"),
         c("group_members").alias("group_members"),
+        # case 18: "group" (members own the partitions) or "outside" (assign(): commits without members)
+        F.when(c("is_outside"), F.lit("outside")).otherwise(F.lit("group")).alias("membership"),
+        c("memberless_commit_advances").alias("memberless_commit_advances"),
         c("retention_loss_partitions").alias("retention_loss_partitions"),
         c("snapshots").alias("snapshots"),
         c("data_complete").alias("data_complete"),

@@ -271,11 +271,20 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
                       "lag_known_end", "lag_null_at_end", "fc_ls_first", "fc_ls_t_first", "fc_ls_t_last")
 
 
+def _inactive(state, members):
+    """No live members: EMPTY/DEAD or a member count of 0 (null members is unknown, not inactive)."""
+    from pyspark.sql import functions as F
+
+    return state.isin(list(INACTIVE_GROUP_STATES)) | (F.coalesce(members, F.lit(-1)) == 0)
+
+
 def group_series(snapshots, partition_feats=None):
     """One row per (cluster, group_id, topic, snapshot_ts): the group's totals.
 
-    member_set is a signature of the set of owner member ids (null when
-    nobody owns anything), so churn shows as a change of it. total_lag is
+    member_set is a signature of the set of owners (their static instance
+    ids where they have one, else member ids; null when nobody owns
+    anything), so churn shows as a change of it. total_committed sums the
+    committed offsets (null when one is unknown). total_lag is
     null at a snapshot where a partition's lag is unknown (a failed read), and
     total_leo where a log end offset is: a partial sum would read as a drop.
     With `partition_feats`, a partition's rows before its offset reset are
@@ -292,12 +301,19 @@ def group_series(snapshots, partition_feats=None):
             F.col("offset_reset_t").isNull() | (F.col("snapshot_ts").cast("double") >= F.col("offset_reset_t"))
         )
 
+    # A member's identity: its static group.instance.id when it has one (a
+    # static member restarts with a new member id but the same instance id, and
+    # Kafka does not rebalance for it), else its member id.
+    identity_sql = (
+        "coalesce(group_instance_id, member_id)" if "group_instance_id" in snapshots.columns else "member_id"
+    )
+    identity = F.expr(identity_sql)
     # A signature of the set of owner ids that aggregates map-side (no
     # collect_set): the smallest and largest id hash plus a 64-bit Bloom
     # filter of the ids. Duplicates (a member owning several partitions)
     # change nothing; a new id goes unnoticed with probability ~((m-1)/64)^2.
-    h = F.xxhash64("member_id")
-    bloom = F.expr("shiftleft(1L, cast(pmod(xxhash64(member_id), 64) as int))")
+    h = F.xxhash64(identity)
+    bloom = F.expr(f"shiftleft(1L, cast(pmod(xxhash64({identity_sql}), 64) as int))")
     owned = F.col("member_id").isNotNull()
     agg = snapshots.groupBy(*GROUP_KEY, "snapshot_ts").agg(
         F.when(
@@ -305,6 +321,8 @@ def group_series(snapshots, partition_feats=None):
             F.sum(F.coalesce(F.col("lag"), F.lit(0))),
         ).alias("total_lag"),
         F.when(F.count("log_end_offset") == F.count(F.lit(1)), F.sum("log_end_offset")).alias("total_leo"),
+        # null unless every partition's commit is known: a partial sum would read as a move
+        F.when(F.count("committed_offset") == F.count(F.lit(1)), F.sum("committed_offset")).alias("total_committed"),
         F.max("group_state").alias("group_state"),
         F.max("group_members").alias("group_members"),
         F.count(F.when(owned, 1)).alias("_owned"),
@@ -317,6 +335,7 @@ def group_series(snapshots, partition_feats=None):
         "snapshot_ts",
         "total_lag",
         "total_leo",
+        "total_committed",
         "group_state",
         "group_members",
         F.when(F.col("_owned") > 0, F.xxhash64("_hmin", "_hmax", "_bloom")).alias("member_set"),
@@ -352,6 +371,9 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
             "dleo": F.col("total_leo") - F.lag("total_leo").over(w),
             "prev_state": F.lag("group_state").over(w),
             "prev_members": F.last("member_set", ignorenulls=True).over(wprev),
+            "dcom": F.col("total_committed") - F.lag("total_committed").over(w),
+            "inactive": _inactive(F.col("group_state"), F.col("group_members")),
+            "prev_inactive": _inactive(F.lag("group_state").over(w), F.lag("group_members").over(w)),
         }
     )
     span = F.col("s_last") - F.col("s_first")
@@ -400,6 +422,12 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
         F.sum(F.col("entered_rebalance").cast("int")).alias("rebalance_entries"),
         F.sum(F.col("owners_changed").cast("int")).alias("owner_changes"),
         F.sum(F.col("state_changed").cast("int")).alias("state_changes"),
+        # Commits that moved while the group had no members at either end: a consumer
+        # that assign()s its partitions and commits without joining the group.
+        F.count(F.when(F.col("inactive") & F.col("prev_inactive") & (F.col("dcom") > 0), 1)).alias(
+            "memberless_commit_advances"
+        ),
+        F.count(F.when(~F.coalesce(F.col("inactive"), F.lit(True)), 1)).alias("member_snapshots"),
         F.first("noise_floor").alias("noise_floor"),
         F.sum(F.when(early, F.col("dleo"))).alias("early_produced"),
         F.sum(F.when(early, F.col("dt"))).alias("early_seconds"),
@@ -445,6 +473,8 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
         "rebalance_entries",
         "owner_changes",
         "state_changes",
+        "memberless_commit_advances",
+        "member_snapshots",
         F.coalesce(_ratio(F.col("early_produced"), F.col("early_seconds")), F.lit(0.0)).alias("early_produce_rate"),
         F.coalesce(_ratio(F.col("late_produced"), F.col("late_seconds")), F.lit(0.0)).alias("late_produce_rate"),
         F.coalesce(_ratio(F.col("cov_xl"), F.col("var_x")), F.lit(0.0)).alias("lag_growth"),

@@ -57,6 +57,12 @@ class Thresholds:
     # rebalance_loop: rebalances (leaving STABLE, or owners changing) in the window.
     rebalance_loop_min: int = 3
 
+    # A group with no members whose commits still advanced between this many
+    # pairs of memberless snapshots is consumed outside the group protocol
+    # (assign(): Flink, Spark, custom consumers), not crashed. One advance can
+    # be a person resetting offsets.
+    memberless_commit_min: int = 2
+
     # Pattern: below this lag, or below this many seconds of production, the
     # shape is noise and reads as flat (a busy topic's healthy lag is seconds
     # of production, however many messages that is).

@@ -130,6 +130,15 @@ def java_binary() -> str:
     return java
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: a SIGTERM when the process that started the node dies,
+    so a killed test run or demo leaves no broker JVM behind (Linux only)."""
+    import ctypes
+
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def new_cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
@@ -159,6 +168,30 @@ def wait_until_ready(bootstrap: str, timeout_s: float = 30.0, *, brokers: int = 
             last_error = exc
         time.sleep(0.2)
     raise BrokerError(f"broker at {bootstrap} did not answer within {timeout_s:.0f}s: {last_error}")
+
+
+def wait_for_group_coordinator(config: dict, timeout_s: float) -> None:
+    """Block until a committed-offset fetch succeeds: the first one creates
+    __consumer_offsets, and until its partitions load every group call fails with
+    NOT_COORDINATOR (librdkafka then gives up on an assign()ed consumer's committed
+    offsets for good). A consumer asks: librdkafka 2.16's admin OffsetFetch crashed the
+    process (SIGSEGV) when sent while the coordinator was being created."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    consumer = Consumer({**config, "group.id": "lagdoctor-broker-ready", "log_level": 0})
+    deadline = time.monotonic() + timeout_s
+    last_error: object = None
+    try:
+        while time.monotonic() < deadline:
+            try:
+                consumer.committed([TopicPartition("lagdoctor-broker-ready", 0)], timeout=5)
+                return
+            except KafkaException as exc:  # COORDINATOR_NOT_AVAILABLE / NOT_COORDINATOR while loading
+                last_error = exc
+                time.sleep(0.2)
+    finally:
+        consumer.close()
+    raise BrokerError(f"the group coordinator did not come up within {timeout_s:.0f}s: {last_error}")
 
 
 @dataclass
@@ -319,6 +352,7 @@ class EmbeddedBroker:
                 self._wait_listening(node, started + timeout_s)
             wait_until_ready(self.bootstrap, max(1.0, started + timeout_s - time.monotonic()),
                              brokers=self.brokers, config=self.client_config())
+            wait_for_group_coordinator(self.client_config(), max(1.0, started + timeout_s - time.monotonic()))
         except BaseException:
             self.stop()
             raise
@@ -339,7 +373,7 @@ class EmbeddedBroker:
         try:
             node.proc = subprocess.Popen(
                 self._java(libs, ["kafka.Kafka", str(node.data_dir / "server.properties")], node, self.heap),
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
         finally:
             out.close()
 

@@ -441,11 +441,12 @@ def one_line_id(value: Any, default: str = "-") -> str:
     return text or default
 
 
-# The job names no owner when the broker lists no group members (Tansu, some
-# Kafka-compatible brokers) and says why in every summary; a message says it once.
+# The job names no owner when the broker lists no group members (some
+# Kafka-compatible brokers, missing DESCRIBE rights) and says why in every summary;
+# a message says it once.
 OWNER_UNKNOWN = "unknown (the broker lists no members)"
 OWNER_UNKNOWN_NOTE = (":information_source: Owner unknown: the broker lists no members for this group "
-                      "(as Tansu and some Kafka-compatible brokers do), so no consumer can be named.")
+                      "(as some Kafka-compatible brokers do), so no consumer can be named.")
 
 
 def owner_unknown_once(text: Any) -> tuple[str, bool]:

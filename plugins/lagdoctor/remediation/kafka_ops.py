@@ -144,6 +144,13 @@ class SkipPoisonPill(Action):
     params = {"dead_letter_topic": str}
 
     def prepare(self, ctx: ActionContext) -> dict[str, Any]:
+        # EMPTY is this action's proof that nobody consumes. A consumer that assign()s its
+        # partitions never joins the group, so its group is always EMPTY: no proof at all,
+        # and it would overwrite the new offset with its own next commit.
+        if ctx.evidence.get("membership") == "outside":
+            raise ActionBlocked(
+                "the group is consumed outside the group protocol (it commits without members: assign()), so "
+                "EMPTY does not show its consumer stopped; stop that consumer and move its offset by hand")
         template = str(ctx.params.get("dead_letter_topic") or ctx.config.dead_letter_topic)
         rows = {r.get("partition"): r for r in ctx.evidence.get("partitions") or [] if isinstance(r, Mapping)}
         parts = _stuck_partitions(ctx)

@@ -36,7 +36,7 @@ from lagdoctor.web import charts
 from lagdoctor.web.data import SEVERITY_RANK, GroupHistory, GroupState, Run
 
 CHART_PARTITIONS = 8  # lines drawn one per partition; the rest are summed into "others"
-# Where the broker lists no group members (Tansu does not implement it) every
+# Where the broker lists no group members (some Kafka-compatible brokers) every
 # group's owner is unknown: the page and the report say why once, in a note,
 # and each row just says "unknown".
 UNKNOWN_MEMBERS = "unknown"
