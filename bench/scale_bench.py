@@ -9,7 +9,7 @@ Shape: topics of P partitions, each read by --groups-per-topic groups (default
 rows), the way several services consume the same topics. Every partition holds
 --records records and every group has committed on every partition.
 
-Snapshot: an embedded Tansu broker on a free loopback port; setup creates the
+Snapshot: the embedded Apache Kafka on a free loopback port; setup creates the
 topics, produces, and commits each group's offsets with AdminClient
 alter_consumer_group_offsets, a bounded number of requests in flight. Then a
 fresh process (so its peak RSS is the collector's, not the setup's) times
@@ -77,8 +77,7 @@ def setup(bootstrap: str, groups: int, partitions: int, groups_per_topic: int, r
 
     t = time.perf_counter()
     if records:
-        # Batched, so the high watermark falls short by one per batch on Tansu (shared/STACK.md):
-        # exact counts do not matter here, and one record per request would take minutes.
+        # Batched: one record per request would take minutes.
         producer = Producer(client_config(bootstrap, {"linger.ms": 50}))
         for name in topics:
             for p in range(partitions):
@@ -176,7 +175,7 @@ def run_snapshot(args) -> dict:
         if proc.returncode != 0:
             raise SystemExit(f"snapshot measurement failed ({proc.returncode})")
         result = json.loads(proc.stdout.strip().splitlines()[-1])
-        result["broker_rss"] = psutil.Process(broker._proc.pid).memory_info().rss
+        result["broker_rss"] = psutil.Process(broker.nodes[0].proc.pid).memory_info().rss
     result["setup_s"] = setup_s
     timings = result["timings"]
     expected = args.groups * args.partitions
@@ -268,7 +267,7 @@ def print_table(args, snap: dict | None, diag: dict | None) -> None:
         print(f"| snapshot rows / admin requests (the record consumer's fetches not counted) | "
               f"{snap['rows']:,} / {statistics.median(snap['requests']):.0f} | - |")
         print(f"| snapshot peak RSS (collector process) | {snap['rss_peak'] / 2**20:.0f} MiB | - |")
-        print(f"| broker RSS (Tansu, in memory) | {snap['broker_rss'] / 2**20:.0f} MiB | - |")
+        print(f"| broker RSS (Apache Kafka JVM) | {snap['broker_rss'] / 2**20:.0f} MiB | - |")
     if diag:
         print(f"| diagnosis, spark-submit wall ({diag['rows']:,} rows) | {diag['wall']:.1f} s "
               f"| <= {DIAGNOSIS_TARGET_S:.0f} s |")

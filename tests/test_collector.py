@@ -1,4 +1,4 @@
-"""collect_snapshot against a real Kafka-protocol broker (embedded Tansu, or KAFKA_BOOTSTRAP_SERVERS),
+"""collect_snapshot against a real Kafka-protocol broker (the embedded Apache Kafka, or KAFKA_BOOTSTRAP_SERVERS),
 and the two pure rules it applies: group state names and group patterns."""
 
 from __future__ import annotations
@@ -131,23 +131,18 @@ def test_deleted_topic_rows_are_dropped_and_other_topics_kept(kafka_bootstrap, u
 
 
 @broker
-def test_commit_below_log_start_keeps_the_row(kafka_bootstrap, unique, monkeypatch):
-    # Tansu cannot DeleteRecords (shared/STACK.md), so retention is simulated by
-    # raising the log start offset the real broker reports for one partition.
-    import lagdoctor.kafka.collector as collector
+def test_commit_below_log_start_keeps_the_row(kafka_bootstrap, unique):
+    from confluent_kafka import TopicPartition
 
     topic, group = unique("retained"), unique("slowpoke")
     create_topic(kafka_bootstrap, topic, 1)
     produce_counts(kafka_bootstrap, topic, {0: 10})
     commit_offsets(kafka_bootstrap, group, topic, {0: 2})
-    real = collector.log_offsets
-
-    def retention_deleted_up_to_6(admin, partitions, timeout_s, *window):
-        starts, ends, errors = real(admin, partitions, timeout_s, *window)
-        return {k: (6 if k == (topic, 0) else v) for k, v in starts.items()}, ends, errors
-
-    monkeypatch.setattr(collector, "log_offsets", retention_deleted_up_to_6)
-    (row,) = collect_snapshot(admin_client(kafka_bootstrap), "local", re.escape(group), NOW).to_pylist()
+    admin = admin_client(kafka_bootstrap)
+    # retention (here DeleteRecords) removed offsets 0-5, four of them unread by the group
+    for fut in admin.delete_records([TopicPartition(topic, 0, 6)]).values():
+        fut.result(timeout=30)
+    (row,) = collect_snapshot(admin, "local", re.escape(group), NOW).to_pylist()
     assert (row["log_start_offset"], row["committed_offset"], row["lag"]) == (6, 2, 8)
 
 

@@ -280,7 +280,7 @@ def _steady(group, **kw):
         # idle EMPTY group, nothing produced, nothing to read: not a crash
         ([snap(60 * k, p, 5_000, 5_000, state="EMPTY", members=0, member=None, group="idle")
           for k in range(12) for p in range(2)], {"healthy"}),
-        # membership unknown (Tansu: STABLE with no member list): null is not zero members
+        # membership unknown (STABLE with no member list, as some Kafka-compatible brokers answer): null is not zero members
         (_steady("unknown", members=None, member=None), {"healthy"}),
         # the collector read the commit a moment after the end offset: commit above the end, lag 0
         ([snap(60 * k, p, 6_000 * k + 5_000, 6_000 * k + 5_000 + (3 if k % 2 else 0), lag=0, group="race")

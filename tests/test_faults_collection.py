@@ -69,8 +69,8 @@ def test_failed_offset_fetch_with_a_known_assignment_gives_unknown_rows_per_part
     from confluent_kafka.admin import ConsumerGroupDescription, MemberAssignment, MemberDescription
 
     topic, hit, calm, pattern = lagging
-    # Tansu lists no members (shared/STACK.md), so the description a real broker
-    # gives for a live group is supplied: one member owning both partitions.
+    # A live group's description is supplied (one member owning both partitions), so the
+    # committed offsets stay exactly as the fixture set them.
     member = MemberDescription("m-1", "worker-1", "/10.0.0.7",
                                MemberAssignment([TopicPartition(topic, 0), TopicPartition(topic, 1)]))
     live = ConsumerGroupDescription(hit, False, [member], "range", ConsumerGroupState.STABLE, Node(1, "h", 1))
@@ -173,8 +173,8 @@ def test_broker_killed_between_samples(kafka_env, tmp_path, monkeypatch, unique,
 
         def write_then_kill_the_broker(*args, **kwargs):
             path = real_write(*args, **kwargs)
-            # Stopped from another thread, as a crash would, while the task sleeps between samples.
-            killer = threading.Thread(target=broker.stop)
+            # Killed from another thread, as a crash would, while the task sleeps between samples.
+            killer = threading.Thread(target=broker.kill_node, args=(1,))
             killer.start()
             killer.join()
             return path
@@ -196,13 +196,21 @@ def test_broker_killed_between_samples(kafka_env, tmp_path, monkeypatch, unique,
         rows = store.read_snapshots(str(root)).to_pylist()
         assert sorted((r["partition"], r["lag"], r["read_error"]) for r in rows) == [(0, 3, None), (1, 0, None)]
 
-        # Tansu keeps everything in memory, so a restarted broker would be another cluster:
-        # the retry runs with the broker still down, fails with the same line, writes nothing.
+        # A retry while the broker is still down fails with the same line and writes nothing.
         with pytest.raises(CollectionError) as retry:
             run()
         assert str(retry.value).startswith(f"cannot reach Kafka at {broker.bootstrap}:")
         assert "\n" not in str(retry.value)
         assert _files(root) == files
+
+        # The broker comes back with its data: the next retry keeps the first sample and adds the rest.
+        monkeypatch.setattr(store, "write_snapshot", real_write)
+        broker.start_node(1)
+        resumed = run()
+        assert (resumed["files"], resumed["already_written"]) == (2, 1)
+        rows = store.read_snapshots(str(root)).to_pylist()
+        assert len(_files(root)) == 3 and len(rows) == 6
+        assert {(r["partition"], r["lag"], r["read_error"]) for r in rows} == {(0, 3, None), (1, 0, None)}
     finally:
         broker.stop()
     # librdkafka's own lines (%3|FAIL|...) went to the debug logger, not to stderr.

@@ -267,7 +267,7 @@ def test_invalid_filter_is_one_visible_line_not_a_500(lag_data_root, query, erro
 # ------------------------------------------------------------------ said once
 
 def test_broker_without_member_list_is_said_once_and_rows_say_unknown(tmp_path):
-    """Three groups on a broker that lists no members (as Tansu): the job's summaries name it each time;
+    """Three groups on a broker that lists no members (as some Kafka-compatible brokers): the job's summaries name it each time;
     the page says it once, and every row and summary just says unknown."""
     from tests.fixtures.web import seed_data_root
 
