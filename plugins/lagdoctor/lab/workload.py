@@ -13,11 +13,13 @@ from typing import Any
 from lagdoctor.kafka.clients import admin_client, client_config
 
 
-def create_topic(bootstrap: str, topic: str, partitions: int, *, timeout_s: float = 10.0) -> None:
+def create_topic(bootstrap: str, topic: str, partitions: int, *, timeout_s: float = 10.0,
+                 replication_factor: int = 1) -> None:
+    """Create `topic`; `replication_factor` 3 on a three-node cluster lets its leaders move when a node dies."""
     from confluent_kafka.admin import NewTopic
 
     admin = admin_client(bootstrap)
-    futures = admin.create_topics([NewTopic(topic, partitions, 1)], request_timeout=timeout_s)
+    futures = admin.create_topics([NewTopic(topic, partitions, replication_factor)], request_timeout=timeout_s)
     for _, fut in futures.items():
         fut.result()
 
