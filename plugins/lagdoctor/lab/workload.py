@@ -139,6 +139,7 @@ class ThrottledConsumer:
         self.max_rate = dict(max_rate or {})
         self.stuck_at = dict(stuck_at or {})
         self.assigned = threading.Event()
+        self.failed_commits = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"consume-{group_id}", daemon=True)
 
@@ -149,7 +150,7 @@ class ThrottledConsumer:
     def _run(self) -> None:
         import time
 
-        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka import Consumer, KafkaException, TopicPartition
 
         consumer = Consumer(live_consumer_config(self.bootstrap, self.group_id, self.client_id))
         consumer.subscribe([self.topic], on_assign=lambda c, parts: self.assigned.set())
@@ -189,10 +190,15 @@ class ThrottledConsumer:
                         done[p] += 1
                     processed[p] = msg.offset() + 1
                 if processed:
-                    consumer.commit(
-                        offsets=[TopicPartition(self.topic, p, o) for p, o in processed.items()],
-                        asynchronous=False,
-                    )
+                    try:
+                        consumer.commit(
+                            offsets=[TopicPartition(self.topic, p, o) for p, o in processed.items()],
+                            asynchronous=False,
+                        )
+                    except KafkaException:
+                        # The coordinator is moving (a broker died or restarts): as a real
+                        # consumer does, carry on; the next commit covers these records.
+                        self.failed_commits += 1
         finally:
             consumer.close()
 
