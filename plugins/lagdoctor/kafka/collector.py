@@ -396,7 +396,12 @@ def log_offsets(
             try:
                 if fut is None:
                     raise RuntimeError("no answer for this partition")
-                found[key] = fut.result().offset
+                offset = fut.result().offset
+                if offset is None or offset < 0:
+                    # Seen while a killed leader's partitions move: an answer without an error
+                    # whose offset is OFFSET_INVALID (-1001). Not an offset: unknown, never lag 0.
+                    raise RuntimeError(f"no offset in the answer ({offset}), the partition's leader may be moving")
+                found[key] = offset
             except Exception as exc:  # leader moving, a timeout, the partition vanished between reads
                 reason = _reason(exc)
                 log.warning("%s of %s[%d] unknown: %s", what, key[0], key[1], reason)
