@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,8 +27,22 @@ def run(*args: str, timeout: float = 60, env: dict | None = None) -> subprocess.
     )
 
 
+def kafka_jvms(pid: int) -> list[int]:
+    """The broker JVMs (kafka.Kafka) the process `pid` started, still running."""
+    children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(c) for c in children if is_kafka_jvm(int(c))]
+
+
+def is_kafka_jvm(pid: int) -> bool:
+    try:
+        return b"kafka.Kafka" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # gone
+        return False
+
+
 def test_broker_prints_ready_and_stops_cleanly_on_sigterm():
     proc = subprocess.Popen([LAGDOCTOR, "broker"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    jvms: list[int] = []
     try:
         line = proc.stdout.readline().strip()
         m = re.fullmatch(r"ready bootstrap=127\.0\.0\.1:(\d+)", line)
@@ -36,14 +51,62 @@ def test_broker_prints_ready_and_stops_cleanly_on_sigterm():
         from confluent_kafka.admin import AdminClient
 
         assert AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"}).list_topics(timeout=10).brokers
+        jvms = kafka_jvms(proc.pid)
+        assert len(jvms) == 1
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=15) == 0
+        assert proc.wait(timeout=60) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
-    # No tansu process is left listening on that port.
-    leftovers = subprocess.run(["pgrep", "-f", f"tcp://127.0.0.1:{port}"], capture_output=True, text=True)
-    assert leftovers.stdout.strip() == ""
+    # No broker JVM is left behind.
+    assert [p for p in jvms if is_kafka_jvm(p)] == []
+
+
+@pytest.mark.broker
+def test_broker_with_three_nodes_lists_them_all_and_leaves_no_jvm_on_sigterm():
+    proc = subprocess.Popen([LAGDOCTOR, "broker", "--brokers", "3"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    jvms: list[int] = []
+    try:
+        line = proc.stdout.readline().strip()
+        m = re.fullmatch(r"ready bootstrap=(127\.0\.0\.1:\d+),(127\.0\.0\.1:\d+),(127\.0\.0\.1:\d+)", line)
+        assert m, f"unexpected first line {line!r}: {proc.stderr.read() if proc.poll() is not None else ''}"
+        addresses = sorted(m.groups())
+        assert len(set(addresses)) == 3
+        from confluent_kafka.admin import AdminClient
+
+        # Any one address is enough to find all three nodes.
+        brokers = AdminClient({"bootstrap.servers": m.group(2)}).list_topics(timeout=10).brokers
+        assert sorted(f"{b.host}:{b.port}" for b in brokers.values()) == addresses
+        assert sorted(brokers) == [1, 2, 3]
+        jvms = kafka_jvms(proc.pid)
+        assert len(jvms) == 3
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 0
+        assert proc.stderr.read() == ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert [p for p in jvms if is_kafka_jvm(p)] == [], "broker JVMs left running after SIGTERM"
+    for address in addresses:
+        host, port = address.split(":")
+        with pytest.raises(OSError):
+            socket.create_connection((host, int(port)), timeout=2).close()
+
+
+def test_broker_port_with_several_nodes_gives_consecutive_ports():
+    from lagdoctor.cli import build_parser
+    from lagdoctor.kafka.broker import EmbeddedBroker
+
+    args = build_parser().parse_args(["broker", "--brokers", "3", "--port", "39092"])
+    broker = EmbeddedBroker(args.port, brokers=args.brokers)  # not started
+    assert broker.bootstrap == "127.0.0.1:39092,127.0.0.1:39093,127.0.0.1:39094"
+
+
+def test_broker_refuses_zero_nodes_in_one_line():
+    result = run("broker", "--brokers", "0", timeout=30)
+    assert result.returncode != 0
+    assert result.stderr.strip() == "lagdoctor: error: --brokers must be at least 1, not 0"
 
 
 def test_unreachable_cluster_fails_fast_with_one_line_and_no_file(tmp_path):

@@ -30,9 +30,12 @@ def _fail(message: str) -> int:
 # -- broker -------------------------------------------------------------------
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    from lagdoctor.kafka.broker import EmbeddedBroker
+    from lagdoctor.kafka.broker import BrokerError, EmbeddedBroker
 
-    broker = EmbeddedBroker(args.port)
+    if args.brokers < 1:
+        raise CommandError(f"--brokers must be at least 1, not {args.brokers}")
+    # With several nodes, --port N gives them N, N+1, N+2, ... (the bootstrap lists all).
+    broker = EmbeddedBroker(args.port, brokers=args.brokers)
     stop = {"signal": None}
 
     def on_signal(signum, _frame):
@@ -40,12 +43,17 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    broker.start()
+    try:
+        broker.start()
+    except BrokerError as exc:  # start() has stopped the nodes it spawned
+        raise CommandError(str(exc)) from None
     try:
         print(f"ready bootstrap={broker.bootstrap}", flush=True)
         while stop["signal"] is None:
             if not broker.running():
-                return _fail(f"embedded broker on {broker.bootstrap} exited unexpectedly")
+                down = [n.node_id for n in broker.nodes if not n.running()]
+                which = f" (node {', '.join(map(str, down))})" if broker.brokers > 1 else ""
+                return _fail(f"embedded broker on {broker.bootstrap} exited unexpectedly{which}")
             time.sleep(0.2)
     finally:
         broker.stop()
@@ -184,7 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker in the foreground")
-    p.add_argument("--port", type=int, default=None, help="loopback port (default: a free one)")
+    p.add_argument("--port", type=int, default=None,
+                   help="loopback port (default: a free one); with --brokers K, nodes listen on N..N+K-1")
+    p.add_argument("--brokers", type=int, default=1, metavar="K",
+                   help="nodes in the cluster, each a combined broker and controller (default: 1; "
+                        "3 for a quorum whose nodes can be killed one at a time)")
     p.set_defaults(func=cmd_broker)
 
     def kafka_args(p: argparse.ArgumentParser) -> None:

@@ -55,10 +55,12 @@ CollectionError.
 
 from __future__ import annotations
 
+import gc
 import logging
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -269,6 +271,28 @@ def list_group_ids(admin: Any, pattern: Any, timeout_s: float) -> list[str]:
     return sorted({g.group_id for g in result.valid if pattern.fullmatch(g.group_id)})
 
 
+def group_reader(admin: Any) -> Any:
+    """The client for one snapshot's group reads: a new AdminClient with `admin`'s
+    config when `admin` is an AdminClient built here, else `admin` itself.
+
+    librdkafka (through 2.16) aborts the whole process (rdkafka_queue.h:
+    rd_kafka_enq_once_del_source_return: Assertion `eonce->refcnt > 0' failed,
+    librdkafka issue 4605) when a coordinator request (DescribeGroups,
+    OffsetFetch) times out on the client while its group's coordinator is down,
+    and the client later finds a live coordinator for it: the lookup outlives
+    the timed-out request (it has no timeout of its own) and then frees the
+    request's state twice. A broker killed mid-snapshot does exactly that about
+    ten seconds later. Destroying the client once its group reads are answered
+    ends those lookups before a coordinator can come back.
+    """
+    from confluent_kafka.admin import AdminClient
+
+    config = config_of(admin)
+    if config is None or not isinstance(admin, AdminClient):
+        return admin
+    return AdminClient(config)
+
+
 def read_groups(
     admin: Any, group_ids: list[str], timeout_s: float, window: RequestWindow
 ) -> tuple[dict[str, Description], dict[str, CommitRead]]:
@@ -372,7 +396,12 @@ def log_offsets(
             try:
                 if fut is None:
                     raise RuntimeError("no answer for this partition")
-                found[key] = fut.result().offset
+                offset = fut.result().offset
+                if offset is None or offset < 0:
+                    # Seen while a killed leader's partitions move: an answer without an error
+                    # whose offset is OFFSET_INVALID (-1001). Not an offset: unknown, never lag 0.
+                    raise RuntimeError(f"no offset in the answer ({offset}), the partition's leader may be moving")
+                found[key] = offset
             except Exception as exc:  # leader moving, a timeout, the partition vanished between reads
                 reason = _reason(exc)
                 log.warning("%s of %s[%d] unknown: %s", what, key[0], key[1], reason)
@@ -449,10 +478,19 @@ def collect_snapshot(
             leader_of[(name, pid)] = pmeta.leader
     listed = time.monotonic()
 
+    reader = group_reader(admin)
     try:
-        described, commits = read_groups(admin, ids, timeout_s, window)
+        described, commits = read_groups(reader, ids, timeout_s, window)
     except KafkaException as exc:
         raise CollectionError(failure_message(exc, admin, where, "cannot read consumer groups")) from None
+    finally:
+        if reader is not admin:
+            # Destroyed here, its coordinator lookups with it; a failed future's traceback
+            # can hold a frame that holds the client, so collect cycles when it lingers.
+            gone = weakref.ref(reader)
+            del reader
+            if gone() is not None:
+                gc.collect()
     groups_read = time.monotonic()
 
     views: list[GroupView] = []

@@ -13,11 +13,13 @@ from typing import Any
 from lagdoctor.kafka.clients import admin_client, client_config
 
 
-def create_topic(bootstrap: str, topic: str, partitions: int, *, timeout_s: float = 10.0) -> None:
+def create_topic(bootstrap: str, topic: str, partitions: int, *, timeout_s: float = 10.0,
+                 replication_factor: int = 1) -> None:
+    """Create `topic`; `replication_factor` 3 on a three-node cluster lets its leaders move when a node dies."""
     from confluent_kafka.admin import NewTopic
 
     admin = admin_client(bootstrap)
-    futures = admin.create_topics([NewTopic(topic, partitions, 1)], request_timeout=timeout_s)
+    futures = admin.create_topics([NewTopic(topic, partitions, replication_factor)], request_timeout=timeout_s)
     for _, fut in futures.items():
         fut.result()
 
@@ -137,6 +139,7 @@ class ThrottledConsumer:
         self.max_rate = dict(max_rate or {})
         self.stuck_at = dict(stuck_at or {})
         self.assigned = threading.Event()
+        self.failed_commits = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"consume-{group_id}", daemon=True)
 
@@ -147,7 +150,7 @@ class ThrottledConsumer:
     def _run(self) -> None:
         import time
 
-        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka import Consumer, KafkaException, TopicPartition
 
         consumer = Consumer(live_consumer_config(self.bootstrap, self.group_id, self.client_id))
         consumer.subscribe([self.topic], on_assign=lambda c, parts: self.assigned.set())
@@ -187,10 +190,15 @@ class ThrottledConsumer:
                         done[p] += 1
                     processed[p] = msg.offset() + 1
                 if processed:
-                    consumer.commit(
-                        offsets=[TopicPartition(self.topic, p, o) for p, o in processed.items()],
-                        asynchronous=False,
-                    )
+                    try:
+                        consumer.commit(
+                            offsets=[TopicPartition(self.topic, p, o) for p, o in processed.items()],
+                            asynchronous=False,
+                        )
+                    except KafkaException:
+                        # The coordinator is moving (a broker died or restarts): as a real
+                        # consumer does, carry on; the next commit covers these records.
+                        self.failed_commits += 1
         finally:
             consumer.close()
 
