@@ -304,8 +304,8 @@ def render_findings_table(findings: list[dict[str, Any]]) -> str:
 
 
 def project_root() -> Path:
-    """The checkout holding dags/ and spark_jobs/ (the package lives in plugins/lagdoctor)."""
-    return Path(__file__).resolve().parents[2]
+    """The checkout holding dags/ and spark_jobs/ (this module is plugins/lagdoctor/lab/demo.py)."""
+    return Path(__file__).resolve().parents[3]
 
 
 def main(argv: list[str] | None = None) -> int:
