@@ -173,16 +173,22 @@ class ThrottledConsumer:
 
         consumer = Consumer(live_consumer_config(self.bootstrap, self.group_id, self.client_id, **self.config))
         consumer.subscribe([self.topic], on_assign=lambda c, parts: self.assigned.set())
-        started = time.monotonic()
-        done = {p: 0 for p in self.max_rate}
+        # A token bucket per throttled partition, at most a second deep: capacity
+        # left unused while traffic was light is not banked for a later surge.
+        tokens = {p: 0.0 for p in self.max_rate}
+        last = time.monotonic()
         paused: set[int] = set()
         stuck: set[int] = set()
 
         def budget(p: int) -> float:
-            return self.max_rate[p] * (time.monotonic() - started) - done[p]
+            return tokens[p]
 
         try:
             while not self._stop.is_set():
+                now = time.monotonic()
+                for p, rate in self.max_rate.items():
+                    tokens[p] = min(tokens[p] + rate * (now - last), max(1.0, rate))
+                last = now
                 refilled = [p for p in paused - stuck if budget(p) >= 1]
                 if refilled:
                     consumer.resume([TopicPartition(self.topic, p) for p in refilled])
@@ -209,7 +215,7 @@ class ThrottledConsumer:
                             consumer.pause([TopicPartition(self.topic, p)])
                             paused.add(p)
                             continue
-                        done[p] += 1
+                        tokens[p] -= 1
                     processed[p] = msg.offset() + 1
                 if processed:
                     try:
