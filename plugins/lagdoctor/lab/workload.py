@@ -183,13 +183,18 @@ class ThrottledConsumer:
         def budget(p: int) -> float:
             return tokens[p]
 
+        def resumable(p: int) -> bool:
+            # Half a second's budget: each resume costs a fetch round trip, which
+            # a resume per record would pay so often the rate fell well below max_rate.
+            return budget(p) >= max(1.0, self.max_rate[p] / 2)
+
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
                 for p, rate in self.max_rate.items():
                     tokens[p] = min(tokens[p] + rate * (now - last), max(1.0, rate))
                 last = now
-                refilled = [p for p in paused - stuck if budget(p) >= 1]
+                refilled = [p for p in paused - stuck if resumable(p)]
                 if refilled:
                     consumer.resume([TopicPartition(self.topic, p) for p in refilled])
                     paused.difference_update(refilled)
