@@ -72,8 +72,8 @@ def live_incidents(crash_after_s: float = 15.0) -> list[Incident]:
                  "partition_imbalance", "partition 1's lag climbs while partitions 0 and 2 keep up",
                  3, 40, ({"max_rate": {1: 8}},)),
         Incident("clicks", SURGE_GROUP,
-                 f"producer surge: 20 msg/s per partition, the consumer keeping up (it caps at 60), jumps to "
-                 f"{SURGE_RATE:g} after the last sample, so the sweep's own samples see the surge",
+                 f"producer surge: 20 msg/s per partition, which the consumer keeps up with (it caps at 60), "
+                 f"jumps to {SURGE_RATE:g} once the history shows it keeping up",
                  "producer_surge", "log end offsets' rate against committed offsets' rate, before and after",
                  2, 20, ({"max_rate": {0: 60, 1: 60}},)),
         Incident("payments", "payments-ledger",
@@ -217,7 +217,7 @@ class Demo:
             say(f"  sample {samples}: " + sample_line(table.to_pylist(), owners_before))
             time.sleep(max(0.0, self.interval_s - (time.monotonic() - started - elapsed)))
         for event in events:  # due at the end: the sweep's samples see them
-            say(f"  event: {event[1]()}")
+            say(f"  event: {event[1]()} (after the last sample: the sweep's own samples see it)")
 
     # -- the DAG --------------------------------------------------------------
 
