@@ -1,17 +1,18 @@
-"""`make demo`: the main job, end to end, on the embedded broker.
+"""`make demo`: the main job, end to end, on the embedded Apache Kafka broker.
 
-1. Start the embedded Kafka-compatible broker (Tansu).
-2. Play live incidents on real topics and groups: a hot partition owned by a
-   slow consumer, a producer surge, a consumer stuck on one message, a crashed
-   consumer, and a healthy group for contrast.
+1. Start the embedded broker (Apache Kafka in KRaft mode, one node).
+2. Play six live incidents on real topics and groups, each consumer a
+   process of its own: a hot partition owned by a slow consumer, a producer
+   surge, a consumer stuck on one message, a consumer process killed with
+   SIGKILL, a member evicted and rejoining in a loop (its batches take longer
+   than max.poll.interval.ms), and a healthy group for contrast.
 3. Sample offset snapshots while they run (the history a scheduled sweep
-   would have accumulated).
-4. Replay from the simulator what Tansu cannot reproduce live: a rebalance
-   loop (its group coordinator does not report members or churn them).
-5. Run the real `kafka_lag_health_sweep` DAG through `airflow dags test`,
+   would have accumulated): offsets, group state and the owner of each
+   partition (member id, client id, host).
+4. Run the real `kafka_lag_health_sweep` DAG through `airflow dags test`,
    with spark-submit on local[*] and Slack going to a local outbox.
-6. Print the findings, the Slack messages and the reports; stop everything,
-   also on Ctrl-C.
+5. Print the findings beside what was played, the owners they name, the
+   Slack messages and the reports; stop everything, also on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -42,49 +43,97 @@ def say(message: str) -> None:
 
 @dataclass
 class Incident:
-    """One live workload: a topic, its producer, its group's consumer, and a story."""
+    """One live workload: a topic, its producer, its group's members, and a story."""
 
     topic: str
     group: str
     story: str
+    expect: str  # the diagnosis the story should get
+    watch: str  # what in the snapshots shows it
     partitions: int
     produce_rate: float
-    consumer_options: dict[str, Any] = field(default_factory=dict)
+    # ThrottledConsumer options of each member; every member is an OS process
+    members: tuple[dict[str, Any], ...] = ({},)
     producer: Any = None
-    consumer: Any = None
+    consumers: list[Any] = field(default_factory=list)
 
 
-def live_incidents() -> list[Incident]:
+# Evicted every batch: 6 s of work per batch, 4 s allowed between polls.
+LOOP_MEMBER = {"batch_processing_s": 6.0,
+               "config": {"session.timeout.ms": 3000, "max.poll.interval.ms": 4000}}
+CRASHED_GROUP = "invoices-mailer"
+SURGE_GROUP, SURGE_RATE = "clicks-aggregator", 150.0
+
+
+def live_incidents(crash_after_s: float = 15.0) -> list[Incident]:
     return [
         Incident("orders", "orders-processor",
                  "hot partition: the owner of partition 1 processes 8 msg/s while 40 arrive",
-                 3, 40, {"max_rate": {1: 8}}),
-        Incident("clicks", "clicks-aggregator",
-                 "producer surge: 20 msg/s per partition jumps to 150 halfway; consumers cap at 60",
-                 2, 20, {"max_rate": {0: 60, 1: 60}}),
+                 "partition_imbalance", "partition 1's lag climbs while partitions 0 and 2 keep up",
+                 3, 40, ({"max_rate": {1: 8}},)),
+        Incident("clicks", SURGE_GROUP,
+                 f"producer surge: 20 msg/s per partition, which the consumer keeps up with (it caps at 60), "
+                 f"jumps to {SURGE_RATE:g} once the history shows it keeping up",
+                 "producer_surge", "log end offsets' rate against committed offsets' rate, before and after",
+                 2, 20, ({"max_rate": {0: 60, 1: 60}},)),
         Incident("payments", "payments-ledger",
                  "stalled consumer: alive, but stuck on the message at offset 120 of partition 0",
-                 2, 15, {"stuck_at": {0: 120}}),
-        Incident("invoices", "invoices-mailer",
-                 "crashed consumer: the only member dies after 15 s; records keep arriving",
-                 2, 25, {}),
-        Incident("audit-log", "audit-archiver", "healthy: keeps up on every partition", 2, 30, {}),
+                 "stalled_consumer", "partition 0's committed offset stops at 120; its member stays in the group",
+                 2, 15, ({"stuck_at": {0: 120}},)),
+        Incident("invoices", CRASHED_GROUP,
+                 f"crashed consumer: its only member's process is killed (SIGKILL) after {crash_after_s:g} s; "
+                 "records keep arriving",
+                 "crashed_consumer", "group state STABLE -> EMPTY once its 6 s session times out; lag grows",
+                 2, 25),
+        Incident("inventory", "inventory-sync",
+                 "rebalance loop: member 2 takes 6 s per batch with max.poll.interval.ms 4 s, so it is "
+                 "evicted and rejoins under a new member id, again and again",
+                 "rebalance_loop", "owner member ids and group state changing from sample to sample",
+                 2, 20, ({}, LOOP_MEMBER)),
+        Incident("audit-log", "audit-archiver", "healthy: keeps up on every partition",
+                 "healthy", "lag stays within a second of production", 2, 30),
     ]
 
 
-def replay_rebalance_loop(snapshots_root: str, now: datetime) -> None:
-    """Write the 20 minutes before `now` of a simulated rebalance loop (group
-    inventory-sync): Tansu's coordinator cannot reproduce member churn live."""
-    import numpy as np
+def start_workloads(bootstrap: str, incidents: list[Incident], *, assigned_within_s: float = 60.0) -> None:
+    """Topics, producers and one consumer process per member; returns once every member has partitions."""
+    from lagdoctor.lab.workload import ConsumerProcess, SteadyProducer, create_topic
 
-    from lagdoctor.lab.sim import simulate_group
-    from lagdoctor.store import write_snapshot
+    for inc in incidents:
+        create_topic(bootstrap, inc.topic, inc.partitions)
+        inc.producer = SteadyProducer(bootstrap, inc.topic, list(range(inc.partitions)), inc.produce_rate).start()
+        inc.consumers = [ConsumerProcess(bootstrap, inc.group, inc.topic, client_id=f"{inc.group}-{i}", **options).start()
+                         for i, options in enumerate(inc.members, 1)]
+        say(f"  {inc.group:<17} on {inc.topic:<9} {inc.story}")
+        say(f"  {'':<17}    {'':<9} measured: {inc.watch}; expected: {inc.expect}")
+    say("waiting for every consumer process to join its group ...")
+    deadline = time.monotonic() + assigned_within_s
+    for inc in incidents:
+        for member in inc.consumers:
+            if not member.assigned.wait(max(0.0, deadline - time.monotonic())):
+                raise RuntimeError(f"{member.client_id} was not assigned partitions within {assigned_within_s:g} s")
 
-    window = 1200.0  # a loop needs room: at least 3 rebalances in the window
-    start = now - timedelta(seconds=window)
-    table, _ = simulate_group(np.random.default_rng(7), "rebalance_loop_staircase", cluster=CLUSTER,
-                              group_id="inventory-sync", topic="inventory", start=start, window_seconds=window)
-    write_snapshot(table, snapshots_root, CLUSTER, start, key="simulated-rebalance-loop")
+
+def stop_workloads(incidents: list[Incident]) -> None:
+    for inc in incidents:
+        for member in inc.consumers:
+            member.stop()
+        if inc.producer is not None:
+            inc.producer.stop()
+
+
+def kill_consumer(incidents: list[Incident], group: str) -> str:
+    """SIGKILL the group's consumer processes, as a crash; says which."""
+    inc = next(i for i in incidents if i.group == group)
+    killed = [f"{m.client_id} (pid {m.pid})" for m in inc.consumers if m.alive()]
+    for member in inc.consumers:
+        member.kill()
+    return ", ".join(killed) or "nobody (already dead)"
+
+
+def surge(incidents: list[Incident]) -> str:
+    next(i for i in incidents if i.group == SURGE_GROUP).producer.rate = SURGE_RATE
+    return f"{SURGE_GROUP}'s producer surged to {SURGE_RATE:g} msg/s per partition"
 
 
 class Demo:
@@ -110,13 +159,14 @@ class Demo:
             shutil.rmtree(self.data_root)  # each demo tells one fresh story
         self.data_root.mkdir(parents=True)
         self.airflow_home.mkdir(parents=True, exist_ok=True)
-        say("starting the embedded Kafka-compatible broker (Tansu, in memory) ...")
+        say("starting the embedded broker (Apache Kafka, KRaft, one node; a fresh cluster each time) ...")
         self.broker = EmbeddedBroker(log_path=self.workdir / "broker.log").start()
         say(f"broker ready at {self.broker.bootstrap}")
         try:
-            self.start_incidents()
+            say("starting the live incidents (topics, producers, one OS process per consumer):")
+            self.incidents = live_incidents(self.crash_after_s)
+            start_workloads(self.broker.bootstrap, self.incidents)
             self.sample_history()
-            self.replay_rebalance_loop()
             code = self.run_sweep()
             if code != 0:
                 say(f"the sweep DAG failed (exit {code}); its log is above")
@@ -132,74 +182,42 @@ class Demo:
                 self.airflow_proc.wait(20)
             except subprocess.TimeoutExpired:
                 os.killpg(self.airflow_proc.pid, signal.SIGKILL)
-        for incident in self.incidents:
-            for part in (incident.consumer, incident.producer):
-                if part is not None:
-                    part.stop()
+        stop_workloads(self.incidents)
         if self.broker is not None:
             self.broker.stop()
             self.broker = None
 
-    # -- workloads ----------------------------------------------------------
-
-    def start_incidents(self) -> None:
-        from lagdoctor.lab.workload import SteadyProducer, ThrottledConsumer, create_topic
-
-        bootstrap = self.broker.bootstrap
-        self.incidents = live_incidents()
-        for inc in self.incidents:
-            create_topic(bootstrap, inc.topic, inc.partitions)
-            inc.producer = SteadyProducer(bootstrap, inc.topic, list(range(inc.partitions)), inc.produce_rate).start()
-            inc.consumer = ThrottledConsumer(bootstrap, inc.group, inc.topic, client_id=f"{inc.group}-1",
-                                             **inc.consumer_options).start()
-            say(f"  {inc.group:<18} on {inc.topic:<9} {inc.story}")
-        say("waiting for the consumers to join their groups ...")
-        for inc in self.incidents:
-            if not inc.consumer.assigned.wait(60):
-                raise RuntimeError(f"consumer of {inc.group} was not assigned partitions within 60 s")
+    # -- history ------------------------------------------------------------
 
     def sample_history(self) -> None:
-        from lagdoctor.kafka.collector import collect_snapshot
         from lagdoctor.kafka.clients import admin_client
+        from lagdoctor.kafka.collector import collect_snapshot
         from lagdoctor.store import write_snapshot
 
         admin = admin_client(self.broker.bootstrap)
         root = str(self.data_root / "snapshots")
         started = time.monotonic()
-        events: list[tuple[float, str, Callable[[], None]]] = [
-            (self.crash_after_s, "invoices-mailer's consumer crashed", self._crash),
-            (self.surge_after_s, "clicks producers surged to 150 msg/s per partition", self._surge),
+        events: list[tuple[float, Callable[[], str]]] = [
+            (self.crash_after_s, lambda: f"killed {CRASHED_GROUP}'s consumer process "
+                                         f"{kill_consumer(self.incidents, CRASHED_GROUP)} with SIGKILL"),
+            (self.surge_after_s, lambda: surge(self.incidents)),
         ]
+        owners_before: dict[str, frozenset] = {}
         samples = 0
-        say(f"sampling offsets every {self.interval_s:g} s for {self.sample_seconds:g} s ...")
+        say(f"sampling every {self.interval_s:g} s for {self.sample_seconds:g} s: committed and log end offsets, "
+            "group state, each partition's owner (member id, client id, host)")
         while (elapsed := time.monotonic() - started) < self.sample_seconds:
-            for when, what, act in list(events):
-                if elapsed >= when:
-                    act()
-                    say(f"  event: {what}")
-                    events.remove((when, what, act))
+            for event in [e for e in events if elapsed >= e[0]]:
+                say(f"  event: {event[1]()}")
+                events.remove(event)
             now = datetime.now(timezone.utc)
             table = collect_snapshot(admin, CLUSTER, None, now, bootstrap=self.broker.bootstrap)
             write_snapshot(table, root, CLUSTER, now)
             samples += 1
-            lag = {}
-            for r in table.to_pylist():
-                lag[r["group_id"]] = lag.get(r["group_id"], 0) + (r["lag"] or 0)
-            say(f"  sample {samples}: total lag " + ", ".join(f"{g} {v:,}" for g, v in sorted(lag.items())))
+            say(f"  sample {samples}: " + sample_line(table.to_pylist(), owners_before))
             time.sleep(max(0.0, self.interval_s - (time.monotonic() - started - elapsed)))
-
-    def _crash(self) -> None:
-        inc = next(i for i in self.incidents if i.group == "invoices-mailer")
-        inc.consumer.stop()
-        inc.consumer = None
-
-    def _surge(self) -> None:
-        next(i for i in self.incidents if i.group == "clicks-aggregator").producer.rate = 150
-
-    def replay_rebalance_loop(self) -> None:
-        replay_rebalance_loop(str(self.data_root / "snapshots"), datetime.now(timezone.utc))
-        say("replayed a rebalance loop for group inventory-sync from the simulator "
-            "(Tansu's coordinator cannot reproduce member churn live)")
+        for event in events:  # due at the end: the sweep's samples see them
+            say(f"  event: {event[1]()} (after the last sample: the sweep's own samples see it)")
 
     # -- the DAG --------------------------------------------------------------
 
@@ -270,6 +288,9 @@ class Demo:
         findings = [json.loads(l) for l in (run_dir / "findings.jsonl").read_text().splitlines() if l.strip()]
         print()
         print(render_findings_table(findings))
+        checks = played_against_found(self.incidents, findings)
+        print("\nPlayed against found:")
+        print("\n".join(line for line, _ in checks))
         outbox = Path(settings.data_root) / "outbox" / "slack.jsonl"
         if outbox.exists():
             messages = [json.loads(l) for l in outbox.read_text().splitlines() if l.strip()]
@@ -277,6 +298,8 @@ class Demo:
             for m in messages:
                 indent = "    ↳ " if m.get("thread_ts") else "  • "
                 print(f"{indent}{html.unescape(m['text'])}")  # Slack text is mrkdwn-escaped
+                for line in evidence_lines(m):  # the owners, as the message's table names them
+                    print(f"      {line}")
         reports = sorted(Path(settings.reports_root).rglob("*.html")) if Path(settings.reports_root).exists() else []
         print()
         for report in reports:
@@ -284,8 +307,55 @@ class Demo:
         say(f"findings: {run_dir / 'findings.jsonl'}")
         say(f"snapshots: {settings.snapshots_root}")
         problems = {f["group_id"] for f in findings if f["diagnosis"] != "healthy"}
-        say(f"done: {len(problems)} group(s) with a problem, named with their evidence above")
+        matched = sum(ok for _, ok in checks)
+        say(f"done: {len(problems)} group(s) with a problem, named with their evidence above; "
+            f"{matched} of {len(checks)} incidents diagnosed as played")
         return 0
+
+
+def played_against_found(incidents: list[Incident], findings: list[dict[str, Any]]) -> list[tuple[str, bool]]:
+    """One line per incident: what was played, what the sweep found for its group, and whether they agree."""
+    found: dict[str, set[str]] = {}
+    for f in findings:
+        found.setdefault(f["group_id"], set()).add(f["diagnosis"])
+    out = []
+    for inc in incidents:
+        got = sorted(found.get(inc.group, set()))
+        ok = inc.expect in got
+        out.append((f"  {'ok  ' if ok else 'MISS'} {inc.group:<17} played {inc.expect:<19} "
+                    f"found {', '.join(got) or 'nothing'}", ok))
+    return out
+
+
+def evidence_lines(message: dict[str, Any]) -> list[str]:
+    """The 'Worst partitions' table of an incident message (partition, lag, consumer id, host, client id)."""
+    for block in message.get("blocks") or []:
+        text = (block.get("text") or {}).get("text", "") if isinstance(block.get("text"), dict) else ""
+        if text.startswith("*Worst partitions*") and "```" in text:
+            return html.unescape(text.split("```")[1]).strip("\n").splitlines()
+    return []
+
+
+def sample_line(rows: list[dict[str, Any]], owners_before: dict[str, frozenset]) -> str:
+    """Each group's total lag, with its state when not STABLE and a mark when its
+    owners' member ids changed since the last sample (updates `owners_before`)."""
+    lag: dict[str, int] = {}
+    state: dict[str, str] = {}
+    owners: dict[str, set] = {}
+    for r in rows:
+        g = r["group_id"]
+        lag[g] = lag.get(g, 0) + (r["lag"] or 0)
+        state[g] = r["group_state"]
+        owners.setdefault(g, set()).update([r["member_id"]] if r["member_id"] else [])
+    parts = []
+    for g in sorted(lag):
+        notes = [state[g]] if state[g] != "STABLE" else []
+        now = frozenset(owners[g])
+        if g in owners_before and now and owners_before[g] != now:
+            notes.append("owners changed")
+        owners_before[g] = now if now else owners_before.get(g, now)
+        parts.append(f"{g} {lag[g]:,}" + (f" ({', '.join(notes)})" if notes else ""))
+    return ", ".join(parts)
 
 
 def render_findings_table(findings: list[dict[str, Any]]) -> str:
@@ -304,8 +374,8 @@ def render_findings_table(findings: list[dict[str, Any]]) -> str:
 
 
 def project_root() -> Path:
-    """The checkout holding dags/ and spark_jobs/ (the package lives in plugins/lagdoctor)."""
-    return Path(__file__).resolve().parents[2]
+    """The checkout holding dags/ and spark_jobs/ (this module is plugins/lagdoctor/lab/demo.py)."""
+    return Path(__file__).resolve().parents[3]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -318,7 +388,10 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     demo = Demo(workdir, args.sample_seconds, args.interval_seconds,
-                surge_after_s=args.sample_seconds / 2, crash_after_s=args.sample_seconds / 4)
+                # The surge waits for the last sample: the history before it must show the
+                # consumer keeping up (the first third of the sweep's window, however long
+                # the sweep takes to start), as a surge between two sweeps would.
+                surge_after_s=args.sample_seconds, crash_after_s=args.sample_seconds / 4)
 
     def interrupted(signum, _frame):
         raise KeyboardInterrupt

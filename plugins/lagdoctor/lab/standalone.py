@@ -6,9 +6,10 @@ previous start's snapshots, findings, state and Airflow database (offsets of a
 broker that no longer exists) are moved to `<workdir>/previous/` instead of
 being mixed into the new window. Both DAGs are unpaused (an earlier database
 may have created them paused), a first sweep is triggered at once, and every
-incident the demo tells is played: a hot partition, a stalled consumer, a
-crash 15 s in, a producer surge once the first sweep has sampled the calm
-before it, and a replayed rebalance loop.
+incident the demo tells is played live, each consumer an OS process of its
+own: a hot partition, a stalled consumer, a consumer process killed with
+SIGKILL 15 s in, a member evicted and rejoining in a loop, a producer surge
+once the first sweep has sampled the calm before it, and a healthy group.
 
 Airflow runs in its own process group: stopping it signals the whole group,
 since a TERM to the parent alone orphans its ~35 children (shared/STACK.md).
@@ -25,15 +26,14 @@ import subprocess
 import sys
 import time
 import urllib.request
-from datetime import datetime, timezone
 from pathlib import Path
 
-from lagdoctor.lab.demo import CLUSTER, live_incidents, project_root, replay_rebalance_loop, say
+from lagdoctor.lab.demo import (CLUSTER, CRASHED_GROUP, kill_consumer, live_incidents, project_root, say,
+                                start_workloads, stop_workloads, surge)
 
 DAG_IDS = ("kafka_lag_health_sweep", "kafka_lag_incident")
-CRASH_AFTER_S = 15.0  # invoices-mailer's only consumer dies
+CRASH_AFTER_S = 15.0  # invoices-mailer's only consumer process is killed
 SURGE_AFTER_SWEEP_S = 120.0  # clicks' producers surge this long after the first sweep was triggered
-SURGE_RATE = 150.0
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 180.0) -> bool:
@@ -91,7 +91,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.ERROR)
 
     from lagdoctor.kafka.broker import EmbeddedBroker
-    from lagdoctor.lab.workload import SteadyProducer, ThrottledConsumer, create_topic
 
     workdir = Path(args.workdir).resolve()
     airflow_home = workdir / "airflow"
@@ -102,9 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     airflow_home.mkdir(parents=True, exist_ok=True)
     broker = EmbeddedBroker(log_path=workdir / "broker.log").start()
     say(f"embedded broker at {broker.bootstrap}")
-    running = []
-    consumers: dict[str, object] = {}
-    producers: dict[str, object] = {}
+    incidents = [] if args.no_workloads else live_incidents(CRASH_AFTER_S)
     proc = None
 
     def on_term(*_):
@@ -112,18 +109,9 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     try:
-        if not args.no_workloads:
-            for inc in live_incidents():
-                create_topic(broker.bootstrap, inc.topic, inc.partitions)
-                producers[inc.group] = SteadyProducer(broker.bootstrap, inc.topic, list(range(inc.partitions)),
-                                                      inc.produce_rate).start()
-                consumers[inc.group] = ThrottledConsumer(broker.bootstrap, inc.group, inc.topic,
-                                                         client_id=f"{inc.group}-1", **inc.consumer_options).start()
-                running += [producers[inc.group], consumers[inc.group]]
-                say(f"  {inc.group:<18} on {inc.topic:<9} {inc.story}")
-            replay_rebalance_loop(str(workdir / "lagdoctor" / "snapshots"), datetime.now(timezone.utc))
-            say("  inventory-sync     on inventory a rebalance loop, replayed from the simulator "
-                "(Tansu's coordinator cannot reproduce member churn live)")
+        if incidents:
+            say("starting the live incidents (topics, producers, one OS process per consumer):")
+            start_workloads(broker.bootstrap, incidents)
         workloads_started = time.monotonic()
         bindir = str(Path(sys.executable).parent)
         env = {
@@ -173,13 +161,12 @@ def main(argv: list[str] | None = None) -> int:
         crashed = surged = args.no_workloads
         while proc.poll() is None:
             if not crashed and time.monotonic() - workloads_started >= CRASH_AFTER_S:
-                consumers["invoices-mailer"].stop()
+                say(f"  event: killed {CRASHED_GROUP}'s consumer process "
+                    f"{kill_consumer(incidents, CRASHED_GROUP)} with SIGKILL")
                 crashed = True
-                say("  event: invoices-mailer's consumer crashed")
             if not surged and swept_at is not None and time.monotonic() - swept_at >= SURGE_AFTER_SWEEP_S:
-                producers["clicks-aggregator"].rate = SURGE_RATE
+                say(f"  event: {surge(incidents)}")
                 surged = True
-                say(f"  event: clicks producers surged to {SURGE_RATE:g} msg/s per partition")
             time.sleep(1)
         return 0
     except KeyboardInterrupt:
@@ -192,8 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
-        for part in running:
-            part.stop()
+        stop_workloads(incidents)
         broker.stop()
         say("stopped")
 

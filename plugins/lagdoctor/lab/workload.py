@@ -1,8 +1,9 @@
-"""Known Kafka workloads for tests and the demo: topics, exact record counts, commits.
+"""Known Kafka workloads for tests and the demo: topics, exact record counts, commits,
+steady producers and consumers that are slow, stuck, evicted or killed on purpose.
 
-Records are produced one per request (`batch.num.messages=1`) because Tansu's
-high watermark falls one short per multi-record batch (shared/STACK.md);
-against a real cluster the setting is merely slower.
+`ConsumerProcess` runs a consumer in its own OS process, so a crash is a real
+process killed with SIGKILL (no LeaveGroup: the group notices only when the
+session times out).
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ def create_topic(bootstrap: str, topic: str, partitions: int, *, timeout_s: floa
 def produce_counts(
     bootstrap: str, topic: str, counts: Mapping[int, int], *, value: bytes = b"x", exact: bool = True
 ) -> None:
-    """Produce counts[p] records to each partition p and wait until all are acknowledged."""
+    """Produce counts[p] records to each partition p and wait until all are acknowledged.
+
+    `exact`: idempotent, so a retried batch is never written twice and the log
+    end offsets grow by exactly the counts.
+    """
     from confluent_kafka import Producer
 
-    extra: dict[str, Any] = {"linger.ms": 0, "acks": "all"}
-    if exact:
-        extra["batch.num.messages"] = 1
-        extra["max.in.flight.requests.per.connection"] = 1
+    extra: dict[str, Any] = {"linger.ms": 5, "acks": "all", "enable.idempotence": exact}
     producer = Producer(client_config(bootstrap, extra))
     errors: list[str] = []
 
@@ -66,8 +68,8 @@ def commit_offsets(bootstrap: str, group_id: str, topic: str, offsets: Mapping[i
 
 
 def live_consumer_config(bootstrap: str, group_id: str, client_id: str, **extra: Any) -> dict[str, Any]:
-    """A consumer that joins quickly: Tansu takes ~23 s to finish the first join
-    with the default 45 s session timeout, ~3 s with 6 s."""
+    """A consumer that commits what it processed itself and whose death the group
+    notices within 6 s (the default session timeout is 45 s)."""
     return client_config(
         bootstrap,
         {
@@ -76,13 +78,15 @@ def live_consumer_config(bootstrap: str, group_id: str, client_id: str, **extra:
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
             "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 1000,
             **extra,
         },
     )
 
 
 class SteadyProducer:
-    """Produces `rate_per_partition` records/s to every listed partition in a thread."""
+    """Produces `rate_per_partition` records/s to every listed partition in a thread
+    (`rate` may change while it runs); records are batched as any producer's."""
 
     def __init__(self, bootstrap: str, topic: str, partitions: list[int], rate_per_partition: float) -> None:
         import threading
@@ -101,16 +105,23 @@ class SteadyProducer:
 
         from confluent_kafka import Producer
 
-        producer = Producer(client_config(self.bootstrap, {"linger.ms": 0, "batch.num.messages": 1}))
+        producer = Producer(client_config(self.bootstrap, {"linger.ms": 5}))
         tick = 0.1
+        owed = 0.0  # records per partition due but not yet produced (fractional rates add up)
+        last = time.monotonic()
         try:
             while not self._stop.is_set():
-                started = time.monotonic()
+                now = time.monotonic()
+                # A thread starved on a busy machine catches up, but by a second at most.
+                owed = min(owed + self.rate * (now - last), max(1.0, self.rate))
+                last = now
+                due = int(owed)
+                owed -= due
                 for p in self.partitions:
-                    for _ in range(max(1, round(self.rate * tick))):
+                    for _ in range(due):
                         producer.produce(self.topic, value=b"event", partition=p)
                 producer.poll(0)
-                self._stop.wait(max(0.0, tick - (time.monotonic() - started)))
+                self._stop.wait(tick)
         finally:
             producer.flush(10)
 
@@ -128,16 +139,26 @@ class ThrottledConsumer:
     Records it does not process are not committed: the consumer seeks back to
     the first of them and pauses the partition until the budget refills (or
     for good, when stuck), so the committed offset moves exactly as described.
+
+    `batch_processing_s`: every batch takes this long to handle; longer than
+    max.poll.interval.ms (set it through `config`) gets the member evicted
+    from the group, and it rejoins on its next poll: a rebalance loop. A
+    commit the group refuses (evicted, or mid-rebalance) is dropped, as a
+    real consumer's would be: the records are read again by the next owner.
     """
 
     def __init__(self, bootstrap: str, group_id: str, topic: str, *, client_id: str,
                  max_rate: Mapping[int, float] | None = None,
-                 stuck_at: Mapping[int, int] | None = None) -> None:
+                 stuck_at: Mapping[int, int] | None = None,
+                 batch_processing_s: float = 0.0,
+                 config: Mapping[str, Any] | None = None) -> None:
         import threading
 
         self.bootstrap, self.group_id, self.topic, self.client_id = bootstrap, group_id, topic, client_id
         self.max_rate = dict(max_rate or {})
         self.stuck_at = dict(stuck_at or {})
+        self.batch_processing_s = batch_processing_s
+        self.config = dict(config or {})
         self.assigned = threading.Event()
         self.failed_commits = 0
         self._stop = threading.Event()
@@ -152,24 +173,38 @@ class ThrottledConsumer:
 
         from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-        consumer = Consumer(live_consumer_config(self.bootstrap, self.group_id, self.client_id))
+        consumer = Consumer(live_consumer_config(self.bootstrap, self.group_id, self.client_id, **self.config))
         consumer.subscribe([self.topic], on_assign=lambda c, parts: self.assigned.set())
-        started = time.monotonic()
-        done = {p: 0 for p in self.max_rate}
+        # A token bucket per throttled partition, at most a second deep: capacity
+        # left unused while traffic was light is not banked for a later surge.
+        tokens = {p: 0.0 for p in self.max_rate}
+        last = time.monotonic()
         paused: set[int] = set()
         stuck: set[int] = set()
 
         def budget(p: int) -> float:
-            return self.max_rate[p] * (time.monotonic() - started) - done[p]
+            return tokens[p]
+
+        def resumable(p: int) -> bool:
+            # Half a second's budget: each resume costs a fetch round trip, which
+            # a resume per record would pay so often the rate fell well below max_rate.
+            return budget(p) >= max(1.0, self.max_rate[p] / 2)
 
         try:
             while not self._stop.is_set():
-                refilled = [p for p in paused - stuck if budget(p) >= 1]
+                now = time.monotonic()
+                for p, rate in self.max_rate.items():
+                    tokens[p] = min(tokens[p] + rate * (now - last), max(1.0, rate))
+                last = now
+                refilled = [p for p in paused - stuck if resumable(p)]
                 if refilled:
                     consumer.resume([TopicPartition(self.topic, p) for p in refilled])
                     paused.difference_update(refilled)
                 processed: dict[int, int] = {}
-                for msg in consumer.consume(500, timeout=0.1):
+                batch = consumer.consume(500, timeout=0.1)
+                if self.batch_processing_s and any(not m.error() for m in batch):
+                    self._stop.wait(self.batch_processing_s)
+                for msg in batch:
                     if msg.error():
                         continue
                     p = msg.partition()
@@ -187,7 +222,7 @@ class ThrottledConsumer:
                             consumer.pause([TopicPartition(self.topic, p)])
                             paused.add(p)
                             continue
-                        done[p] += 1
+                        tokens[p] -= 1
                     processed[p] = msg.offset() + 1
                 if processed:
                     try:
@@ -196,8 +231,8 @@ class ThrottledConsumer:
                             asynchronous=False,
                         )
                     except KafkaException:
-                        # The coordinator is moving (a broker died or restarts): as a real
-                        # consumer does, carry on; the next commit covers these records.
+                        # The coordinator is moving (a broker died or restarts) or the member
+                        # was evicted: as a real consumer does, carry on; the next commit covers these.
                         self.failed_commits += 1
         finally:
             consumer.close()
@@ -205,3 +240,70 @@ class ThrottledConsumer:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(15)
+
+
+def run_consumer(bootstrap: str, group_id: str, topic: str, assigned: Any = None, **options: Any) -> None:
+    """A ThrottledConsumer as a process's whole job, until SIGTERM (a clean close that
+    leaves the group) or its parent's death; `assigned` (an Event) is set once it has
+    partitions. `options` are ThrottledConsumer's keyword arguments."""
+    import os
+    import signal
+    import threading
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches every process; the parent stops us
+    parent = os.getppid()
+    consumer = ThrottledConsumer(bootstrap, group_id, topic, **options).start()
+    try:
+        while not stop.wait(0.5):
+            if assigned is not None and consumer.assigned.is_set():
+                assigned.set()
+            if os.getppid() != parent or not consumer._thread.is_alive():
+                break  # orphaned, or the consumer failed
+    finally:
+        consumer.stop()
+
+
+class ConsumerProcess:
+    """A ThrottledConsumer in its own OS process (same arguments), one group member.
+
+    kill() is a crash: SIGKILL, no LeaveGroup, so the group keeps the member
+    until its session times out. stop() closes it cleanly.
+    """
+
+    def __init__(self, bootstrap: str, group_id: str, topic: str, *, client_id: str, **options: Any) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")  # fork would copy the parent's librdkafka threads
+        self.group_id, self.client_id = group_id, client_id
+        self.assigned = ctx.Event()
+        self._proc = ctx.Process(target=run_consumer, args=(bootstrap, group_id, topic, self.assigned),
+                                 kwargs={"client_id": client_id, **options}, name=f"consume-{client_id}",
+                                 daemon=True)
+
+    def start(self) -> "ConsumerProcess":
+        self._proc.start()
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    def alive(self) -> bool:
+        return self._proc.is_alive()
+
+    def kill(self) -> None:
+        import os
+        import signal
+
+        if self._proc.is_alive():
+            os.kill(self._proc.pid, signal.SIGKILL)
+        self._proc.join(10)
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(timeout_s)
+        if self._proc.is_alive():
+            self.kill()
