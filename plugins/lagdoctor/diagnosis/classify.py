@@ -75,6 +75,14 @@ Cases that sharpen the causes (issue 10; each measured by bench/accuracy_bench.p
 16  mixed causes         rules hold independently (stalled partitions and a      one finding per rule that holds
                          rebalance loop; a slow owner and a loop)                (the truth is a set)
 
+A forecast that changes severity (forecast.py):
+
+ #  case                 holds when                                              so
+17 data loss ahead      retention will delete records the group has not read     critical: waiting for the lag to
+                         within the window's length (forecast.py: the log start   clear loses data; the estimate is
+                         outruns consumption, or the time lag meets retention.ms) in evidence.data_loss, with
+                                                                                  evidence.catch_up beside it
+
 Real client behaviour (issue 16; each a live test on Apache Kafka):
 
  #  case                 holds when                                              so
@@ -89,14 +97,6 @@ Real client behaviour (issue 16; each a live test on Apache Kafka):
                                                                                  restarts gets a new member id and no
                                                                                  rebalance, so a rolling restart is
                                                                                  not 2
-
-A forecast that changes severity (forecast.py):
-
- #  case                 holds when                                              so
-17 data loss ahead      retention will delete records the group has not read     critical: waiting for the lag to
-                         within the window's length (forecast.py: the log start   clear loses data; the estimate is
-                         outruns consumption, or the time lag meets retention.ms) in evidence.data_loss, with
-                                                                                  evidence.catch_up beside it
 
 "Growing": the fitted rise of lag over the window is positive and at least
 growth_fraction of the end lag. Severity: critical at critical_lag or when a
