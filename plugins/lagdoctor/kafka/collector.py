@@ -13,8 +13,8 @@ Broker requests grow with groups and brokers, not with partitions per group:
        (librdkafka fans each call out per partition leader; its cost per call
        grows faster than the partitions in it: 20,000 partitions in one call
        took 2 s, in calls of 1,000 0.25 s)
-    1  DescribeConfigs of the groups' topics (retention.ms, retention.bytes:
-       the data-loss forecast's input)
+    1  DescribeConfigs of the groups' topics (retention.ms, retention.bytes,
+       cleanup.policy: the data-loss forecast's input)
     B  Fetch, per broker and round: the record at the committed offset of the
        `record_partitions` most lagging partitions of each (group, topic)
        (lagdoctor.kafka.records: one consumer, assign only, never a commit; groups at
@@ -80,7 +80,7 @@ DEFAULT_TIMEOUT_S = 10.0
 # Longer patterns are refused: a group pattern is a name filter, not a program.
 MAX_GROUP_PATTERN_LENGTH = 1000
 WRITTEN_OPTIONAL_COLUMNS = ("leader_broker", "read_error", *COMMITTED_RECORD_COLUMNS, "retention_ms",
-                            "retention_bytes")
+                            "retention_bytes", "group_type", "group_instance_id", "cleanup_policy")
 # Requests waiting on the cluster at once: enough to hide round trips (the group
 # reads of 10,000 groups took about 6 s on the embedded broker, and 1,024 in flight
 # were no faster), far below a broker's request queue (queued.max.requests, 500).
@@ -119,6 +119,7 @@ class Owner:
     member_id: str
     client_id: str
     host: str
+    group_instance_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class Description:
     members: int | None
     owners: Mapping[tuple[str, int], Owner]
     error: str | None = None
+    group_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -307,14 +309,37 @@ def _description(group_id: str, fut: Future | None) -> Description:
         return Description("UNKNOWN", None, {}, f"group description: {reason}")
     state = group_state_name(getattr(desc, "state", None))
     members = list(desc.members or [])
+    kind = group_type_name(getattr(desc, "type", None))
+    if state == "UNKNOWN" and kind == "consumer" and _reconciling(members):
+        # confluent-kafka 2.16 has no name for KIP-848's Assigning/Reconciling and
+        # says UNKNOWN; a member whose assignment is not yet its target is mid-rebalance.
+        state = "RECONCILING"
     owners: dict[tuple[str, int], Owner] = {}
     for m in members:
         for tp in getattr(m.assignment, "topic_partitions", None) or []:
-            owners[(tp.topic, tp.partition)] = Owner(m.member_id, m.client_id, m.host)
+            owners[(tp.topic, tp.partition)] = Owner(m.member_id, m.client_id, m.host,
+                                                     getattr(m, "group_instance_id", None) or None)
     # An active state with no member list means membership unknown (Tansu,
     # or no DESCRIBE rights), which is not the same as zero members.
     count = len(members) if members or state in _NO_MEMBER_STATES else None
-    return Description(state, count, owners)
+    return Description(state, count, owners, group_type=kind)
+
+
+def group_type_name(kind: Any) -> str | None:
+    """"consumer" (KIP-848) or "classic" for a confluent-kafka ConsumerGroupType; None
+    when the client does not say (UNKNOWN, or a client without the field)."""
+    name = (getattr(kind, "name", None) or (str(kind) if kind is not None else "")).lower()
+    return name if name in ("consumer", "classic") else None
+
+
+def _partitions_of(assignment: Any) -> set[tuple[str, int]]:
+    return {(tp.topic, tp.partition) for tp in getattr(assignment, "topic_partitions", None) or []}
+
+
+def _reconciling(members: list[Any]) -> bool:
+    """Some member of a KIP-848 group does not hold its target assignment yet."""
+    return any(m.target_assignment is not None and _partitions_of(m.assignment) != _partitions_of(m.target_assignment)
+               for m in members if hasattr(m, "target_assignment"))
 
 
 def _commit_read(group_id: str, fut: Future | None) -> CommitRead:
@@ -506,8 +531,9 @@ def collect_snapshot(
     return table
 
 
-def topic_retention(admin: Any, topics: Iterable[str], timeout_s: float) -> dict[str, tuple[int | None, int | None]]:
-    """{topic: (retention.ms, retention.bytes)} from DescribeConfigs, one call per snapshot.
+def topic_retention(admin: Any, topics: Iterable[str],
+                    timeout_s: float) -> dict[str, tuple[int | None, int | None, str | None]]:
+    """{topic: (retention.ms, retention.bytes, cleanup.policy)} from DescribeConfigs, one call per snapshot.
 
     A value the broker does not list, or a read that failed, is None (unknown):
     the forecast then says it cannot tell, never "safe"."""
@@ -516,7 +542,7 @@ def topic_retention(admin: Any, topics: Iterable[str], timeout_s: float) -> dict
     names = sorted(topics)
     if not names or not hasattr(admin, "describe_configs"):
         return {}
-    out: dict[str, tuple[int | None, int | None]] = {}
+    out: dict[str, tuple[int | None, int | None, str | None]] = {}
     try:
         futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in names],
                                          request_timeout=timeout_s)
@@ -529,8 +555,17 @@ def topic_retention(admin: Any, topics: Iterable[str], timeout_s: float) -> dict
         except Exception as exc:
             log.warning("retention of topic %s unknown: %s", resource.name, _reason(exc))
             continue
-        out[resource.name] = (_config_int(entries.get("retention.ms")), _config_int(entries.get("retention.bytes")))
+        policy = entries.get("cleanup.policy")
+        out[resource.name] = (_config_int(entries.get("retention.ms")), _config_int(entries.get("retention.bytes")),
+                              _config_policy(policy.value if policy is not None else None))
     return out
+
+
+def _config_policy(value: Any) -> str | None:
+    """"compact,delete" for any spelling of the list ("delete, compact"), None when unsaid."""
+    if not value:
+        return None
+    return ",".join(sorted({p.strip().lower() for p in str(value).split(",") if p.strip()})) or None
 
 
 def _config_int(entry: Any) -> int | None:
@@ -588,6 +623,9 @@ def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, lead
     retention = retention or {}
     retention_ms_col: list[int | None] = []
     retention_bytes_col: list[int | None] = []
+    cleanup_col: list[str | None] = []
+    group_type_col: list[str | None] = []
+    instance_col: list[str | None] = []
 
     for view in views:
         desc, read = view.description, view.commits
@@ -606,11 +644,13 @@ def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, lead
             group_id.extend([view.group_id] * n)
             group_state.extend([desc.state] * n)
             group_members.extend([desc.members] * n)
+            group_type_col.extend([desc.group_type] * n)
             topic_col.extend([topic] * n)
             partition_col.extend(partitions)
             if topic == GROUP_ROW_TOPIC and partitions == [GROUP_ROW_PARTITION]:
                 for column in (start_col, end_col, committed_col, lag_col, member_col, client_col, host_col,
-                               leader_col, *record_cols.values(), retention_ms_col, retention_bytes_col):
+                               leader_col, *record_cols.values(), retention_ms_col, retention_bytes_col,
+                               cleanup_col, instance_col):
                     column.append(None)
                 error_col.append("; ".join(group_errors))
                 continue
@@ -636,9 +676,12 @@ def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, lead
                 member_col.append(owner.member_id if owner else None)
                 client_col.append(owner.client_id if owner else None)
                 host_col.append(owner.host if owner else None)
+                instance_col.append(owner.group_instance_id if owner else None)
                 leader_col.append(leader_of.get(key))
-                retention_ms_col.append(retention.get(topic, (None, None))[0])
-                retention_bytes_col.append(retention.get(topic, (None, None))[1])
+                ms, size, policy = retention.get(topic, (None, None, None))
+                retention_ms_col.append(ms)
+                retention_bytes_col.append(size)
+                cleanup_col.append(policy)
                 record = records.get((topic, partition, committed)) if committed is not None else None
                 record_cols["committed_record_ts"].append(record.timestamp if record else None)
                 record_cols["committed_record_offset"].append(record.offset if record else None)
@@ -681,6 +724,9 @@ def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, lead
         **record_cols,
         "retention_ms": retention_ms_col,
         "retention_bytes": retention_bytes_col,
+        "group_type": group_type_col,
+        "group_instance_id": instance_col,
+        "cleanup_policy": cleanup_col,
     }
     table = pa.Table.from_arrays(
         [columns[f.name] if isinstance(columns[f.name], pa.Array) else pa.array(columns[f.name], type=f.type)
