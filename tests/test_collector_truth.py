@@ -131,3 +131,24 @@ def test_kip848_group_mid_rebalance_is_reconciling_not_unknown(kafka_bootstrap, 
     assert {r["group_state"] for r in rows} == {"RECONCILING"}
     assert {r["group_type"] for r in rows} == {"consumer"}
     assert {r["group_members"] for r in rows} == {2}
+
+
+# -- 2. compacted topics ---------------------------------------------------------------
+
+
+@broker
+def test_cleanup_policy_is_read_with_retention(kafka_bootstrap, unique):
+    from confluent_kafka.admin import NewTopic
+
+    compacted, both, group = unique("changelog"), unique("both"), unique("compact-reader")
+    admin = admin_client(kafka_bootstrap)
+    for fut in admin.create_topics([NewTopic(compacted, 1, 1, config={"cleanup.policy": "compact"}),
+                                    NewTopic(both, 1, 1, config={"cleanup.policy": "delete,compact"})]).values():
+        fut.result()
+    for topic in (compacted, both):
+        produce_counts(kafka_bootstrap, topic, {0: 3})
+        commit_offsets(kafka_bootstrap, group, topic, {0: 1})
+    rows = {r["topic"]: r for r in snapshot(kafka_bootstrap, group)}
+    assert rows[compacted]["cleanup_policy"] == "compact"
+    assert rows[both]["cleanup_policy"] == "compact,delete"  # one spelling, whatever order the topic has
+    assert rows[compacted]["retention_ms"] == 604_800_000  # still listed: the forecast must know to ignore it

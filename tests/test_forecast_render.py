@@ -251,6 +251,20 @@ def test_page_shows_quiet_states_in_words_never_as_zero(tmp_path):
     assert shown["Catch-up"] == "caught up" and shown["Data loss"] == "none expected at current rates"
 
 
+def test_compacted_topic_says_retention_does_not_apply_on_the_page_not_in_slack(tmp_path):
+    from lagdoctor.metrics import data_loss_seconds
+
+    loss = {"state": "not_applicable", "seconds": None, "partitions": [], "retention_ms": 3_600_000,
+            "retention_bytes": -1, "basis": "compacted topic: retention.ms does not delete unread records",
+            "cleanup_policy": "compact"}
+    f = stalled(data_loss=loss)
+    assert "Data loss" not in texts(render_incident(f, None))  # nothing to act on
+    assert data_loss_seconds([f]) is None  # the gauge is absent, never 0
+    seed(tmp_path, [f], status_rows())
+    shown = facts(card(client_for(tmp_path).get("/").text))
+    assert shown["Data loss"] == "none from retention.ms: compacted topic (retention.ms does not delete unread records)"
+
+
 def test_page_for_an_old_run_has_no_forecast(tmp_path):
     rows = [{k: v for k, v in r.items() if k != "time_lag_source"} | {"time_lag_lower_bound": False}
             for r in status_rows()]
