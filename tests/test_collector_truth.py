@@ -23,9 +23,9 @@ NOW = datetime(2026, 11, 21, 3, 14, tzinfo=timezone.utc)
 class Polling:
     """A consumer polled on a thread until stopped (or paused: it then stops acking rebalances)."""
 
-    def __init__(self, config: dict, topic: str) -> None:
+    def __init__(self, config: dict, topic: str | list[str]) -> None:
         self.consumer = Consumer(config)
-        self.consumer.subscribe([topic])
+        self.consumer.subscribe([topic] if isinstance(topic, str) else topic)
         self.assigned = threading.Event()
         self.paused = threading.Event()
         self._stop = threading.Event()
@@ -152,3 +152,149 @@ def test_cleanup_policy_is_read_with_retention(kafka_bootstrap, unique):
     assert rows[compacted]["cleanup_policy"] == "compact"
     assert rows[both]["cleanup_policy"] == "compact,delete"  # one spelling, whatever order the topic has
     assert rows[compacted]["retention_ms"] == 604_800_000  # still listed: the forecast must know to ignore it
+
+
+# -- 3. authorization ------------------------------------------------------------------
+
+PASSWORDS = {"admin": "adm-Pw-41c7", "alice": "alice-Pw-93e1", "bob": "bob-Pw-5d20"}
+
+
+@pytest.fixture(scope="module")
+def sasl():
+    """A SASL/PLAIN listener with ACLs: alice may describe her group and one topic, bob also the cluster."""
+    from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, NewTopic, ResourcePatternType,
+                                       ResourceType)
+
+    from lagdoctor.kafka.broker import EmbeddedBroker
+
+    with EmbeddedBroker(sasl_users=PASSWORDS, heap="512m") as kafka:
+        admin = admin_client(kafka.bootstrap, kafka.client_config("admin"))
+        for fut in admin.create_topics([NewTopic("open", 2, 1), NewTopic("secret", 2, 1)]).values():
+            fut.result()
+
+        def allow(user, kind, name, op):
+            return AclBinding(kind, name, ResourcePatternType.LITERAL, f"User:{user}", "*", op,
+                              AclPermissionType.ALLOW)
+
+        acls = [allow(user, kind, name, AclOperation.DESCRIBE) for user in ("alice", "bob")
+                for kind, name in ((ResourceType.GROUP, "mine"), (ResourceType.TOPIC, "open"))]
+        acls.append(allow("bob", ResourceType.BROKER, "kafka-cluster", AclOperation.DESCRIBE))
+        for fut in admin.create_acls(acls).values():
+            fut.result()
+        yield kafka
+
+
+def as_user(kafka, user, pattern, **kwargs):
+    config = kafka.client_config(user)
+    return collect_snapshot(admin_client(kafka.bootstrap, config), "secure", pattern, NOW,
+                            bootstrap=kafka.bootstrap, **kwargs).to_pylist()
+
+
+@broker
+def test_a_listed_group_the_principal_may_not_describe_keeps_a_row_saying_so(sasl, caplog):
+    from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
+
+    admin = admin_client(sasl.bootstrap, sasl.client_config("admin"))
+    producer = Producer(sasl.client_config("admin"))
+    for i in range(10):
+        producer.produce("open", b"x", partition=i % 2)
+    assert producer.flush(10) == 0
+    for group in ("mine", "theirs"):
+        # A fresh cluster answers NOT_COORDINATOR per partition until __consumer_offsets is up.
+        wait_for(lambda g=group: all(tp.error is None for tp in admin.alter_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(g, [TopicPartition("open", 0, 2), TopicPartition("open", 1, 3)])]
+        )[g].result().topic_partitions), what=f"a commit for {group}")
+    # bob may describe the cluster: Kafka lists every group to him, then refuses the reads of "theirs".
+    with caplog.at_level("DEBUG"):
+        rows = as_user(sasl, "bob", "mine|theirs")
+    by = {(r["group_id"], r["topic"], r["partition"]): r for r in rows}
+    assert {k[0] for k in by} == {"mine", "theirs"}
+    theirs = by[("theirs", "", -1)]
+    assert theirs["group_state"] == "UNKNOWN" and theirs["committed_offset"] is None and theirs["lag"] is None
+    assert theirs["read_error"] == (
+        "group description: Broker: Group authorization failed (GROUP_AUTHORIZATION_FAILED); "
+        "committed offsets: LISTCONSUMERGROUPOFFSETS worker coordinator request failed: "
+        "Broker: Group authorization failed (GROUP_AUTHORIZATION_FAILED)")
+    assert by[("mine", "open", 0)]["read_error"] is None and by[("mine", "open", 1)]["lag"] == 2
+    assert not any(secret in caplog.text + repr(rows) for secret in PASSWORDS.values())
+    # alice may not describe the cluster: Kafka's ListGroups hides "theirs" from her altogether.
+    assert {r["group_id"] for r in as_user(sasl, "alice", "mine|theirs")} == {"mine"}
+
+
+@broker
+def test_a_topic_the_principal_may_not_describe_keeps_its_rows_saying_so(sasl):
+    group = "mine"
+    config = {**sasl.client_config("admin"), "group.id": group, "client.id": "owner",
+              "auto.offset.reset": "earliest", "enable.auto.commit": False, "session.timeout.ms": 6000}
+    member = Polling(config, ["open", "secret"])
+    try:
+        assert member.assigned.wait(30)
+        rows = wait_for(lambda: (lambda rs: rs if {r["group_state"] for r in rs} == {"STABLE"}
+                                 and any(r["topic"] == "secret" for r in rs) else None)(
+            as_user(sasl, "alice", group, record_partitions=0)), what="a STABLE group owning secret")
+    finally:
+        member.close()
+    secret = sorted((r for r in rows if r["topic"] == "secret"), key=lambda r: r["partition"])
+    assert [r["partition"] for r in secret] == [0, 1]
+    for r in secret:
+        # Kafka's OffsetFetch leaves the topic out; the member's assignment names it: unknown, never lag 0.
+        assert r["lag"] is None and r["committed_offset"] is None and r["log_end_offset"] is None
+        assert r["read_error"].startswith("topic metadata: ") and "TOPIC_AUTHORIZATION_FAILED" in r["read_error"]
+        assert r["member_id"] is not None and r["client_id"] == "owner"
+    assert {r["read_error"] for r in rows if r["topic"] == "open"} == {None}
+
+
+@broker
+def test_a_failed_group_listing_is_a_row_saying_groups_may_be_missing(kafka_bootstrap, unique):
+    from confluent_kafka import KafkaError
+
+    from lagdoctor.contracts import GROUP_ROW_PARTITION, GROUP_ROW_TOPIC, LISTING_ROW_GROUP
+    from tests.fixtures.failing_admin import FailingAdmin
+
+    topic, group = unique("listed"), unique("listed-group")
+    create_topic(kafka_bootstrap, topic, 1)
+    produce_counts(kafka_bootstrap, topic, {0: 3})
+    commit_offsets(kafka_bootstrap, group, topic, {0: 1})
+    admin = FailingAdmin(admin_client(kafka_bootstrap), listing_errors=[KafkaError.COORDINATOR_LOAD_IN_PROGRESS])
+    rows = collect_snapshot(admin, "local", re.escape(group), NOW).to_pylist()
+    by = {(r["group_id"], r["topic"], r["partition"]): r for r in rows}
+    assert set(by) == {(group, topic, 0), (LISTING_ROW_GROUP, GROUP_ROW_TOPIC, GROUP_ROW_PARTITION)}
+    listing = by[(LISTING_ROW_GROUP, GROUP_ROW_TOPIC, GROUP_ROW_PARTITION)]
+    assert listing["read_error"].startswith("group listing: ") and "COORDINATOR_LOAD_IN_PROGRESS" in listing["read_error"]
+    assert listing["group_state"] == "UNKNOWN" and listing["lag"] is None and listing["group_members"] is None
+    assert by[(group, topic, 0)]["lag"] == 2 and by[(group, topic, 0)]["read_error"] is None
+
+
+# -- 4. share and streams groups -------------------------------------------------------
+
+
+@broker
+def test_share_groups_are_counted_once_as_not_diagnosed(kafka_bootstrap, unique, caplog):
+    from confluent_kafka import ShareConsumer
+
+    from lagdoctor.kafka.collector import undiagnosed_groups
+
+    topic, share, plain = unique("queue"), unique("share-workers"), unique("plain-readers")
+    create_topic(kafka_bootstrap, topic, 2)
+    commit_offsets(kafka_bootstrap, plain, topic, {0: 0, 1: 0})
+    worker = ShareConsumer({"bootstrap.servers": kafka_bootstrap, "group.id": share, "log_level": 0})
+    worker.subscribe([topic])
+    pattern = f"{re.escape(share)}|{re.escape(plain)}"
+    admin = admin_client(kafka_bootstrap)
+    try:
+        # A share group starts at the log end (share.auto.offset.reset latest): produce once it has joined.
+        deadline, got = time.monotonic() + 40, 0
+        while not got and time.monotonic() < deadline:
+            produce_counts(kafka_bootstrap, topic, {0: 1, 1: 1})
+            got = sum(1 for m in worker.poll(1.0) if not m.error())
+        assert got, "the share consumer never received a record"
+        with caplog.at_level("INFO", logger="lagdoctor.kafka.collector"):
+            tables = [collect_snapshot(admin, "local", pattern, NOW) for _ in range(2)]
+    finally:
+        worker.close()
+    for table in tables:
+        assert {r["group_id"] for r in table.to_pylist()} == {plain}  # no row, no read_error for the share group
+        assert {r["read_error"] for r in table.to_pylist()} == {None}
+        assert undiagnosed_groups(table) == [share]
+    said = [r.getMessage() for r in caplog.records if share in r.getMessage()]
+    assert said == [f"group {share} is not a consumer group (a share or streams group): not diagnosed"]

@@ -502,6 +502,20 @@ def test_group_level_read_failures(frame):
     assert all(s["partition"] >= 0 for s in status)  # the group-level row is no partition
 
 
+def test_a_failed_group_listing_makes_the_run_incomplete(frame):
+    marker = dict(topic="", member=None, members=None, state="UNKNOWN")
+    rows = [snap(0, -1, None, None, group="", read_error="group listing: Broker: Coordinator load in progress "
+                 "(COORDINATOR_LOAD_IN_PROGRESS)", **marker)]
+    rows += _keeping_up("g", k_max=3)
+    got = {(f["group_id"], f["topic"]): f for f in run_findings(frame(rows))}
+    listing = got[("", "")]
+    assert (listing["severity"], listing["evidence"]["data_complete"]) == ("warning", False)
+    assert listing["summary"] == ("Incomplete data: 1 read failed (group: group listing: Broker: Coordinator load "
+                                  "in progress (COORDINATOR_LOAD_IN_PROGRESS)); the cluster's group listing failed: "
+                                  "groups may be missing from this run")
+    assert got[("g", "t")]["evidence"]["data_complete"]  # the groups that were read stand
+
+
 def test_log_end_offset_going_backwards_is_a_warning_not_lag_0(frame):
     rows = []
     for k in range(8):

@@ -82,6 +82,9 @@ SNAPSHOT_NULL_ON_READ_ERROR: Final[tuple[str, ...]] = ("log_start_offset", "log_
 # this topic and partition, so it never vanishes from a snapshot.
 GROUP_ROW_TOPIC: Final[str] = ""
 GROUP_ROW_PARTITION: Final[int] = -1
+# The same row with this group_id says the group listing itself failed on some
+# broker (ListConsumerGroups errors): groups may be missing from the snapshot.
+LISTING_ROW_GROUP: Final[str] = ""
 
 GROUP_STATES: Final[tuple[str, ...]] = (
     "STABLE",

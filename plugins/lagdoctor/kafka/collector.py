@@ -5,6 +5,8 @@ Broker requests grow with groups and brokers, not with partitions per group:
 
     1  Metadata (all topics, partitions and leaders)
     1  ListConsumerGroups (per broker, done by librdkafka)
+    1  ListGroups and DescribeGroups (per broker, librdkafka's list_groups): the
+       share and streams groups ListConsumerGroups leaves out
     G  DescribeConsumerGroups, in calls of max_in_flight/4 groups (librdkafka
        sends one request per group, after finding its coordinator)
     G  ListConsumerGroupOffsets, one per group (the API takes one group per
@@ -46,6 +48,20 @@ failed, and the values that read would have given are null ("unknown"):
                              read_error "group description: ..."
     budget ran out first     as the read's own failure, with the reason "not read:
                              the snapshot's N s read budget ran out first"
+    group listing fails on   one row, group_id "" (LISTING_ROW_GROUP), topic "", partition -1,
+      some broker            read_error "group listing: ...": groups may be missing
+    topic not authorized     a topic a group names that metadata leaves out and DescribeTopics
+                             refuses: its rows stay, read_error "topic metadata: ..." (a deleted
+                             topic, UNKNOWN_TOPIC_OR_PART, is dropped). Kafka's OffsetFetch leaves
+                             such a topic's commits out silently: an EMPTY group's rows for it
+                             cannot be known at all.
+
+Share and streams groups (Kafka 4) are not consumer groups: ListConsumerGroups
+never returns them, the older ListGroups does. The matching ones are counted in
+the table's schema metadata (undiagnosed_groups), logged once per process, and
+get no rows. Groups the principal may not DESCRIBE are hidden by ListGroups
+itself unless it may DESCRIBE the cluster; then their reads fail and their
+one row says "not authorized".
 
 So the Parquet fields log_start_offset and log_end_offset are written as
 nullable; they are null only on rows whose read_error says so. Only a cluster
@@ -55,6 +71,7 @@ CollectionError.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -69,6 +86,7 @@ from lagdoctor.contracts import (
     COMMITTED_RECORD_COLUMNS,
     GROUP_ROW_PARTITION,
     GROUP_ROW_TOPIC,
+    LISTING_ROW_GROUP,
     SNAPSHOT_NULL_ON_READ_ERROR,
     snapshot_writer_schema,
 )
@@ -77,6 +95,8 @@ from lagdoctor.kafka.clients import config_of, error_text, failure_message, forg
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 10.0
+# Schema metadata key: JSON list of matching groups that are not consumer groups (not diagnosed).
+UNDIAGNOSED_METADATA = b"lagdoctor.undiagnosed_groups"
 # Longer patterns are refused: a group pattern is a name filter, not a program.
 MAX_GROUP_PATTERN_LENGTH = 1000
 WRITTEN_OPTIONAL_COLUMNS = ("leader_broker", "read_error", *COMMITTED_RECORD_COLUMNS, "retention_ms",
@@ -264,11 +284,66 @@ class RequestWindow:
         return futures
 
 
-def list_group_ids(admin: Any, pattern: Any, timeout_s: float) -> list[str]:
+@dataclass(frozen=True)
+class GroupListing:
+    """The consumer groups listed, the brokers' listing errors (some groups may be
+    missing), and the matching groups of other types (share, streams), None when
+    they could not be listed."""
+
+    ids: list[str]
+    errors: list[str] = field(default_factory=list)
+    other: list[str] | None = None
+
+
+# Share and streams groups already said "not diagnosed" in this process: said once, not every sweep.
+_NOTED_OTHER: set[str] = set()
+_NOTED_LOCK = threading.Lock()
+
+
+def list_groups(admin: Any, pattern: Any, timeout_s: float, *, other: bool = True) -> GroupListing:
+    """ListConsumerGroups (consumer and classic groups; librdkafka leaves share and
+    streams groups out), and with `other` the matching groups it left out."""
     result = admin.list_consumer_groups(request_timeout=timeout_s).result()
+    errors = []
     for err in getattr(result, "errors", None) or []:
         log.warning("listing consumer groups on one broker failed: %s", error_text(err))
-    return sorted({g.group_id for g in result.valid if pattern.fullmatch(g.group_id)})
+        kerr = err.args[0] if isinstance(err, BaseException) and err.args else err
+        errors.append(f"group listing: {_reason(Exception(kerr))}")
+    ids = sorted({g.group_id for g in result.valid if pattern.fullmatch(g.group_id)})
+    return GroupListing(ids, errors, other_group_ids(admin, ids, pattern, timeout_s) if other else None)
+
+
+def other_group_ids(admin: Any, consumer_ids: Collection[str], pattern: Any, timeout_s: float) -> list[str] | None:
+    """Matching groups that are not consumer groups (share, streams), which lagdoctor does not diagnose.
+
+    confluent-kafka 2.16 has no share or streams ConsumerGroupType and its
+    ListConsumerGroups never returns those groups; the older ListGroups
+    (`list_groups`) lists every group the principal may describe, so the
+    difference is the rest. None when that listing fails (unknown)."""
+    import warnings
+
+    if not hasattr(admin, "list_groups"):
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            everything = admin.list_groups(timeout=timeout_s)
+    except Exception as exc:  # a broker that will not answer it: the consumer groups still stand
+        log.debug("listing groups of other types failed: %s", _reason(exc))
+        return None
+    known = set(consumer_ids)
+    # A group that matches the pattern but was not listed as a consumer group just before.
+    others = sorted({g.id for g in everything if g.id not in known and pattern.fullmatch(g.id)})
+    with _NOTED_LOCK:
+        new = [g for g in others if g not in _NOTED_OTHER]
+        _NOTED_OTHER.update(new)
+    for group_id in new:
+        log.info("group %s is not a consumer group (a share or streams group): not diagnosed", group_id)
+    return others
+
+
+def list_group_ids(admin: Any, pattern: Any, timeout_s: float) -> list[str]:
+    return list_groups(admin, pattern, timeout_s, other=False).ids
 
 
 def read_groups(
@@ -455,11 +530,14 @@ def collect_snapshot(
     forget_errors(admin)
     try:
         metadata = admin.list_topics(timeout=timeout_s)
-        ids = list_group_ids(admin, pattern, timeout_s)
+        listing = list_groups(admin, pattern, timeout_s)
     except KafkaException as exc:
         raise CollectionError(failure_message(exc, admin, where)) from None
+    ids = listing.ids
+    undiagnosed = listing.other
     if exact is not None:
         ids = [g for g in ids if g in exact]
+        undiagnosed = None if undiagnosed is None else [g for g in undiagnosed if g in exact]
     window = RequestWindow(max_in_flight, read_budget(timeout_s) if read_budget_s is None else read_budget_s)
 
     partitions_of: dict[str, list[int]] = {}
@@ -480,12 +558,16 @@ def collect_snapshot(
         raise CollectionError(failure_message(exc, admin, where, "cannot read consumer groups")) from None
     groups_read = time.monotonic()
 
-    views: list[GroupView] = []
+    views = [GroupView(g, described[g], commits[g]) for g in ids]
+    # Metadata leaves out both deleted topics and those the principal may not describe.
+    denied = unreadable_topics(admin, {t for v in views for t in v.topics()} - set(partitions_of), timeout_s)
+    for topic, reason in denied.items():
+        topic_errors[topic] = reason
+        partitions_of[topic] = []
     rows_of: dict[str, dict[str, list[int]]] = {}
     wanted: set[tuple[str, int]] = set()
-    for group_id in ids:
-        view = GroupView(group_id, described[group_id], commits[group_id])
-        views.append(view)
+    for view in views:
+        group_id = view.group_id
         topics: dict[str, list[int]] = {}
         for topic, known in sorted(view.partitions_by_topic().items()):
             if topic not in partitions_of:
@@ -522,13 +604,58 @@ def collect_snapshot(
             record_errors = dict.fromkeys(positions, reason)
     records_read = time.monotonic()
 
+    if listing.errors:
+        # Groups on the brokers that failed to list are missing: one topic-less row says
+        # so (group_id LISTING_ROW_GROUP), so the run reads as incomplete, not as "all well".
+        views.append(GroupView(LISTING_ROW_GROUP, Description("UNKNOWN", None, {}),
+                               CommitRead(error="; ".join(listing.errors))))
+        rows_of[LISTING_ROW_GROUP] = {}
     table = _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, leader_of,
                             starts, ends, offset_errors, records, record_errors, retention)
+    if undiagnosed is not None:
+        # Share and streams groups: counted, never rows (nothing here reads their progress).
+        table = table.replace_schema_metadata(
+            {**(table.schema.metadata or {}), UNDIAGNOSED_METADATA: json.dumps(undiagnosed).encode()})
     log.debug("snapshot of %d groups, %d rows: metadata and group list %.2f s, groups %.2f s, "
               "log offsets %.2f s, %d records %.2f s, table %.2f s", len(ids), table.num_rows, listed - started,
               groups_read - listed, offsets_read - groups_read, len(records), records_read - offsets_read,
               time.monotonic() - records_read)
     return table
+
+
+def unreadable_topics(admin: Any, topics: Collection[str], timeout_s: float) -> dict[str, str]:
+    """{topic: "topic metadata: ..."} for the topics groups name that the cluster's
+    metadata left out for a reason other than "no such topic" (e.g. no DESCRIBE
+    right): their rows stay, with this error. A deleted topic is not in it."""
+    from confluent_kafka import KafkaError, TopicCollection
+
+    if not topics or not hasattr(admin, "describe_topics"):
+        return {}
+    try:
+        futures = admin.describe_topics(TopicCollection(sorted(topics)), request_timeout=timeout_s)
+    except Exception as exc:
+        return dict.fromkeys(topics, f"topic metadata: {_reason(exc)}")
+    out = {}
+    for topic, fut in futures.items():
+        try:
+            fut.result(timeout=timeout_s + 1)
+        except Exception as exc:
+            first = exc.args[0] if exc.args else None
+            if getattr(first, "code", lambda: None)() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                continue
+            reason = _reason(exc)
+            log.warning("topic %s is not readable: %s", topic, reason)
+            out[topic] = f"topic metadata: {reason}"
+            continue
+        # Described now but not in the metadata read before: created in between, nothing to read yet.
+    return out
+
+
+def undiagnosed_groups(table: Any) -> list[str] | None:
+    """The matching groups of other types (share, streams) a snapshot counted and did not
+    read; None when they could not be listed."""
+    raw = (table.schema.metadata or {}).get(UNDIAGNOSED_METADATA)
+    return None if raw is None else list(json.loads(raw))
 
 
 def topic_retention(admin: Any, topics: Iterable[str],
