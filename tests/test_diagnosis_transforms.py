@@ -546,11 +546,13 @@ def test_scoped_run_keeps_only_the_asked_groups_and_topic(frame):
     from lagdoctor.diagnosis.snapshots import scope_snapshots
 
     marker = snap(0, -1, None, None, group="orders-eu", topic="", member=None, read_error="committed offsets: x")
+    listing = snap(0, -1, None, None, group="", topic="", member=None, read_error="group listing: x")
     rows = [snap(0, 0, 10, 10, group=g, topic=t) for g in ("orders-eu", "orders-us", "legacy-orders-eu")
-            for t in ("a", "b")] + [marker]
+            for t in ("a", "b")] + [marker, listing]
     got = scope_snapshots(frame(rows), re2.compile("orders-.*"), "a").select("group_id", "topic").collect()
+    # full match; the group's failure row stays, and the failed listing's (the asked groups may be missing)
     assert sorted((r["group_id"], r["topic"]) for r in got) == [
-        ("orders-eu", ""), ("orders-eu", "a"), ("orders-us", "a")]  # full match; the group's failure row stays
+        ("", ""), ("orders-eu", ""), ("orders-eu", "a"), ("orders-us", "a")]
 
 
 # -- the Burrow evaluator in Spark SQL equals the Python reference ------------------------
