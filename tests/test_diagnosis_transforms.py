@@ -18,7 +18,7 @@ T0 = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
 
 def snap(t, partition, leo, committed, *, lag=None, state="STABLE", members=1, member="consumer-1-aaa",
          host="10.0.0.1", group="g", topic="t", cluster="c", log_start=0, record_ts=None, read_error=None, record=None,
-         retention_ms=None):
+         retention_ms=None, cleanup_policy=None):
     """One contract-1 row (with the optional columns) at T0 + t seconds."""
     if lag is None and committed is not None and leo is not None:
         lag = max(0, leo - committed)
@@ -30,7 +30,7 @@ def snap(t, partition, leo, committed, *, lag=None, state="STABLE", members=1, m
                   committed_offset=committed, lag=lag, member_id=member, client_id=client,
                   host=host if member else None, group_members=members,
                   committed_record_ts=None if record_ts is None else T0 + timedelta(seconds=record_ts),
-                  read_error=read_error, retention_ms=retention_ms)
+                  read_error=read_error, retention_ms=retention_ms, cleanup_policy=cleanup_policy)
     values.update(record or {})
     return tuple(values.get(f.name) for f in snapshot_schema_with_optional())
 
@@ -196,7 +196,27 @@ def test_time_lag_meeting_retention_ms_is_at_risk_and_infinite_retention_is_safe
     # no retention known and a log start that never moved: cannot tell, and says so
     assert found["unsaid"]["evidence"]["data_loss"] == {"state": "unknown", "seconds": None, "partitions": [],
                                                         "retention_ms": None, "retention_bytes": None,
-                                                        "basis": None}
+                                                        "basis": None, "cleanup_policy": None}
+
+
+def test_a_compacted_topic_gets_no_data_loss_forecast_from_retention_ms(frame):
+    rows = []
+    for k in range(11):
+        t = 60 * k
+        # as "old" above (55 minutes behind a 1 h retention.ms), but on a compacted topic
+        for group, policy in (("compacted", "compact"), ("both", "compact,delete")):
+            rows.append(snap(t, 0, 1_000 + 600 * k, 500, state="EMPTY", members=0, member=None, group=group,
+                             record_ts=600 - 3_300 if k == 10 else None, retention_ms=3_600_000,
+                             cleanup_policy=policy))
+    found = {f["group_id"]: f for f in run_findings(frame(rows))}
+    loss = found["compacted"]["evidence"]["data_loss"]
+    assert loss == {"state": "not_applicable", "seconds": None, "partitions": [], "retention_ms": 3_600_000,
+                    "retention_bytes": None,
+                    "basis": "compacted topic: retention.ms does not delete unread records",
+                    "cleanup_policy": "compact"}
+    # compact,delete: retention.ms still deletes, the forecast stands
+    both = found["both"]["evidence"]["data_loss"]
+    assert (both["state"], both["basis"]) == ("at_risk", "retention_ms")
 
 
 def test_retention_loss_is_reported(spark, frame):
@@ -482,6 +502,20 @@ def test_group_level_read_failures(frame):
     assert all(s["partition"] >= 0 for s in status)  # the group-level row is no partition
 
 
+def test_a_failed_group_listing_makes_the_run_incomplete(frame):
+    marker = dict(topic="", member=None, members=None, state="UNKNOWN")
+    rows = [snap(0, -1, None, None, group="", read_error="group listing: Broker: Coordinator load in progress "
+                 "(COORDINATOR_LOAD_IN_PROGRESS)", **marker)]
+    rows += _keeping_up("g", k_max=3)
+    got = {(f["group_id"], f["topic"]): f for f in run_findings(frame(rows))}
+    listing = got[("", "")]
+    assert (listing["severity"], listing["evidence"]["data_complete"]) == ("warning", False)
+    assert listing["summary"] == ("Incomplete data: 1 read failed (group: group listing: Broker: Coordinator load "
+                                  "in progress (COORDINATOR_LOAD_IN_PROGRESS)); the cluster's group listing failed: "
+                                  "groups may be missing from this run")
+    assert got[("g", "t")]["evidence"]["data_complete"]  # the groups that were read stand
+
+
 def test_log_end_offset_going_backwards_is_a_warning_not_lag_0(frame):
     rows = []
     for k in range(8):
@@ -512,11 +546,13 @@ def test_scoped_run_keeps_only_the_asked_groups_and_topic(frame):
     from lagdoctor.diagnosis.snapshots import scope_snapshots
 
     marker = snap(0, -1, None, None, group="orders-eu", topic="", member=None, read_error="committed offsets: x")
+    listing = snap(0, -1, None, None, group="", topic="", member=None, read_error="group listing: x")
     rows = [snap(0, 0, 10, 10, group=g, topic=t) for g in ("orders-eu", "orders-us", "legacy-orders-eu")
-            for t in ("a", "b")] + [marker]
+            for t in ("a", "b")] + [marker, listing]
     got = scope_snapshots(frame(rows), re2.compile("orders-.*"), "a").select("group_id", "topic").collect()
+    # full match; the group's failure row stays, and the failed listing's (the asked groups may be missing)
     assert sorted((r["group_id"], r["topic"]) for r in got) == [
-        ("orders-eu", ""), ("orders-eu", "a"), ("orders-us", "a")]  # full match; the group's failure row stays
+        ("", ""), ("orders-eu", ""), ("orders-eu", "a"), ("orders-us", "a")]
 
 
 # -- the Burrow evaluator in Spark SQL equals the Python reference ------------------------

@@ -251,6 +251,20 @@ def test_page_shows_quiet_states_in_words_never_as_zero(tmp_path):
     assert shown["Catch-up"] == "caught up" and shown["Data loss"] == "none expected at current rates"
 
 
+def test_compacted_topic_says_retention_does_not_apply_on_the_page_not_in_slack(tmp_path):
+    from lagdoctor.metrics import data_loss_seconds
+
+    loss = {"state": "not_applicable", "seconds": None, "partitions": [], "retention_ms": 3_600_000,
+            "retention_bytes": -1, "basis": "compacted topic: retention.ms does not delete unread records",
+            "cleanup_policy": "compact"}
+    f = stalled(data_loss=loss)
+    assert "Data loss" not in texts(render_incident(f, None))  # nothing to act on
+    assert data_loss_seconds([f]) is None  # the gauge is absent, never 0
+    seed(tmp_path, [f], status_rows())
+    shown = facts(card(client_for(tmp_path).get("/").text))
+    assert shown["Data loss"] == "none from retention.ms: compacted topic (retention.ms does not delete unread records)"
+
+
 def test_page_for_an_old_run_has_no_forecast(tmp_path):
     rows = [{k: v for k, v in r.items() if k != "time_lag_source"} | {"time_lag_lower_bound": False}
             for r in status_rows()]
@@ -297,3 +311,18 @@ def test_report_of_an_old_run_has_no_stuck_record_or_forecast(tmp_path):
     html = report_of(tmp_path, [old_finding(stalled())], status_rows(lower_bound_partition=None))
     assert "stuck-record" not in html
     assert not re.search(r"<dt>(Catch-up|Data loss|Retention)</dt>", html)
+
+
+def test_a_failed_group_listing_shows_on_the_page_without_a_group_link(tmp_path):
+    listing = {"cluster": "prod", "group_id": "", "topic": "", "partitions": [], "diagnosis": "healthy",
+               "pattern": "flat", "severity": "warning",
+               "summary": "Incomplete data: 1 read failed (group: group listing: Broker: Coordinator load in progress "
+                          "(COORDINATOR_LOAD_IN_PROGRESS)); the cluster's group listing failed: groups may be "
+                          "missing from this run",
+               "evidence": {"data_complete": False, "read_error_count": 1,
+                            "read_errors": ["group: group listing: Broker: Coordinator load in progress"]},
+               "window_start": "2026-11-21T10:00:00Z", "window_end": "2026-11-21T10:30:00Z"}
+    seed(tmp_path, [stalled(), listing], status_rows())
+    page = client_for(tmp_path).get("/").text
+    assert "the cluster&#39;s group listing failed: groups may be missing from this run" in page
+    assert re.findall(r'href="[^"]*/group/prod/[^"]*"', page) == ['href="/group/prod/orders"']

@@ -51,10 +51,19 @@ SNAPSHOT_OPTIONAL_COLUMNS: Final[tuple[tuple[str, str, bool], ...]] = (
     ("committed_record_error", "string", True),
     ("retention_ms", "int64", True),
     ("retention_bytes", "int64", True),
+    ("group_type", "string", True),
+    ("group_instance_id", "string", True),
+    ("cleanup_policy", "string", True),
 )
 # retention_ms / retention_bytes: the topic's retention.ms and retention.bytes
 # (DescribeConfigs, once per snapshot per topic); -1 is Kafka's "no limit";
 # null when the broker did not say (the read failed or it lists no value).
+# group_type: the group's protocol type from DescribeConsumerGroups, "consumer"
+# (KIP-848) or "classic"; null when the client does not say.
+# group_instance_id: the owning member's static group.instance.id; null when
+# the partition has no owner or the owner is not a static member.
+# cleanup_policy: the topic's cleanup.policy ("delete", "compact",
+# "compact,delete"), read with retention_ms; null when the broker did not say.
 # The committed_record_* columns, as the collector writes them.
 COMMITTED_RECORD_COLUMNS: Final[tuple[str, ...]] = (
     "committed_record_ts",
@@ -73,6 +82,9 @@ SNAPSHOT_NULL_ON_READ_ERROR: Final[tuple[str, ...]] = ("log_start_offset", "log_
 # this topic and partition, so it never vanishes from a snapshot.
 GROUP_ROW_TOPIC: Final[str] = ""
 GROUP_ROW_PARTITION: Final[int] = -1
+# The same row with this group_id says the group listing itself failed on some
+# broker (ListConsumerGroups errors): groups may be missing from the snapshot.
+LISTING_ROW_GROUP: Final[str] = ""
 
 GROUP_STATES: Final[tuple[str, ...]] = (
     "STABLE",

@@ -307,7 +307,7 @@ def take_snapshots(
     """
     import pyarrow.compute as pc
 
-    from lagdoctor.kafka.collector import collect_snapshot
+    from lagdoctor.kafka.collector import collect_snapshot, undiagnosed_groups
     from lagdoctor.contracts import GROUP_ROW_PARTITION, GROUP_ROW_TOPIC
     from lagdoctor.store import find_keyed_snapshots, write_snapshot
 
@@ -320,6 +320,7 @@ def take_snapshots(
         log.info("run %s: %d of %d samples already written; %s", run_id, len(done), samples,
                  f"resuming at sample {missing[0] + 1}" if missing else "nothing to sample")
     written, rows = [], 0
+    undiagnosed: list[str] | None = None
     if missing:
         admin, bootstrap = kafka_admin(conn_id)
     for n, i in enumerate(missing):
@@ -333,6 +334,7 @@ def take_snapshots(
         if require_match and n == 0 and table.num_rows == 0:
             _raise_no_match(admin, conn_id, group_pattern)
         matched = table
+        undiagnosed = undiagnosed_groups(table)
         if topic:
             # A group whose topics could not be read (topic "") may be on this topic: keep it.
             unknown = pc.and_(pc.equal(table["topic"], GROUP_ROW_TOPIC),
@@ -349,8 +351,9 @@ def take_snapshots(
         failed = sum(1 for e in table["read_error"].to_pylist() if e)
         log.info("sample %d/%d: %d rows%s -> %s", i + 1, samples, table.num_rows,
                  f" ({failed} with read errors)" if failed else "", path)
+    # Share and streams groups matching the pattern: listed, not diagnosed (None: not known).
     return {"cluster": conn_id, "store": settings.snapshots_root, "files": len(written), "rows": rows,
-            "already_written": len(done)}
+            "already_written": len(done), "not_diagnosed_groups": None if undiagnosed is None else len(undiagnosed)}
 
 
 def snapshot_cluster(cluster: str, run_id: str, form: Mapping[str, Any], *, dag_id: str | None = None,

@@ -44,7 +44,9 @@ is the problem):
                          (topic "", partition -1: the group-level read failed)    offsets could not be read; when
                                                                                   the group has topics, the row
                                                                                   makes their findings incomplete
-                                                                                  (7) and gets none of its own
+                                                                                  (7) and gets none of its own; with
+                                                                                  group_id "" the group listing failed:
+                                                                                  the finding says groups may be missing
 10  offset reset          a partition's log end offset fell within the window     rates and lag count from the last
                          (topic recreated or truncated), or its commit is above   fall; offset_reset_partitions
                          the log end by more than the read race explains          names them; at least warning,
@@ -109,7 +111,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from lagdoctor.contracts import INACTIVE_GROUP_STATES
+from lagdoctor.contracts import INACTIVE_GROUP_STATES, LISTING_ROW_GROUP
 from lagdoctor.diagnosis import forecast
 from lagdoctor.diagnosis.features import GROUP_KEY
 from lagdoctor.diagnosis.patterns import pattern_column
@@ -504,7 +506,9 @@ def findings(
         "healthy",
         empty,
         w,
-        F.when(is_marker, F.lit("the group's offsets could not be read; nothing is known of its lag")).otherwise(
+        F.when(is_marker & (c("group_id") == LISTING_ROW_GROUP),
+               F.lit("the cluster's group listing failed: groups may be missing from this run"))
+        .when(is_marker, F.lit("the group's offsets could not be read; nothing is known of its lag")).otherwise(
             F.format_string(
                 "consumers keep up: lag %s across %d partitions, %s msg/s consumed of %s produced",
                 _num(F.coalesce(lag, F.lit(0))),

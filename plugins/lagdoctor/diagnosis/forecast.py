@@ -17,6 +17,9 @@ data_loss     already     committed offset below the log start (retention_loss_p
                           retention_ms estimate is the earliest deletion can start
               safe        an estimate exists and neither reaches the group (retention.ms and
                           retention.bytes -1: never)
+              not_applicable  the topic is compacted only (cleanup.policy compact, no delete):
+                          retention.ms deletes nothing, so no estimate from it; a log start
+                          that moves (DeleteRecords) still gives at_risk, a commit below it already
               unknown     no retention known and the log start did not move in the window
 
 The rollup reads the worst partition: never > unknown > clearing > caught_up
@@ -27,14 +30,15 @@ soonest loss). A group at risk within the window's length is critical.
 from __future__ import annotations
 
 CATCH_UP_ORDER = ("caught_up", "clearing", "unknown", "never")
-DATA_LOSS_ORDER = ("safe", "unknown", "at_risk", "already")
+DATA_LOSS_ORDER = ("not_applicable", "safe", "unknown", "at_risk", "already")
+COMPACTED_BASIS = "compacted topic: retention.ms does not delete unread records"
 
 
-INPUT_COLUMNS = (("retention_ms", "bigint"), ("retention_bytes", "bigint"))
+INPUT_COLUMNS = (("retention_ms", "bigint"), ("retention_bytes", "bigint"), ("cleanup_policy", "string"))
 
 
 def with_input_columns(snapshots):
-    """Rows from a writer that did not read retention: retention_ms/bytes null (unknown)."""
+    """Rows from a writer that did not read retention: retention_ms/bytes, cleanup_policy null (unknown)."""
     from pyspark.sql import functions as F
 
     missing = {name: F.lit(None).cast(kind) for name, kind in INPUT_COLUMNS if name not in snapshots.columns}
@@ -54,7 +58,16 @@ def aggregate_columns():
         F.max_by("retention_bytes", F.when(F.col("retention_bytes").isNotNull(), F.col("t"))).alias(
             "retention_bytes"
         ),
+        F.max_by("cleanup_policy", F.when(F.col("cleanup_policy").isNotNull(), F.col("t"))).alias("cleanup_policy"),
     ]
+
+
+def compacted_only(policy):
+    """cleanup.policy lists compact and not delete (null policy: false, unknown is not compacted)."""
+    from pyspark.sql import functions as F
+
+    parts = F.transform(F.split(F.lower(policy), ","), lambda p: F.trim(p))
+    return F.coalesce(F.array_contains(parts, "compact") & ~F.array_contains(parts, "delete"), F.lit(False))
 
 
 def partition_columns():
@@ -81,8 +94,9 @@ def partition_columns():
     retention_s = F.col("retention_ms") / 1000.0
     growth = F.when(p > 0, 1.0 - F.try_divide(c, p)).when(c <= 0, F.lit(1.0)).otherwise(F.lit(0.0))
     tl = F.col("time_lag_seconds")
+    compacted = compacted_only(F.col("cleanup_policy"))
     by_time = F.when(
-        (F.col("retention_ms") > 0) & tl.isNotNull() & (lag > 0),
+        ~compacted & (F.col("retention_ms") > 0) & tl.isNotNull() & (lag > 0),
         F.when(tl >= retention_s, F.lit(0.0)).when(growth > 0, (retention_s - tl) / growth),
     )
     seconds = F.least(by_log_start, by_time)  # least skips nulls
@@ -93,6 +107,7 @@ def partition_columns():
     loss_state = (
         F.when(F.col("retention_loss"), F.lit("already"))
         .when(seconds.isNotNull(), F.lit("at_risk"))
+        .when(compacted, F.lit("not_applicable"))
         .when(F.col("committed_end").isNotNull() & known, F.lit("safe"))
         .otherwise(F.lit("unknown"))
     )
@@ -101,7 +116,9 @@ def partition_columns():
         "catch_up_seconds": catch_seconds.cast("double"),
         "data_loss_state": loss_state,
         "data_loss_seconds": F.when(loss_state == "at_risk", seconds).cast("double"),
-        "data_loss_basis": F.when(loss_state == "at_risk", basis),
+        "data_loss_basis": F.when(loss_state == "at_risk", basis).when(
+            loss_state == "not_applicable", F.lit(COMPACTED_BASIS)
+        ),
     }
 
 
@@ -127,6 +144,7 @@ def rollup_columns():
         ).alias("fc_loss_partitions"),
         F.max("retention_ms").alias("retention_ms"),
         F.max("retention_bytes").alias("retention_bytes"),
+        F.max("cleanup_policy").alias("cleanup_policy"),
     ]
 
 
@@ -149,7 +167,10 @@ def evidence_columns():
         F.coalesce(F.col("fc_loss_partitions"), F.array().cast("array<int>")).alias("partitions"),
         F.col("retention_ms").alias("retention_ms"),
         F.col("retention_bytes").alias("retention_bytes"),
-        F.when(at_risk, F.col("fc_loss_first")["data_loss_basis"]).alias("basis"),
+        F.when(at_risk, F.col("fc_loss_first")["data_loss_basis"])
+        .when(loss_state == "not_applicable", F.lit(COMPACTED_BASIS))
+        .alias("basis"),
+        F.col("cleanup_policy").alias("cleanup_policy"),
     )
     return catch_up, data_loss
 

@@ -37,6 +37,7 @@ from urllib.parse import urlparse
 from lagdoctor.contracts import SNAPSHOT_COLUMN_NAMES, SNAPSHOT_COLUMNS, SNAPSHOT_OPTIONAL_COLUMNS
 from lagdoctor.contracts import GROUP_ROW_PARTITION as GROUP_MARKER_PARTITION
 from lagdoctor.contracts import GROUP_ROW_TOPIC as GROUP_MARKER_TOPIC
+from lagdoctor.contracts import LISTING_ROW_GROUP
 
 # Hive folder columns that are not part of the contract (date=YYYY-MM-DD, hour=HH).
 _FOLDER_ONLY_COLUMNS = ("date", "hour")
@@ -793,7 +794,8 @@ def conform_snapshots(df):
 
 def scope_snapshots(df, group_pattern=None, topic: str | None = None):
     """Only the groups whose id `group_pattern` (a compiled RE2 pattern) matches in
-    full, and only `topic`; a group's topic-less read-failure row stays in scope.
+    full, and only `topic`; a group's topic-less read-failure row stays in scope, and so
+    does a failed group listing's (group_id LISTING_ROW_GROUP: the groups asked for may be the missing ones).
 
     Group ids are matched on the driver (a linear-time engine over the distinct
     ids, never Java's backtracking regex on executors).
@@ -805,7 +807,7 @@ def scope_snapshots(df, group_pattern=None, topic: str | None = None):
         df = df.where((F.col("topic") == topic) | marker)
     if group_pattern is not None:
         ids = [r["group_id"] for r in df.select("group_id").distinct().collect()]
-        wanted = sorted(g for g in ids if g is not None and group_pattern.fullmatch(g))
+        wanted = sorted(g for g in ids if g is not None and (g == LISTING_ROW_GROUP or group_pattern.fullmatch(g)))
         df = df.where(F.col("group_id").isin(wanted)) if wanted else df.limit(0)
     return df
 

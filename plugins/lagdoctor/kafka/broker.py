@@ -140,7 +140,11 @@ def _die_with_parent() -> None:
 
 
 def new_cluster_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    # kafka-storage's argument parser takes an id starting with "-" for an option (as Kafka's own Uuid avoids).
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def plain_jaas(users: dict[str, str]) -> str:

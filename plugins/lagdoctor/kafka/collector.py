@@ -5,6 +5,8 @@ Broker requests grow with groups and brokers, not with partitions per group:
 
     1  Metadata (all topics, partitions and leaders)
     1  ListConsumerGroups (per broker, done by librdkafka)
+    1  ListGroups and DescribeGroups (per broker, librdkafka's list_groups): the
+       share and streams groups ListConsumerGroups leaves out
     G  DescribeConsumerGroups, in calls of max_in_flight/4 groups (librdkafka
        sends one request per group, after finding its coordinator)
     G  ListConsumerGroupOffsets, one per group (the API takes one group per
@@ -13,8 +15,8 @@ Broker requests grow with groups and brokers, not with partitions per group:
        (librdkafka fans each call out per partition leader; its cost per call
        grows faster than the partitions in it: 20,000 partitions in one call
        took 2 s, in calls of 1,000 0.25 s)
-    1  DescribeConfigs of the groups' topics (retention.ms, retention.bytes:
-       the data-loss forecast's input)
+    1  DescribeConfigs of the groups' topics (retention.ms, retention.bytes,
+       cleanup.policy: the data-loss forecast's input)
     B  Fetch, per broker and round: the record at the committed offset of the
        `record_partitions` most lagging partitions of each (group, topic)
        (lagdoctor.kafka.records: one consumer, assign only, never a commit; groups at
@@ -46,6 +48,20 @@ failed, and the values that read would have given are null ("unknown"):
                              read_error "group description: ..."
     budget ran out first     as the read's own failure, with the reason "not read:
                              the snapshot's N s read budget ran out first"
+    group listing fails on   one row, group_id "" (LISTING_ROW_GROUP), topic "", partition -1,
+      some broker            read_error "group listing: ...": groups may be missing
+    topic not authorized     a topic a group names that metadata leaves out and DescribeTopics
+                             refuses: its rows stay, read_error "topic metadata: ..." (a deleted
+                             topic, UNKNOWN_TOPIC_OR_PART, is dropped). Kafka's OffsetFetch leaves
+                             such a topic's commits out silently: an EMPTY group's rows for it
+                             cannot be known at all.
+
+Share and streams groups (Kafka 4) are not consumer groups: ListConsumerGroups
+never returns them, the older ListGroups does. The matching ones are counted in
+the table's schema metadata (undiagnosed_groups), logged once per process, and
+get no rows. Groups the principal may not DESCRIBE are hidden by ListGroups
+itself unless it may DESCRIBE the cluster; then their reads fail and their
+one row says "not authorized".
 
 So the Parquet fields log_start_offset and log_end_offset are written as
 nullable; they are null only on rows whose read_error says so. Only a cluster
@@ -56,6 +72,7 @@ CollectionError.
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import re
 import threading
@@ -71,6 +88,7 @@ from lagdoctor.contracts import (
     COMMITTED_RECORD_COLUMNS,
     GROUP_ROW_PARTITION,
     GROUP_ROW_TOPIC,
+    LISTING_ROW_GROUP,
     SNAPSHOT_NULL_ON_READ_ERROR,
     snapshot_writer_schema,
 )
@@ -79,10 +97,12 @@ from lagdoctor.kafka.clients import config_of, error_text, failure_message, forg
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 10.0
+# Schema metadata key: JSON list of matching groups that are not consumer groups (not diagnosed).
+UNDIAGNOSED_METADATA = b"lagdoctor.undiagnosed_groups"
 # Longer patterns are refused: a group pattern is a name filter, not a program.
 MAX_GROUP_PATTERN_LENGTH = 1000
 WRITTEN_OPTIONAL_COLUMNS = ("leader_broker", "read_error", *COMMITTED_RECORD_COLUMNS, "retention_ms",
-                            "retention_bytes")
+                            "retention_bytes", "group_type", "group_instance_id", "cleanup_policy")
 # Requests waiting on the cluster at once: enough to hide round trips (the group
 # reads of 10,000 groups took about 6 s on the embedded broker, and 1,024 in flight
 # were no faster), far below a broker's request queue (queued.max.requests, 500).
@@ -121,6 +141,7 @@ class Owner:
     member_id: str
     client_id: str
     host: str
+    group_instance_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +152,7 @@ class Description:
     members: int | None
     owners: Mapping[tuple[str, int], Owner]
     error: str | None = None
+    group_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -264,11 +286,66 @@ class RequestWindow:
         return futures
 
 
-def list_group_ids(admin: Any, pattern: Any, timeout_s: float) -> list[str]:
+@dataclass(frozen=True)
+class GroupListing:
+    """The consumer groups listed, the brokers' listing errors (some groups may be
+    missing), and the matching groups of other types (share, streams), None when
+    they could not be listed."""
+
+    ids: list[str]
+    errors: list[str] = field(default_factory=list)
+    other: list[str] | None = None
+
+
+# Share and streams groups already said "not diagnosed" in this process: said once, not every sweep.
+_NOTED_OTHER: set[str] = set()
+_NOTED_LOCK = threading.Lock()
+
+
+def list_groups(admin: Any, pattern: Any, timeout_s: float, *, other: bool = True) -> GroupListing:
+    """ListConsumerGroups (consumer and classic groups; librdkafka leaves share and
+    streams groups out), and with `other` the matching groups it left out."""
     result = admin.list_consumer_groups(request_timeout=timeout_s).result()
+    errors = []
     for err in getattr(result, "errors", None) or []:
         log.warning("listing consumer groups on one broker failed: %s", error_text(err))
-    return sorted({g.group_id for g in result.valid if pattern.fullmatch(g.group_id)})
+        kerr = err.args[0] if isinstance(err, BaseException) and err.args else err
+        errors.append(f"group listing: {_reason(Exception(kerr))}")
+    ids = sorted({g.group_id for g in result.valid if pattern.fullmatch(g.group_id)})
+    return GroupListing(ids, errors, other_group_ids(admin, ids, pattern, timeout_s) if other else None)
+
+
+def other_group_ids(admin: Any, consumer_ids: Collection[str], pattern: Any, timeout_s: float) -> list[str] | None:
+    """Matching groups that are not consumer groups (share, streams), which lagdoctor does not diagnose.
+
+    confluent-kafka 2.16 has no share or streams ConsumerGroupType and its
+    ListConsumerGroups never returns those groups; the older ListGroups
+    (`list_groups`) lists every group the principal may describe, so the
+    difference is the rest. None when that listing fails (unknown)."""
+    import warnings
+
+    if not hasattr(admin, "list_groups"):
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            everything = admin.list_groups(timeout=timeout_s)
+    except Exception as exc:  # a broker that will not answer it: the consumer groups still stand
+        log.debug("listing groups of other types failed: %s", _reason(exc))
+        return None
+    known = set(consumer_ids)
+    # A group that matches the pattern but was not listed as a consumer group just before.
+    others = sorted({g.id for g in everything if g.id not in known and pattern.fullmatch(g.id)})
+    with _NOTED_LOCK:
+        new = [g for g in others if g not in _NOTED_OTHER]
+        _NOTED_OTHER.update(new)
+    for group_id in new:
+        log.info("group %s is not a consumer group (a share or streams group): not diagnosed", group_id)
+    return others
+
+
+def list_group_ids(admin: Any, pattern: Any, timeout_s: float) -> list[str]:
+    return list_groups(admin, pattern, timeout_s, other=False).ids
 
 
 def group_reader(admin: Any) -> Any:
@@ -331,14 +408,37 @@ def _description(group_id: str, fut: Future | None) -> Description:
         return Description("UNKNOWN", None, {}, f"group description: {reason}")
     state = group_state_name(getattr(desc, "state", None))
     members = list(desc.members or [])
+    kind = group_type_name(getattr(desc, "type", None))
+    if state == "UNKNOWN" and kind == "consumer" and _reconciling(members):
+        # confluent-kafka 2.16 has no name for KIP-848's Assigning/Reconciling and
+        # says UNKNOWN; a member whose assignment is not yet its target is mid-rebalance.
+        state = "RECONCILING"
     owners: dict[tuple[str, int], Owner] = {}
     for m in members:
         for tp in getattr(m.assignment, "topic_partitions", None) or []:
-            owners[(tp.topic, tp.partition)] = Owner(m.member_id, m.client_id, m.host)
+            owners[(tp.topic, tp.partition)] = Owner(m.member_id, m.client_id, m.host,
+                                                     getattr(m, "group_instance_id", None) or None)
     # An active state with no member list means membership unknown (Tansu,
     # or no DESCRIBE rights), which is not the same as zero members.
     count = len(members) if members or state in _NO_MEMBER_STATES else None
-    return Description(state, count, owners)
+    return Description(state, count, owners, group_type=kind)
+
+
+def group_type_name(kind: Any) -> str | None:
+    """"consumer" (KIP-848) or "classic" for a confluent-kafka ConsumerGroupType; None
+    when the client does not say (UNKNOWN, or a client without the field)."""
+    name = (getattr(kind, "name", None) or (str(kind) if kind is not None else "")).lower()
+    return name if name in ("consumer", "classic") else None
+
+
+def _partitions_of(assignment: Any) -> set[tuple[str, int]]:
+    return {(tp.topic, tp.partition) for tp in getattr(assignment, "topic_partitions", None) or []}
+
+
+def _reconciling(members: list[Any]) -> bool:
+    """Some member of a KIP-848 group does not hold its target assignment yet."""
+    return any(m.target_assignment is not None and _partitions_of(m.assignment) != _partitions_of(m.target_assignment)
+               for m in members if hasattr(m, "target_assignment"))
 
 
 def _commit_read(group_id: str, fut: Future | None) -> CommitRead:
@@ -459,11 +559,14 @@ def collect_snapshot(
     forget_errors(admin)
     try:
         metadata = admin.list_topics(timeout=timeout_s)
-        ids = list_group_ids(admin, pattern, timeout_s)
+        listing = list_groups(admin, pattern, timeout_s)
     except KafkaException as exc:
         raise CollectionError(failure_message(exc, admin, where)) from None
+    ids = listing.ids
+    undiagnosed = listing.other
     if exact is not None:
         ids = [g for g in ids if g in exact]
+        undiagnosed = None if undiagnosed is None else [g for g in undiagnosed if g in exact]
     window = RequestWindow(max_in_flight, read_budget(timeout_s) if read_budget_s is None else read_budget_s)
 
     partitions_of: dict[str, list[int]] = {}
@@ -493,12 +596,16 @@ def collect_snapshot(
                 gc.collect()
     groups_read = time.monotonic()
 
-    views: list[GroupView] = []
+    views = [GroupView(g, described[g], commits[g]) for g in ids]
+    # Metadata leaves out both deleted topics and those the principal may not describe.
+    denied = unreadable_topics(admin, {t for v in views for t in v.topics()} - set(partitions_of), timeout_s)
+    for topic, reason in denied.items():
+        topic_errors[topic] = reason
+        partitions_of[topic] = []
     rows_of: dict[str, dict[str, list[int]]] = {}
     wanted: set[tuple[str, int]] = set()
-    for group_id in ids:
-        view = GroupView(group_id, described[group_id], commits[group_id])
-        views.append(view)
+    for view in views:
+        group_id = view.group_id
         topics: dict[str, list[int]] = {}
         for topic, known in sorted(view.partitions_by_topic().items()):
             if topic not in partitions_of:
@@ -535,8 +642,18 @@ def collect_snapshot(
             record_errors = dict.fromkeys(positions, reason)
     records_read = time.monotonic()
 
+    if listing.errors:
+        # Groups on the brokers that failed to list are missing: one topic-less row says
+        # so (group_id LISTING_ROW_GROUP), so the run reads as incomplete, not as "all well".
+        views.append(GroupView(LISTING_ROW_GROUP, Description("UNKNOWN", None, {}),
+                               CommitRead(error="; ".join(listing.errors))))
+        rows_of[LISTING_ROW_GROUP] = {}
     table = _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, leader_of,
                             starts, ends, offset_errors, records, record_errors, retention)
+    if undiagnosed is not None:
+        # Share and streams groups: counted, never rows (nothing here reads their progress).
+        table = table.replace_schema_metadata(
+            {**(table.schema.metadata or {}), UNDIAGNOSED_METADATA: json.dumps(undiagnosed).encode()})
     log.debug("snapshot of %d groups, %d rows: metadata and group list %.2f s, groups %.2f s, "
               "log offsets %.2f s, %d records %.2f s, table %.2f s", len(ids), table.num_rows, listed - started,
               groups_read - listed, offsets_read - groups_read, len(records), records_read - offsets_read,
@@ -544,8 +661,44 @@ def collect_snapshot(
     return table
 
 
-def topic_retention(admin: Any, topics: Iterable[str], timeout_s: float) -> dict[str, tuple[int | None, int | None]]:
-    """{topic: (retention.ms, retention.bytes)} from DescribeConfigs, one call per snapshot.
+def unreadable_topics(admin: Any, topics: Collection[str], timeout_s: float) -> dict[str, str]:
+    """{topic: "topic metadata: ..."} for the topics groups name that the cluster's
+    metadata left out for a reason other than "no such topic" (e.g. no DESCRIBE
+    right): their rows stay, with this error. A deleted topic is not in it."""
+    from confluent_kafka import KafkaError, TopicCollection
+
+    if not topics or not hasattr(admin, "describe_topics"):
+        return {}
+    try:
+        futures = admin.describe_topics(TopicCollection(sorted(topics)), request_timeout=timeout_s)
+    except Exception as exc:
+        return dict.fromkeys(topics, f"topic metadata: {_reason(exc)}")
+    out = {}
+    for topic, fut in futures.items():
+        try:
+            fut.result(timeout=timeout_s + 1)
+        except Exception as exc:
+            first = exc.args[0] if exc.args else None
+            if getattr(first, "code", lambda: None)() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                continue
+            reason = _reason(exc)
+            log.warning("topic %s is not readable: %s", topic, reason)
+            out[topic] = f"topic metadata: {reason}"
+            continue
+        # Described now but not in the metadata read before: created in between, nothing to read yet.
+    return out
+
+
+def undiagnosed_groups(table: Any) -> list[str] | None:
+    """The matching groups of other types (share, streams) a snapshot counted and did not
+    read; None when they could not be listed."""
+    raw = (table.schema.metadata or {}).get(UNDIAGNOSED_METADATA)
+    return None if raw is None else list(json.loads(raw))
+
+
+def topic_retention(admin: Any, topics: Iterable[str],
+                    timeout_s: float) -> dict[str, tuple[int | None, int | None, str | None]]:
+    """{topic: (retention.ms, retention.bytes, cleanup.policy)} from DescribeConfigs, one call per snapshot.
 
     A value the broker does not list, or a read that failed, is None (unknown):
     the forecast then says it cannot tell, never "safe"."""
@@ -554,7 +707,7 @@ def topic_retention(admin: Any, topics: Iterable[str], timeout_s: float) -> dict
     names = sorted(topics)
     if not names or not hasattr(admin, "describe_configs"):
         return {}
-    out: dict[str, tuple[int | None, int | None]] = {}
+    out: dict[str, tuple[int | None, int | None, str | None]] = {}
     try:
         futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in names],
                                          request_timeout=timeout_s)
@@ -567,8 +720,17 @@ def topic_retention(admin: Any, topics: Iterable[str], timeout_s: float) -> dict
         except Exception as exc:
             log.warning("retention of topic %s unknown: %s", resource.name, _reason(exc))
             continue
-        out[resource.name] = (_config_int(entries.get("retention.ms")), _config_int(entries.get("retention.bytes")))
+        policy = entries.get("cleanup.policy")
+        out[resource.name] = (_config_int(entries.get("retention.ms")), _config_int(entries.get("retention.bytes")),
+                              _config_policy(policy.value if policy is not None else None))
     return out
+
+
+def _config_policy(value: Any) -> str | None:
+    """"compact,delete" for any spelling of the list ("delete, compact"), None when unsaid."""
+    if not value:
+        return None
+    return ",".join(sorted({p.strip().lower() for p in str(value).split(",") if p.strip()})) or None
 
 
 def _config_int(entry: Any) -> int | None:
@@ -626,6 +788,9 @@ def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, lead
     retention = retention or {}
     retention_ms_col: list[int | None] = []
     retention_bytes_col: list[int | None] = []
+    cleanup_col: list[str | None] = []
+    group_type_col: list[str | None] = []
+    instance_col: list[str | None] = []
 
     for view in views:
         desc, read = view.description, view.commits
@@ -644,11 +809,13 @@ def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, lead
             group_id.extend([view.group_id] * n)
             group_state.extend([desc.state] * n)
             group_members.extend([desc.members] * n)
+            group_type_col.extend([desc.group_type] * n)
             topic_col.extend([topic] * n)
             partition_col.extend(partitions)
             if topic == GROUP_ROW_TOPIC and partitions == [GROUP_ROW_PARTITION]:
                 for column in (start_col, end_col, committed_col, lag_col, member_col, client_col, host_col,
-                               leader_col, *record_cols.values(), retention_ms_col, retention_bytes_col):
+                               leader_col, *record_cols.values(), retention_ms_col, retention_bytes_col,
+                               cleanup_col, instance_col):
                     column.append(None)
                 error_col.append("; ".join(group_errors))
                 continue
@@ -674,9 +841,12 @@ def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, lead
                 member_col.append(owner.member_id if owner else None)
                 client_col.append(owner.client_id if owner else None)
                 host_col.append(owner.host if owner else None)
+                instance_col.append(owner.group_instance_id if owner else None)
                 leader_col.append(leader_of.get(key))
-                retention_ms_col.append(retention.get(topic, (None, None))[0])
-                retention_bytes_col.append(retention.get(topic, (None, None))[1])
+                ms, size, policy = retention.get(topic, (None, None, None))
+                retention_ms_col.append(ms)
+                retention_bytes_col.append(size)
+                cleanup_col.append(policy)
                 record = records.get((topic, partition, committed)) if committed is not None else None
                 record_cols["committed_record_ts"].append(record.timestamp if record else None)
                 record_cols["committed_record_offset"].append(record.offset if record else None)
@@ -719,6 +889,9 @@ def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, lead
         **record_cols,
         "retention_ms": retention_ms_col,
         "retention_bytes": retention_bytes_col,
+        "group_type": group_type_col,
+        "group_instance_id": instance_col,
+        "cleanup_policy": cleanup_col,
     }
     table = pa.Table.from_arrays(
         [columns[f.name] if isinstance(columns[f.name], pa.Array) else pa.array(columns[f.name], type=f.type)

@@ -54,15 +54,28 @@ def produce_counts(
 
 def commit_offsets(bootstrap: str, group_id: str, topic: str, offsets: Mapping[int, int]) -> None:
     """Commit the given offsets for a group that has no live member (leaves it EMPTY)."""
-    from confluent_kafka import Consumer, TopicPartition
+    import time
 
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    # A freshly started Kafka answers these until __consumer_offsets is created and loaded.
+    retriable = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                 KafkaError.COORDINATOR_NOT_AVAILABLE)
     consumer = Consumer(
         client_config(bootstrap, {"group.id": group_id, "enable.auto.commit": False})
     )
     try:
-        consumer.commit(
-            offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False
-        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                consumer.commit(
+                    offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False
+                )
+                return
+            except KafkaException as exc:
+                if exc.args[0].code() not in retriable or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
     finally:
         consumer.close()
 

@@ -29,8 +29,8 @@ and, from findings of issue 10 on (absent or null in older ones: nothing is show
     time_lag_source        "record" | "interpolated" | "lower_bound" | "caught_up" (also per status row)
     committed_record       the record at the focus partition's committed offset (never its payload)
     catch_up               {"state": "clearing" | "never" | "caught_up" | "unknown", "seconds"}
-    data_loss              {"state": "already" | "at_risk" | "safe" | "unknown", "seconds", "partitions",
-                            "retention_ms", "retention_bytes", "basis"}
+    data_loss              {"state": "already" | "at_risk" | "safe" | "not_applicable" | "unknown", "seconds",
+                            "partitions", "retention_ms", "retention_bytes", "basis", "cleanup_policy"}
 
 ``with_partition_status(finding, rows)`` fills ``evidence["partitions"]`` from
 contract 2's partition_status.jsonl rows (lag, time lag, rates per partition).
@@ -335,6 +335,8 @@ def data_loss_text(ev: Mapping[str, Any]) -> str:
         return text if seconds is not None else text + "; when is unknown"
     if state == "safe":
         return "none expected at current rates"
+    if state == "not_applicable":
+        return "none from retention.ms: compacted topic (retention.ms does not delete unread records)"
     return "unknown" if state == "unknown" else ""
 
 

@@ -422,7 +422,9 @@ def group_view(state: GroupState, history: GroupHistory, *, airflow_base: str = 
         retention=retention_text(loss),
         members_unknown=_broker_lists_no_members(state, history)
         or any(BROKER_NO_MEMBERS in str(f.get("summary") or "") for f in state.findings),
-        group_href=group_href(page_root, state.cluster, state.group_id) if page_root is not None else None,
+        # group_id "": the cluster's group listing failed (contracts.LISTING_ROW_GROUP), no group to link to
+        group_href=group_href(page_root, state.cluster, state.group_id)
+        if page_root is not None and state.group_id else None,
     )
 
 
