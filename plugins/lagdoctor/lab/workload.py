@@ -82,7 +82,11 @@ def commit_offsets(bootstrap: str, group_id: str, topic: str, offsets: Mapping[i
 
 def live_consumer_config(bootstrap: str, group_id: str, client_id: str, **extra: Any) -> dict[str, Any]:
     """A consumer that commits what it processed itself and whose death the group
-    notices within 6 s (the default session timeout is 45 s)."""
+    notices within 6 s (the default session timeout is 45 s). A KIP-848 consumer
+    (group.protocol=consumer) takes its timeouts from the broker and refuses them."""
+    timeouts: dict[str, Any] = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000}
+    if extra.get("group.protocol") == "consumer":
+        timeouts = {}
     return client_config(
         bootstrap,
         {
@@ -90,8 +94,7 @@ def live_consumer_config(bootstrap: str, group_id: str, client_id: str, **extra:
             "client.id": client_id,
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
-            "session.timeout.ms": 6000,
-            "heartbeat.interval.ms": 1000,
+            **timeouts,
             **extra,
         },
     )

@@ -82,10 +82,10 @@ def _int_or_none(value: Any) -> int | None:
 
 
 def partition_count_from_kafka(kafka_config: Mapping[str, Any], topic: str) -> int:
-    from lagdoctor.remediation.kafka_ops import admin_client
+    from lagdoctor.remediation.kafka_ops import admin_client, topic_metadata
 
     with admin_client(kafka_config) as admin:
-        meta = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
+        meta = topic_metadata(admin, topic)
     if meta is None or meta.error is not None or not meta.partitions:
         raise ActionBlocked(f"topic {topic!r} not found: partition count unknown")
     return len(meta.partitions)

@@ -278,6 +278,13 @@ def _copy_records(config: Mapping[str, Any], topic: str, offsets: Mapping[int, i
     return copied
 
 
+def topic_metadata(admin: Any, topic: str) -> Any:
+    """The topic's metadata, None when it does not exist. Metadata for all topics: a request
+    naming the topic lets a cluster with auto.create.topics.enable re-create a deleted topic
+    (seen live: add_partitions then grew the new, empty one)."""
+    return admin.list_topics(timeout=TIMEOUT_S).topics.get(topic)
+
+
 @register
 class AddPartitions(Action):
     name = "add_partitions"
@@ -303,7 +310,7 @@ class AddPartitions(Action):
 
     def resolve(self, ctx: ActionContext, plan: dict[str, Any]) -> dict[str, Any]:
         with admin_client(ctx.kafka_config()) as admin:
-            meta = admin.list_topics(topic=ctx.topic, timeout=TIMEOUT_S).topics.get(ctx.topic)
+            meta = topic_metadata(admin, ctx.topic)
         if meta is None or meta.error is not None or not meta.partitions:
             raise ActionBlocked(f"topic {ctx.topic!r} not found")
         current = len(meta.partitions)
@@ -314,7 +321,7 @@ class AddPartitions(Action):
         from confluent_kafka.admin import NewPartitions
 
         with admin_client(ctx.kafka_config()) as admin:
-            meta = admin.list_topics(topic=ctx.topic, timeout=TIMEOUT_S).topics.get(ctx.topic)
+            meta = topic_metadata(admin, ctx.topic)
             have = len(meta.partitions) if meta is not None and meta.partitions else 0
             if have >= plan["target"]:
                 return Outcome("noop", f"{ctx.topic} already has {have} partitions", {"partitions": have})
