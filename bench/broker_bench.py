@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/broker_bench.py [--repeat 3] [--brokers 1 3]
 
-Baseline, in the same run: a trivial JVM start (`java -cp <kafka libs> ... -version`
-on the same classpath), so the figures carry over between machines as ratios.
+Baseline, in the same run: a trivial Kafka JVM (`kafka-storage.sh random-uuid`: the
+same classpath and JVM, Kafka's classes loaded, nothing served), so the figures carry
+over between machines as ratios.
 "Ready" is what `lagdoctor broker` waits for before it prints its ready line:
 every node answers Metadata and a group offset fetch succeeds.
 """
@@ -24,7 +25,8 @@ def trivial_jvm(libs: Path) -> float:
     from lagdoctor.kafka.broker import java_binary
 
     started = time.perf_counter()
-    subprocess.run([java_binary(), "-cp", f"{libs}/*", "-version"], capture_output=True, check=True)
+    subprocess.run([java_binary(), "-cp", f"{libs}/*", "kafka.tools.StorageTool", "random-uuid"],
+                   capture_output=True, check=True)
     return time.perf_counter() - started
 
 
@@ -60,8 +62,8 @@ def main() -> None:
     print(f"Apache Kafka {KAFKA_VERSION}: {len(jars)} jars, {size / 2**20:.1f} MiB in {libs}")
     print(f"fetch: {'cached (fetched before)' if cached else f'{fetch:.1f} s'}")
     base = statistics.median(trivial_jvm(libs) for _ in range(args.repeat))
-    print(f"baseline: trivial JVM start on the same classpath {base:.2f} s (median of {args.repeat})")
-    print("| nodes | ready (median) | x trivial JVM | stop | RSS, all nodes |")
+    print(f"baseline: a trivial Kafka JVM (kafka-storage random-uuid) {base:.2f} s (median of {args.repeat})")
+    print("| nodes | ready (median) | x trivial Kafka JVM | stop | RSS, all nodes |")
     print("|---|---|---|---|---|")
     for brokers in args.brokers:
         runs = [one_start(brokers) for _ in range(args.repeat)]
