@@ -46,7 +46,27 @@ def setup(bootstrap: str, groups: int, partitions: int, records: int = 0) -> Non
             producer.poll(0)
         if producer.flush(120):
             raise RuntimeError("producing the bench records did not finish in 120 s")
+    # New partitions settle after create_topics returns: a commit fails with UNKNOWN_TOPIC_OR_PART
+    # (seen for 400 of 500 new topics) and ListOffsets with NOT_LEADER_FOR_PARTITION until
+    # the broker has made itself their leader. Wait until every partition answers ListOffsets.
+    from confluent_kafka.admin import OffsetSpec
+
+    deadline = time.monotonic() + 900
+    while True:
+        request = {TopicPartition(t, p): OffsetSpec.latest() for t in topics for p in range(partitions)}
+        failed = 0
+        for fut in admin.list_offsets(request, request_timeout=60).values():
+            try:
+                fut.result()
+            except Exception:
+                failed += 1
+        if not failed:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{failed} bench partitions still had no leader after 900 s")
+        time.sleep(1)
     # Commits through the AdminClient, 200 groups in flight: a consumer per group took 25 s for 500.
+    # A commit's errors are per partition, in its result, not raised: check them.
     pending = []
     for g, topic in enumerate(topics):
         request = ConsumerGroupTopicPartitions(f"bench-group-{g:04d}", [TopicPartition(topic, p, p % (records + 1))
@@ -54,19 +74,40 @@ def setup(bootstrap: str, groups: int, partitions: int, records: int = 0) -> Non
         pending.extend(admin.alter_consumer_group_offsets([request], request_timeout=60).values())
         if len(pending) >= 200 or g == groups - 1:
             for fut in pending:
-                fut.result()
+                failed = [tp for tp in fut.result().topic_partitions if tp.error is not None]
+                if failed:
+                    raise RuntimeError(f"bench commit failed: {failed[0].topic}[{failed[0].partition}] {failed[0].error}")
             pending = []
 
 
+    # Kafka's group listing and a new topic's leaders settle a moment after the writes:
+    # wait, so every snapshot measured sees the whole setup.
+    want = {f"bench-group-{g:04d}" for g in range(groups)}
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        listed = {g.group_id for g in admin.list_consumer_groups(request_timeout=30).result().valid}
+        meta = admin.list_topics(timeout=30).topics
+        if want <= listed and all(p.leader >= 0 for t in topics for p in meta[t].partitions.values()):
+            return
+        time.sleep(1)
+    raise RuntimeError("the bench groups were not all listed within 120 s")
+
+
 class RequestCounter:
-    """Total requests librdkafka has sent to brokers, from its statistics callback."""
+    """Requests librdkafka has sent to brokers, from the statistics callback of every client
+    built with it (the collector reads groups through a client of its own)."""
 
     def __init__(self) -> None:
-        self.tx = 0
+        self.by_client: dict[str, int] = {}
+
+    @property
+    def tx(self) -> int:
+        return sum(self.by_client.values())
 
     def __call__(self, stats_json: str) -> None:
         stats = json.loads(stats_json)
-        self.tx = sum(b.get("tx", 0) for name, b in stats.get("brokers", {}).items() if not name.startswith("GroupCoordinator"))
+        self.by_client[stats.get("name", "")] = sum(
+            b.get("tx", 0) for name, b in stats.get("brokers", {}).items() if not name.startswith("GroupCoordinator"))
 
 
 def main() -> int:
