@@ -30,6 +30,7 @@ from datetime import datetime, timezone
 
 import pytest
 
+from lagdoctor.contracts import LISTING_ROW_GROUP
 from lagdoctor.kafka import collector
 from lagdoctor.kafka.clients import admin_client
 from lagdoctor.kafka.collector import CollectionError, collect_snapshot
@@ -158,7 +159,11 @@ def check_snapshot(c: Cluster, table) -> list[dict]:
     for r in rows:
         by_group.setdefault(r["group_id"], []).append(r)
     missing = sorted(set(c.quiet + c.live) - set(by_group))
-    assert not missing, f"{len(missing)} groups vanished from the snapshot: {missing[:5]}"
+    # A broker that failed to list its groups (COORDINATOR_LOAD_IN_PROGRESS as a node comes
+    # back) leaves groups out; the snapshot then says so in its one listing row (group_id "").
+    listing = [r for r in by_group.pop(LISTING_ROW_GROUP, [])]
+    assert all((r["read_error"] or "").startswith("group listing: ") for r in listing), listing
+    assert not missing or listing, f"{len(missing)} groups vanished from the snapshot: {missing[:5]}"
     for group, grows in by_group.items():
         topic = c.quiet_topic if group in c.quiet else c.live_topic
         if [(r["topic"], r["partition"]) for r in grows] == [("", -1)]:
@@ -272,9 +277,6 @@ def test_a_node_killed_mid_snapshot_gives_a_complete_or_marked_snapshot_then_a_c
 
 # -- a rolling restart under a sweep -------------------------------------------
 
-@pytest.mark.skip(reason="librdkafka 2.16.0 crashed the test process here (SIGSEGV in its rdk:main thread, "
-                         "after node 1 had rolled): a process-killing client bug to isolate before this can run "
-                         "in the suite")
 def test_snapshots_during_a_rolling_restart_are_complete_or_marked_and_the_last_is_clean(cluster):
     """restart_node(1), (2), (3), each waited for until back in sync, while a loop takes
     snapshots with one admin client, as a sweep's samples do."""

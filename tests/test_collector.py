@@ -236,3 +236,48 @@ def test_bad_group_patterns_fail_with_one_line_naming_the_problem(pattern, messa
 ])
 def test_group_pattern_matches_the_whole_id(pattern, group, matches):
     assert (compile_group_pattern(pattern).fullmatch(group) is not None) is matches
+
+
+# -- group reads in a child process (librdkafka crashes during broker restarts) --
+
+def test_group_reads_run_apart_for_a_client_built_here_and_in_process_for_any_other():
+    from lagdoctor.kafka import collector
+
+    reader = collector.group_reader(admin_client("127.0.0.1:1"))
+    assert isinstance(reader, collector.IsolatedReader)
+    other = object()
+    assert collector.group_reader(other) is other
+    # A config a child cannot be sent (a closure callback) keeps the reads here, on a new client.
+    closure = admin_client("127.0.0.1:1", {"stats_cb": lambda stats: None, "statistics.interval.ms": 0})
+    assert not isinstance(collector.group_reader(closure), collector.IsolatedReader)
+
+
+def test_a_group_reader_that_crashes_gives_read_errors_not_a_dead_process(monkeypatch):
+    """The child's Kafka client dies of SIGSEGV (librdkafka issue 5040), twice: every group's
+    reads are read errors saying so, the snapshot's process lives on."""
+    from lagdoctor.kafka import collector
+
+    monkeypatch.setattr(collector, "_CHILD_MAIN", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    reader = collector.group_reader(admin_client("127.0.0.1:1"))
+    described, commits = collector.read_groups(reader, ["a", "b"], 1.0, collector.RequestWindow(8, 30))
+    assert set(described) == set(commits) == {"a", "b"}
+    for group in ("a", "b"):
+        assert described[group].state == "UNKNOWN" and described[group].members is None
+        assert "crashed (SIGSEGV)" in described[group].error and "\n" not in described[group].error
+        assert commits[group].error.startswith("committed offsets: not read: the Kafka client crashed (SIGSEGV)")
+        assert not commits[group].commits
+
+
+def test_a_group_reader_answers_through_the_child(monkeypatch):
+    """No groups: no child; a child's KafkaException comes back as one (collect_snapshot's CollectionError)."""
+    from confluent_kafka import KafkaException
+
+    from lagdoctor.kafka import collector
+
+    reader = collector.group_reader(admin_client("127.0.0.1:1"))
+    assert collector.read_groups(reader, [], 1.0, collector.RequestWindow(8, 30)) == ({}, {})
+    monkeypatch.setattr(collector, "_CHILD_MAIN", (
+        "import pickle, sys; sys.stdin.buffer.read(); "
+        "sys.stdout.buffer.write(pickle.dumps(('kafka', 'Local: Broker transport failure')))"))
+    with pytest.raises(KafkaException, match="Broker transport failure"):
+        collector.read_groups(reader, ["a"], 1.0, collector.RequestWindow(8, 30))

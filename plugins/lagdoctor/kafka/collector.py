@@ -63,6 +63,13 @@ get no rows. Groups the principal may not DESCRIBE are hidden by ListGroups
 itself unless it may DESCRIBE the cluster; then their reads fail and their
 one row says "not authorized".
 
+The group reads (DescribeConsumerGroups, ListConsumerGroupOffsets) run in a
+child process with a client of their own (group_reader): librdkafka crashes
+the process reading them when a broker restart moves a group's coordinator
+(SIGSEGV, librdkafka issue 5040) or brings it back late (an assertion, issue
+4605). A crashed child is retried once; if it crashes again, every group's
+reads are read errors ("not read: the Kafka client crashed (SIGSEGV) ...").
+
 So the Parquet fields log_start_offset and log_end_offset are written as
 nullable; they are null only on rows whose read_error says so. Only a cluster
 that cannot be reached at all (metadata or group listing fails) raises
@@ -74,6 +81,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -253,6 +261,10 @@ class RequestWindow:
         self._slots = threading.Semaphore(limit)
         self._deadline = time.monotonic() + budget_s
 
+    def remaining(self) -> float:
+        """Seconds left before no more calls start."""
+        return self._deadline - time.monotonic()
+
     def call(self, keys: Iterable[Any], send: Callable[[], dict[Any, Future]], weight: int = 1) -> dict[Any, Future]:
         weight = min(max(1, weight), self.limit)
         taken = 0
@@ -349,25 +361,135 @@ def list_group_ids(admin: Any, pattern: Any, timeout_s: float) -> list[str]:
 
 
 def group_reader(admin: Any) -> Any:
-    """The client for one snapshot's group reads: a new AdminClient with `admin`'s
-    config when `admin` is an AdminClient built here, else `admin` itself.
+    """The client for one snapshot's group reads: an IsolatedReader (a new
+    AdminClient with `admin`'s config, in a child process) when `admin` is an
+    AdminClient built here whose config can be sent to a child, else `admin` itself.
 
-    librdkafka (through 2.16) aborts the whole process (rdkafka_queue.h:
-    rd_kafka_enq_once_del_source_return: Assertion `eonce->refcnt > 0' failed,
-    librdkafka issue 4605) when a coordinator request (DescribeGroups,
-    OffsetFetch) times out on the client while its group's coordinator is down,
-    and the client later finds a live coordinator for it: the lookup outlives
-    the timed-out request (it has no timeout of its own) and then frees the
-    request's state twice. A broker killed mid-snapshot does exactly that about
-    ten seconds later. Destroying the client once its group reads are answered
-    ends those lookups before a coordinator can come back.
+    librdkafka (2.16.0, and master as of 2026-07) kills the process reading
+    groups in two ways during a broker restart:
+
+    - SIGSEGV (librdkafka issue 5040): an AdminClient's ListConsumerGroupOffsets
+      answered with a group-level NOT_COORDINATOR (the coordinator moved between
+      FindCoordinator and OffsetFetch, as every rolling restart does) makes
+      rd_kafka_handle_OffsetFetch ask the client's consumer group handle to
+      re-query the coordinator; an AdminClient has none (NULL). No request
+      pattern avoids it (bench/repro_offsetfetch_crash.py).
+    - an assertion abort (rdkafka_queue.h: rd_kafka_enq_once_del_source_return:
+      Assertion `eonce->refcnt > 0' failed, librdkafka issue 4605) when a
+      coordinator request (DescribeGroups, OffsetFetch) times out on the client
+      while its group's coordinator is down, and the client later finds a live
+      coordinator for it: the lookup outlives the timed-out request (it has no
+      timeout of its own) and then frees the request's state twice. Destroying
+      the client once its group reads are answered ends those lookups before a
+      coordinator can come back.
+
+    So the reads run in a child process with a client of their own, which exits
+    once they are answered: a crash costs that snapshot's group reads (read
+    errors saying so, after one retry), not the sweep's process.
     """
     from confluent_kafka.admin import AdminClient
 
     config = config_of(admin)
     if config is None or not isinstance(admin, AdminClient):
         return admin
-    return AdminClient(config)
+    isolated = IsolatedReader.of(config)
+    return isolated if isolated is not None else AdminClient(config)
+
+
+# Config entries every client built here carries (lagdoctor.kafka.clients), rebuilt in the child.
+_PER_PROCESS_CONFIG = ("logger", "error_cb")
+# Seconds a child may take beyond its read budget and one timeout: start, imports, answer.
+_CHILD_SLACK_S = 30.0
+_CHILD_MAIN = "from lagdoctor.kafka.collector import _read_groups_child; _read_groups_child()"
+
+
+@dataclass(frozen=True)
+class IsolatedReader:
+    """A group reader's librdkafka config, pickled for a child process (see group_reader)."""
+
+    config: bytes
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any]) -> "IsolatedReader | None":
+        import pickle
+
+        sendable = {k: v for k, v in config.items() if k not in _PER_PROCESS_CONFIG}
+        try:
+            return cls(pickle.dumps(sendable))
+        except Exception as exc:  # e.g. an oauth_cb closure: read in this process, as before
+            log.debug("group reads stay in this process: the client config cannot be sent to a child (%s)", exc)
+            return None
+
+    def read(self, group_ids: list[str], timeout_s: float,
+             window: RequestWindow) -> tuple[dict[str, Description], dict[str, CommitRead]]:
+        import pickle
+        import signal
+        import subprocess
+        import sys
+
+        if not group_ids:
+            return {}, {}
+        reason = ""
+        for attempt in (1, 2):
+            budget = window.remaining()
+            if budget <= 0:
+                reason = reason or f"not read: the snapshot's {window.budget_s:g} s read budget ran out first"
+                break
+            request = pickle.dumps((self.config, group_ids, timeout_s, window.limit, budget))
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+            try:
+                done = subprocess.run([sys.executable, "-c", _CHILD_MAIN], input=request, capture_output=True,
+                                      env=env, timeout=budget + timeout_s + _CHILD_SLACK_S)
+            except subprocess.TimeoutExpired:
+                reason = f"not read: the group reads did not end within {budget + timeout_s:.0f} s"
+                break
+            said = done.stderr.decode("utf-8", "replace").splitlines()
+            for line in said[:50]:  # the child's warnings: groups whose reads failed
+                log.warning("%s", line)
+            if done.returncode > 0:
+                last = " ".join(said[-1].split()) if said else f"exit code {done.returncode}"
+                reason = f"not read: the group reader failed: {last}"
+                break
+            if done.returncode == 0:
+                kind, value = pickle.loads(done.stdout)
+                if kind == "kafka":
+                    from confluent_kafka import KafkaError, KafkaException
+
+                    raise KafkaException(KafkaError(KafkaError._FAIL, value))
+                return value
+            try:
+                name = signal.Signals(-done.returncode).name
+            except ValueError:
+                name = f"exit code {done.returncode}"
+            reason = (f"not read: the Kafka client crashed ({name}) reading the consumer groups, "
+                      f"a librdkafka bug a broker restart triggers")
+            log.warning("the group reads' Kafka client crashed (%s, attempt %d of 2)", name, attempt)
+        described = {g: Description("UNKNOWN", None, {}, f"group description: {reason}") for g in group_ids}
+        commits = {g: CommitRead(error=f"committed offsets: {reason}") for g in group_ids}
+        return described, commits
+
+
+def _read_groups_child() -> None:
+    """A child's group reads (IsolatedReader.read): the request pickled on stdin, the answer on stdout."""
+    import pickle
+    import sys
+
+    from confluent_kafka import KafkaException
+
+    from lagdoctor.kafka.clients import _admin_from_config, quiet_config
+
+    out, sys.stdout = sys.stdout.buffer, sys.stderr  # nothing else may write the answer's stream
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    config, group_ids, timeout_s, limit, budget_s = pickle.loads(sys.stdin.buffer.read())
+    admin = _admin_from_config(*quiet_config(pickle.loads(config)))
+    try:
+        answer: tuple[str, Any] = ("ok", read_groups(admin, group_ids, timeout_s, RequestWindow(limit, budget_s)))
+    except KafkaException as exc:
+        answer = ("kafka", error_text(exc))
+    out.write(pickle.dumps(answer))
+    out.flush()
+    # The answer is out: no destructor may run (and wait on, or crash in, librdkafka) now.
+    os._exit(0)
 
 
 def read_groups(
@@ -380,6 +502,8 @@ def read_groups(
     kinds are in flight together."""
     from confluent_kafka import ConsumerGroupTopicPartitions
 
+    if isinstance(admin, IsolatedReader):
+        return admin.read(group_ids, timeout_s, window)
     describing: dict[str, Future] = {}
     fetching: dict[str, Future] = {}
     # Several describe calls fit in the window at once, so they overlap too.
