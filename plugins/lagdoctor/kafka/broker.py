@@ -198,6 +198,25 @@ def wait_for_group_coordinator(config: dict, timeout_s: float) -> None:
     raise BrokerError(f"the group coordinator did not come up within {timeout_s:.0f}s: {last_error}")
 
 
+def wait_for_group_listing(config: dict, timeout_s: float) -> None:
+    """Block until every node lists its groups without an error (a node's coordinator
+    answers COORDINATOR_LOAD_IN_PROGRESS while it loads them after a restart)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({**config, "log_level": 0})
+    deadline = time.monotonic() + timeout_s
+    errors: list = []
+    while time.monotonic() < deadline:
+        try:
+            errors = list(admin.list_consumer_groups(request_timeout=5).result().errors or [])
+            if not errors:
+                return
+        except Exception as exc:
+            errors = [exc]
+        time.sleep(0.2)
+    raise BrokerError(f"groups were not listed without errors within {timeout_s:.0f}s: {errors[:1]}")
+
+
 @dataclass
 class BrokerNode:
     node_id: int
@@ -415,7 +434,15 @@ class EmbeddedBroker:
         if node.running():
             return
         self._spawn(kafka_libs(), node)
-        self._wait_listening(node, time.monotonic() + timeout_s)
+        deadline = time.monotonic() + timeout_s
+        self._wait_listening(node, deadline)
+        # Back when it serves again: a restarted node's group coordinator loads its
+        # groups first (ListGroups answers COORDINATOR_LOAD_IN_PROGRESS meanwhile).
+        running = sum(1 for n in self.nodes if n.running())
+        wait_until_ready(self.bootstrap, max(1.0, deadline - time.monotonic()), brokers=running,
+                         config=self.client_config())
+        wait_for_group_coordinator(self.client_config(), max(1.0, deadline - time.monotonic()))
+        wait_for_group_listing(self.client_config(), max(1.0, deadline - time.monotonic()))
 
     def restart_node(self, node_id: int, timeout_s: float = 90.0) -> None:
         self.kill_node(node_id, hard=False)
