@@ -123,7 +123,8 @@ def test_a_stalled_finding_names_the_stuck_record_never_its_payload(frame):
     ev = f["evidence"]  # the Slack message and the report render it (test_forecast_render.py)
     assert ev["committed_record"] == {"offset": 240_000, "timestamp": "2026-11-21T11:30:00.000Z",
                                       "key_sha256": "3fa9c2d1e0b4a7f6", "size": 2048,
-                                      "headers": ["traceparent", "retry"], "error": None}
+                                      "headers": ["traceparent", "retry"], "error": None,
+                                      "committed_offset": 240_000}
     # the record's own time: 30 minutes before the window began plus its 10 minutes, not capped at 10
     assert (ev["time_lag_seconds"], ev["time_lag_lower_bound"], ev["time_lag_source"]) == (2400.0, False, "record")
 
@@ -642,3 +643,40 @@ def test_sql_evaluator_equals_the_python_reference_on_random_windows(spark):
     assert checked == len(cases)
     assert not mismatches, f"{len(mismatches)} differ, e.g. {mismatches[:2]}"
     assert {_python_status(c) for c in cases} >= {"OK", "WARN", "ERR", "STOP", "STALL", "REWIND"}
+
+
+def _txn_rows(stable_at, committed_at, minutes=11):
+    """One partition of a transactional topic, 1,000 msg/s: the stable offset and the
+    group's commit at each minute come from the given functions of the minute."""
+    return [snap(60 * k, 0, 60_000 * k, committed_at(k), record={"last_stable_offset": stable_at(k)})
+            for k in range(minutes)]
+
+
+def test_a_read_committed_group_at_a_stable_offset_frozen_for_minutes_waits_on_a_hanging_transaction(frame):
+    # a transaction opened at minute 2 never ends; the group read everything before it
+    (f,) = run_findings(frame(_txn_rows(lambda k: min(k, 2) * 60_000, lambda k: min(k, 2) * 60_000)))
+    assert f["diagnosis"] == "stalled_consumer" and "waits behind an open transaction" in f["summary"]
+    ev = f["evidence"]
+    assert ev["transaction_blocked_partitions"] == [0] and ev["hanging_transaction_partitions"] == [0]
+    assert (ev["last_stable_offset"], ev["transaction_open_seconds"]) == (120_000, 480.0)
+
+
+def test_a_producer_committing_every_few_minutes_is_not_a_hanging_transaction(frame):
+    # Flink's exactly-once sink commits its transaction at each checkpoint (here every
+    # 4 minutes): the stable offset jumps, stands, jumps; the group follows it. At the
+    # end it has stood 3 minutes, longer than the stall rule's 2, shorter than 2 holds.
+    def stable(k):
+        return (k // 4) * 4 * 60_000
+
+    (f,) = run_findings(frame(_txn_rows(stable, stable, minutes=12)))
+    assert f["evidence"]["last_stable_offset"] == 480_000 and f["evidence"]["transaction_open_seconds"] == 180.0
+    assert f["diagnosis"] == "healthy", f["summary"]
+    assert f["evidence"]["hanging_transaction_partitions"] == []
+
+
+def test_without_a_stable_offset_no_transaction_is_inferred(frame):
+    # an older writer's rows (no last_stable_offset): a stalled consumer stays a stalled consumer
+    rows = [snap(60 * k, 0, 60_000 * k, 60_000 * min(k, 2)) for k in range(11)]
+    (f,) = run_findings(frame(rows))
+    assert f["diagnosis"] == "stalled_consumer" and "stopped committing" in f["summary"]
+    assert f["evidence"]["hanging_transaction_partitions"] == [] and f["evidence"]["last_stable_offset"] is None

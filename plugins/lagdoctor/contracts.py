@@ -54,6 +54,7 @@ SNAPSHOT_OPTIONAL_COLUMNS: Final[tuple[tuple[str, str, bool], ...]] = (
     ("group_type", "string", True),
     ("group_instance_id", "string", True),
     ("cleanup_policy", "string", True),
+    ("last_stable_offset", "int64", True),
 )
 # retention_ms / retention_bytes: the topic's retention.ms and retention.bytes
 # (DescribeConfigs, once per snapshot per topic); -1 is Kafka's "no limit";
@@ -64,6 +65,14 @@ SNAPSHOT_OPTIONAL_COLUMNS: Final[tuple[tuple[str, str, bool], ...]] = (
 # the partition has no owner or the owner is not a static member.
 # cleanup_policy: the topic's cleanup.policy ("delete", "compact",
 # "compact,delete"), read with retention_ms; null when the broker did not say.
+# last_stable_offset: ListOffsets latest with READ_COMMITTED, the most a
+# read_committed consumer can reach; below log_end_offset (the high watermark,
+# READ_UNCOMMITTED) while a transaction is open, equal on topics without
+# transactions; null when its read failed (read_error says so).
+# committed_record_error begins with this when the read reached the end of the log
+# and no open transaction explains the lag: the offsets left hold transaction
+# markers or aborted records only, so the group has read everything it will see.
+NOTHING_TO_READ: Final[str] = "nothing to read:"
 # The committed_record_* columns, as the collector writes them.
 COMMITTED_RECORD_COLUMNS: Final[tuple[str, ...]] = (
     "committed_record_ts",

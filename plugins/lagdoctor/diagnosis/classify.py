@@ -99,6 +99,13 @@ Real client behaviour (issue 16; each a live test on Apache Kafka):
                                                                                  restarts gets a new member id and no
                                                                                  rebalance, so a rolling restart is
                                                                                  not 2
+20  hanging transaction  a partition's last stable offset stood below its high   3 says so: the group read all a
+                         watermark for stall_min_seconds and stall_min_snapshots  read_committed consumer may read;
+                         and > stall_gap_factor x its longest earlier hold, and   the summary names the transaction,
+                         the group's commit is at it                              not a stuck record (a skip or a
+                                                                                 restart cannot help); other groups
+                                                                                 list it in
+                                                                                 hanging_transaction_partitions
 
 "Growing": the fitted rise of lag over the window is positive and at least
 growth_fraction of the end lag. Severity: critical at critical_lag or when a
@@ -137,6 +144,10 @@ _FOCUS_FIELDS = (
     "time_lag_source",
     "frozen_seconds",
     "committed_record",
+    "log_end_offset_end",
+    "last_stable_offset_end",
+    "transaction_open_seconds",
+    "blocked_by_transaction",
 )
 
 
@@ -211,6 +222,12 @@ def partition_rollup(partition_feats, thresholds: Thresholds = Thresholds()):
         ),
         F.array_sort(F.collect_list(F.when(F.col("offset_reset"), F.col("partition")))).alias(
             "offset_reset_partitions"
+        ),
+        F.array_sort(F.collect_list(F.when(F.col("hanging_transaction"), F.col("partition")))).alias(
+            "hanging_transaction_partitions"
+        ),
+        F.array_sort(F.collect_list(F.when(F.col("blocked_by_transaction"), F.col("partition")))).alias(
+            "transaction_blocked_partitions"
         ),
         *forecast.rollup_columns(),
     )
@@ -442,12 +459,27 @@ def findings(
                 "stalled_consumer",
                 c("stalled_partitions"),
                 ws,
-                F.format_string(
-                    "%s stopped committing: no progress for %s while lag grew to %s; owner %s",
-                    _partitions_text(c("stalled_partitions")),
-                    _duration(ws["frozen_seconds"]),
-                    _num(ws["lag_end"]),
-                    _owner_text(ws),
+                F.when(
+                    ws["blocked_by_transaction"],
+                    # 20: the consumer is not stuck on a record; a producer's transaction holds it.
+                    F.format_string(
+                        "%s waits behind an open transaction: the last stable offset has stood at %s for %s with "
+                        "%s records after it, which a read_committed consumer cannot read until the transaction "
+                        "commits or aborts (a hanging transaction: kafka-transactions.sh find-hanging); owner %s",
+                        _partitions_text(c("transaction_blocked_partitions")),
+                        _num(ws["last_stable_offset_end"]),
+                        _duration(ws["transaction_open_seconds"]),
+                        _num(ws["log_end_offset_end"] - ws["last_stable_offset_end"]),
+                        _owner_text(ws),
+                    ),
+                ).otherwise(
+                    F.format_string(
+                        "%s stopped committing: no progress for %s while lag grew to %s; owner %s",
+                        _partitions_text(c("stalled_partitions")),
+                        _duration(ws["frozen_seconds"]),
+                        _num(ws["lag_end"]),
+                        _owner_text(ws),
+                    )
                 ),
             ),
         ),
@@ -581,6 +613,12 @@ def findings(
         F.coalesce(c("lag_unknown_partitions"), F.array().cast("array<int>")).alias("lag_unknown_partitions"),
         reset_parts.alias("offset_reset_partitions"),
         f["committed_record"].alias("committed_record"),
+        f["last_stable_offset_end"].alias("last_stable_offset"),
+        F.round(f["transaction_open_seconds"], 3).alias("transaction_open_seconds"),
+        F.coalesce(c("hanging_transaction_partitions"), F.array().cast("array<int>")).alias(
+            "hanging_transaction_partitions"),
+        F.coalesce(c("transaction_blocked_partitions"), F.array().cast("array<int>")).alias(
+            "transaction_blocked_partitions"),
         catch_up.alias("catch_up"),
         data_loss.alias("data_loss"),
     )

@@ -39,6 +39,16 @@ def _with_read_error(snapshots):
     return snapshots.withColumn("read_error", F.lit(None).cast("string"))
 
 
+def _with_stable_offset(snapshots):
+    """Rows from a writer that did not read the last stable offset: unknown (null), so
+    no transaction is ever inferred from them."""
+    from pyspark.sql import functions as F
+
+    if "last_stable_offset" in snapshots.columns:
+        return snapshots
+    return snapshots.withColumn("last_stable_offset", F.lit(None).cast("bigint"))
+
+
 def _partition_hash():
     from pyspark.sql import functions as F
 
@@ -72,7 +82,8 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     from pyspark.sql import functions as F
 
     th = thresholds
-    snapshots = forecast.with_input_columns(timelag.with_record_columns(_with_read_error(snapshots)))
+    snapshots = forecast.with_input_columns(
+        timelag.with_record_columns(_with_stable_offset(_with_read_error(snapshots))))
     # The history is sorted once per partition. The rows that go through that
     # shuffle and sort carry a 64-bit hash of the partition key and numbers
     # only; names and owners come from a cheap map-side aggregation, joined
@@ -92,6 +103,7 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         "snapshot_ts",
         "log_start_offset",
         "log_end_offset",
+        "last_stable_offset",
         "committed_offset",
         "lag",
         *(name for name, _ in timelag.RECORD_COLUMNS),
@@ -111,6 +123,8 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
             "prev_leo": F.lag("log_end_offset").over(w),
             "prev_com": F.lag("committed_offset").over(w),
             "next_com": F.lead("committed_offset").over(w),
+            "prev_lso": F.lag("last_stable_offset").over(w),
+            "lso_last": F.last("last_stable_offset", ignorenulls=True).over(wall),
             "s_first": F.first("t").over(wall),
             "s_last": F.last("t").over(wall),
             "c_end": F.last("committed_offset", ignorenulls=True).over(wall),
@@ -123,6 +137,7 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
             "dt": F.col("t") - F.col("prev_t"),
             "dleo": F.col("log_end_offset") - F.col("prev_leo"),
             "dcom": committed - F.col("prev_com"),
+            "dlso": F.col("last_stable_offset") - F.col("prev_lso"),
             "x": _ratio(F.col("t") - F.col("s_first"), F.col("s_last") - F.col("s_first")),
             **timelag.row_columns(),
             # runs of one committed offset: Burrow's commit window is made of them
@@ -134,6 +149,7 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     rows = rows.withColumns(
         {
             "adv_t": F.when(F.col("dcom") > 0, F.col("t")),
+            "lso_adv_t": F.when(F.col("dlso") > 0, F.col("t")),
             "late": F.col("x") > 2.0 / 3.0,
             "starts": F.col("run_start").cast("int"),
         }
@@ -144,6 +160,11 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
             "gap": F.when(
                 F.col("adv_t").isNotNull(),
                 F.col("t") - F.coalesce(F.last("adv_t", ignorenulls=True).over(wprev), F.col("s_first")),
+            ),
+            # the same for the last stable offset: how long transactions normally hold it
+            "lso_gap": F.when(
+                F.col("lso_adv_t").isNotNull(),
+                F.col("t") - F.coalesce(F.last("lso_adv_t", ignorenulls=True).over(wprev), F.col("s_first")),
             ),
             "runs_after": F.sum("starts").over(wall) - F.sum("starts").over(w.rowsBetween(Window.unboundedPreceding, 0)),
         }
@@ -201,6 +222,11 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         F.min(F.when(at_end, F.col("t"))).alias("last_adv_t"),
         F.greatest(F.count(F.when(at_end, 1)) - 1, F.lit(0)).alias("frozen_snapshots"),
         F.coalesce(F.max("gap"), F.lit(0.0)).alias("max_commit_gap_seconds"),
+        F.max("lso_last").alias("last_stable_offset_end"),
+        F.min(F.when(F.col("last_stable_offset") == F.col("lso_last"), F.col("t"))).alias("lso_since_t"),
+        F.greatest(F.count(F.when(F.col("last_stable_offset") == F.col("lso_last"), 1)) - 1, F.lit(0)).alias(
+            "lso_frozen_snapshots"),
+        F.coalesce(F.max("lso_gap"), F.lit(0.0)).alias("max_lso_gap_seconds"),
         F.collect_list(F.when(keep_for_status, status_row)).alias("status_window"),
         *timelag.aggregate_columns(),
         *forecast.aggregate_columns(),
@@ -236,7 +262,10 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     feats = feats.withColumn(
         "offset_reset", F.col("offset_reset_t").isNotNull() | F.coalesce(commit_above, F.lit(False))
     )
-    waiting = (F.col("lag_end") > 0) & F.col("committed_end").isNotNull()
+    # Lag that is only transaction markers or aborted records (the record read found
+    # no data after the commit) is nothing waiting: a Java consumer that commits
+    # offset + 1 sits on the last commit marker of an idle transactional topic.
+    waiting = (F.col("lag_end") > 0) & F.col("committed_end").isNotNull() & ~F.col("nothing_to_read")
     frozen = (
         waiting
         & (F.col("frozen_seconds") >= th.stall_min_seconds)
@@ -253,6 +282,30 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         & (F.col("lag_end") > F.col("lag_start"))
     )
     feats = feats.withColumn("stalled", F.coalesce(frozen | near_frozen, F.lit(False)))
+    # A transaction holds the last stable offset below the high watermark: records
+    # after it wait, invisible to read_committed consumers. Hanging: held longer
+    # than the stall rule allows a commit, and than transactions here normally
+    # take (a producer that commits every few minutes, as Flink's exactly-once
+    # sink does at checkpoints, is not hanging).
+    held = F.col("t_last") - F.col("lso_since_t")
+    feats = feats.withColumn(
+        "transaction_open_seconds",
+        F.when(F.col("last_stable_offset_end") < F.col("log_end_offset_end"), held),
+    )
+    hanging = (
+        F.col("transaction_open_seconds").isNotNull()
+        & (held >= th.stall_min_seconds)
+        & (F.col("lso_frozen_snapshots") >= th.stall_min_snapshots)
+        & (held > th.stall_gap_factor * F.col("max_lso_gap_seconds"))
+    )
+    feats = feats.withColumn("hanging_transaction", F.coalesce(hanging, F.lit(False)))
+    # The group stands at the stable offset, all a read_committed consumer may read: it
+    # waits on the transaction (a read_uncommitted one passes it, to the high watermark).
+    feats = feats.withColumn(
+        "blocked_by_transaction",
+        F.col("hanging_transaction") & F.coalesce(F.col("committed_end") == F.col("last_stable_offset_end"),
+                                                  F.lit(False)),
+    )
     feats = feats.withColumn(
         "slow",
         ~F.col("stalled")
@@ -268,7 +321,8 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     feats = owners.join(feats, "pk").drop("pk")
     return feats.drop("leo_first", "c_first", "tc_first", "tc_last", "late_produced", "late_consumed",
                       "late_seconds", "late_advances", "last_adv_t", "tl_t_at", "tl_record_t", "tl_first", "tl_last",
-                      "lag_known_end", "lag_null_at_end", "fc_ls_first", "fc_ls_t_first", "fc_ls_t_last")
+                      "lag_known_end", "lag_null_at_end", "fc_ls_first", "fc_ls_t_first", "fc_ls_t_last",
+                      "lso_since_t", "lso_frozen_snapshots", "max_lso_gap_seconds", "tl_record_after")
 
 
 def _inactive(state, members):

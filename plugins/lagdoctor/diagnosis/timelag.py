@@ -7,14 +7,19 @@ offsets bracket it) and subtract that time from the snapshot's time.
 - exact instead, when the collector recorded `committed_record_ts` (the
   timestamp of the record at the committed offset), also far beyond the
   window: no cap, no lower bound;
-- 0 when lag is 0 (including a commit briefly above the end offset);
+- 0 when lag is 0 (including a commit briefly above the end offset), and
+  when the record read found nothing after the committed offset but
+  transaction markers or aborted records (the lag is offsets, not data);
 - no extrapolation beyond the window: when the committed offset is older than
   the window's first end offset the value is CAPPED at the window's span and
   `time_lag_lower_bound` is true ("at least this far behind");
 - null when there is no committed offset.
 
-`time_lag_source` says which: "record", "interpolated", "lower_bound", or
-"caught_up" (lag 0: nothing waits); null when the time lag is unknown.
+`time_lag_source` says which: "record", "next_record" (exact too, from the
+first data record after the committed offset: the committed offset holds a
+transaction marker, or an aborted or compacted record the group never sees),
+"interpolated", "lower_bound", or "caught_up" (lag 0: nothing waits); null
+when the time lag is unknown.
 
 These are Column builders so the features pass computes time lag in the same
 window sort as everything else; `time_lag_by_partition` is the stand-alone
@@ -22,6 +27,8 @@ transform.
 """
 
 from __future__ import annotations
+
+from lagdoctor.contracts import NOTHING_TO_READ
 
 PARTITION_KEY = ("cluster", "group_id", "topic", "partition")
 
@@ -72,11 +79,17 @@ def aggregate_columns():
             F.when(F.col("committed_record_headers").isNotNull(), F.array().cast("array<string>"))
         ).alias("headers"),
         F.col("committed_record_error").alias("error"),
+        # the offset read from; a record above it means the offsets between hold no
+        # data the group will see (transaction markers, aborted or compacted records)
+        F.col("committed_offset").alias("committed_offset"),
     )
     fetched = F.col("committed_record_offset").isNotNull() | F.col("committed_record_error").isNotNull()
     return [
         F.max("tl_t_at").alias("tl_t_at"),
         F.max_by("committed_record_ts", "t").cast("double").alias("tl_record_t"),
+        F.max_by(F.col("committed_record_offset") > F.col("committed_offset"), "t").alias("tl_record_after"),
+        F.coalesce(F.max_by(F.col("committed_record_error").startswith(NOTHING_TO_READ), "t"), F.lit(False)).alias(
+            "nothing_to_read"),
         F.max_by(F.when(fetched, record), "t").alias("committed_record"),
     ]
 
@@ -87,7 +100,7 @@ def time_lag_expr(t_first, t_last, leo_first, committed_end, lag_end):
 
     seconds = (
         F.when(committed_end.isNull(), F.lit(None))
-        .when(lag_end <= 0, F.lit(0.0))
+        .when((lag_end <= 0) | F.col("nothing_to_read"), F.lit(0.0))
         .when(F.col("tl_record_t").isNotNull(), F.greatest(t_last - F.col("tl_record_t"), F.lit(0.0)))
         .when(F.col("tl_t_at").isNotNull(), F.greatest(t_last - F.col("tl_t_at"), F.lit(0.0)))
         .when(committed_end < leo_first, t_last - t_first)
@@ -97,13 +110,16 @@ def time_lag_expr(t_first, t_last, leo_first, committed_end, lag_end):
     lower_bound = (
         committed_end.isNotNull()
         & (lag_end > 0)
+        & ~F.col("nothing_to_read")
         & F.col("tl_record_t").isNull()
         & F.col("tl_t_at").isNull()
         & (committed_end < leo_first)
     )
     source = (
         F.when(committed_end.isNull(), F.lit(None))
-        .when(lag_end <= 0, F.lit("caught_up"))
+        .when((lag_end <= 0) | F.col("nothing_to_read"), F.lit("caught_up"))
+        .when(F.col("tl_record_t").isNotNull() & F.coalesce(F.col("tl_record_after"), F.lit(False)),
+              F.lit("next_record"))
         .when(F.col("tl_record_t").isNotNull(), F.lit("record"))
         .when(F.col("tl_t_at").isNotNull(), F.lit("interpolated"))
         .when(committed_end < leo_first, F.lit("lower_bound"))

@@ -93,6 +93,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from lagdoctor.contracts import (
+    NOTHING_TO_READ,
     COMMITTED_RECORD_COLUMNS,
     GROUP_ROW_PARTITION,
     GROUP_ROW_TOPIC,
@@ -101,6 +102,7 @@ from lagdoctor.contracts import (
     snapshot_writer_schema,
 )
 from lagdoctor.kafka.clients import config_of, error_text, failure_message, forget_errors
+from lagdoctor.kafka.records import END_OF_LOG
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +112,7 @@ UNDIAGNOSED_METADATA = b"lagdoctor.undiagnosed_groups"
 # Longer patterns are refused: a group pattern is a name filter, not a program.
 MAX_GROUP_PATTERN_LENGTH = 1000
 WRITTEN_OPTIONAL_COLUMNS = ("leader_broker", "read_error", *COMMITTED_RECORD_COLUMNS, "retention_ms",
-                            "retention_bytes", "group_type", "group_instance_id", "cleanup_policy")
+                            "retention_bytes", "group_type", "group_instance_id", "cleanup_policy", "last_stable_offset")
 # Requests waiting on the cluster at once: enough to hide round trips (the group
 # reads of 10,000 groups took about 6 s on the embedded broker, and 1,024 in flight
 # were no faster), far below a broker's request queue (queued.max.requests, 500).
@@ -588,11 +590,18 @@ def _commit_read(group_id: str, fut: Future | None) -> CommitRead:
 
 def log_offsets(
     admin: Any, partitions: Iterable[tuple[str, int]], timeout_s: float, window: RequestWindow | None = None
-) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], int], dict[tuple[str, int], list[str]]]:
-    """(log start offsets, log end offsets, read errors) for the given partitions:
-    ListOffsets earliest and latest, LIST_OFFSETS_BATCH partitions per call. A
-    partition whose read failed is absent from the first two dicts and has a
-    "log start offset: ..." / "log end offset: ..." line in the third."""
+) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], int], dict[tuple[str, int], int],
+           dict[tuple[str, int], list[str]]]:
+    """(log start offsets, log end offsets, last stable offsets, read errors) for
+    the given partitions: ListOffsets earliest, latest and latest READ_COMMITTED,
+    LIST_OFFSETS_BATCH partitions per call. A partition whose read failed is
+    absent from the first three dicts and has a "log start offset: ..." / "log
+    end offset: ..." / "last stable offset: ..." line in the fourth.
+
+    The log end offset is the high watermark, as kafka-consumer-groups.sh shows
+    it: a read_uncommitted consumer reads up to it. The last stable offset is
+    where a read_committed consumer stops while a transaction is open; on
+    topics without transactions the two are equal."""
     from confluent_kafka import IsolationLevel, TopicPartition
     from confluent_kafka.admin import OffsetSpec
 
@@ -600,21 +609,22 @@ def log_offsets(
     parts = sorted(set(partitions))
     starts: dict[tuple[str, int], int] = {}
     ends: dict[tuple[str, int], int] = {}
+    stables: dict[tuple[str, int], int] = {}
     errors: dict[tuple[str, int], list[str]] = {}
-    specs = ((OffsetSpec.earliest(), starts, "log start offset"), (OffsetSpec.latest(), ends, "log end offset"))
-    answers: list[dict[tuple[str, int], Future]] = [{}, {}]
+    specs = (
+        (OffsetSpec.earliest(), IsolationLevel.READ_UNCOMMITTED, starts, "log start offset"),
+        (OffsetSpec.latest(), IsolationLevel.READ_UNCOMMITTED, ends, "log end offset"),
+        (OffsetSpec.latest(), IsolationLevel.READ_COMMITTED, stables, "last stable offset"),
+    )
+    answers: list[dict[tuple[str, int], Future]] = [{} for _ in specs]
     for begin in range(0, len(parts), LIST_OFFSETS_BATCH):
         batch = [TopicPartition(t, p) for t, p in parts[begin:begin + LIST_OFFSETS_BATCH]]
-        for (spec, _, _), answered in zip(specs, answers):
+        for (spec, isolation, _, _), answered in zip(specs, answers):
             request = {tp: spec for tp in batch}
-            # READ_COMMITTED: the end offset is the last stable offset, the most a
-            # read_committed consumer of a transactional topic can ever reach; the
-            # high watermark beyond an open transaction would read as a stall.
-            # For topics without transactions the two are equal.
-            futures = window.call(batch, lambda r=request: admin.list_offsets(
-                r, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=timeout_s))
+            futures = window.call(batch, lambda r=request, i=isolation: admin.list_offsets(
+                r, isolation_level=i, request_timeout=timeout_s))
             answered.update(((tp.topic, tp.partition), fut) for tp, fut in futures.items())
-    for (_, found, what), answered in zip(specs, answers):
+    for (_, _, found, what), answered in zip(specs, answers):
         for key in parts:
             fut = answered.get(key)
             try:
@@ -630,7 +640,12 @@ def log_offsets(
                 reason = _reason(exc)
                 log.warning("%s of %s[%d] unknown: %s", what, key[0], key[1], reason)
                 errors.setdefault(key, []).append(f"{what}: {reason}")
-    return starts, ends, errors
+    for key, stable in stables.items():
+        # The two reads race: a marker written between them can put the stable offset
+        # above the high watermark read just before (seen live after an abort).
+        if key in ends and stable > ends[key]:
+            stables[key] = ends[key]
+    return starts, ends, stables, errors
 
 
 def read_budget(timeout_s: float) -> float:
@@ -745,7 +760,7 @@ def collect_snapshot(
         # Log offsets get a budget of their own: a group read that ran the snapshot's
         # budget out must not also leave every partition without its end offset.
         offsets_window = RequestWindow(max_in_flight, max(2 * timeout_s, window.budget_s / 4))
-        starts, ends, offset_errors = log_offsets(admin, wanted, timeout_s, offsets_window)
+        starts, ends, stables, offset_errors = log_offsets(admin, wanted, timeout_s, offsets_window)
     except KafkaException as exc:
         raise CollectionError(failure_message(exc, admin, where, "cannot list offsets")) from None
     offsets_read = time.monotonic()
@@ -773,7 +788,7 @@ def collect_snapshot(
                                CommitRead(error="; ".join(listing.errors))))
         rows_of[LISTING_ROW_GROUP] = {}
     table = _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, leader_of,
-                            starts, ends, offset_errors, records, record_errors, retention)
+                            starts, ends, offset_errors, records, record_errors, retention, stables)
     if undiagnosed is not None:
         # Share and streams groups: counted, never rows (nothing here reads their progress).
         table = table.replace_schema_metadata(
@@ -891,7 +906,7 @@ def record_positions(views, rows_of, ends, offset_errors, per_topic: int) -> lis
 
 
 def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, leader_of, starts, ends,
-                    offset_errors, records=None, record_errors=None, retention=None):
+                    offset_errors, records=None, record_errors=None, retention=None, stables=None):
     """The rows as Arrow columns, built column by column (one Python list each)."""
     group_id: list[str] = []
     group_state: list[str] = []
@@ -900,6 +915,7 @@ def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, lead
     partition_col: list[int] = []
     start_col: list[int | None] = []
     end_col: list[int | None] = []
+    stable_col: list[int | None] = []
     committed_col: list[int | None] = []
     lag_col: list[int | None] = []
     member_col: list[str | None] = []
@@ -910,6 +926,7 @@ def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, lead
     records, record_errors = records or {}, record_errors or {}
     record_cols: dict[str, list[Any]] = {name: [] for name in COMMITTED_RECORD_COLUMNS}
     retention = retention or {}
+    stables = stables or {}
     retention_ms_col: list[int | None] = []
     retention_bytes_col: list[int | None] = []
     cleanup_col: list[str | None] = []
@@ -937,7 +954,7 @@ def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, lead
             topic_col.extend([topic] * n)
             partition_col.extend(partitions)
             if topic == GROUP_ROW_TOPIC and partitions == [GROUP_ROW_PARTITION]:
-                for column in (start_col, end_col, committed_col, lag_col, member_col, client_col, host_col,
+                for column in (start_col, end_col, stable_col, committed_col, lag_col, member_col, client_col, host_col,
                                leader_col, *record_cols.values(), retention_ms_col, retention_bytes_col,
                                cleanup_col, instance_col):
                     column.append(None)
@@ -958,6 +975,8 @@ def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, lead
                     )
                 start_col.append(start)
                 end_col.append(end)
+                stable = stables.get(key)
+                stable_col.append(stable)
                 committed_col.append(committed)
                 # A commit a little above the end offset is a race between reads: lag 0.
                 lag_col.append(None if committed is None or end is None else max(0, end - committed))
@@ -978,7 +997,8 @@ def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, lead
                 record_cols["committed_record_size"].append(record.size if record else None)
                 record_cols["committed_record_headers"].append(",".join(record.headers) if record else None)
                 record_cols["committed_record_error"].append(
-                    None if record or committed is None else record_errors.get((topic, partition, committed)))
+                    None if record or committed is None
+                    else _record_error_text(record_errors.get((topic, partition, committed)), committed, end, stable))
                 if group_errors or topic_error or key in partition_errors or key in offset_errors:
                     errors = list(group_errors)
                     if topic_error:
@@ -1016,6 +1036,7 @@ def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, lead
         "group_type": group_type_col,
         "group_instance_id": instance_col,
         "cleanup_policy": cleanup_col,
+        "last_stable_offset": stable_col,
     }
     table = pa.Table.from_arrays(
         [columns[f.name] if isinstance(columns[f.name], pa.Array) else pa.array(columns[f.name], type=f.type)
@@ -1024,6 +1045,19 @@ def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, lead
         # Every read succeeded: the file carries contract 1's schema to the letter.
         table = table.cast(snapshot_schema(strict=True))
     return table
+
+
+def _record_error_text(error: str | None, committed: int, end: int | None, stable: int | None) -> str | None:
+    """Why no record was read, with what the offsets say of the end of the log: a
+    read_committed read ends at the last stable offset, and what lies beyond is an
+    open transaction or transaction markers, not data the group can read yet."""
+    if error is None or not error.startswith(END_OF_LOG) or end is None or committed >= end:
+        return error
+    if stable is not None and stable < end and committed >= stable:
+        return (f"at the last stable offset {stable}: offsets {stable}..{end - 1} are in an open transaction "
+                "(a read_committed consumer waits until it ends)")
+    return (f"{NOTHING_TO_READ} offsets {committed}..{end - 1} hold transaction markers or aborted records only "
+            "(no data record after the committed offset)")
 
 
 def snapshot_schema(strict: bool = False):

@@ -39,6 +39,9 @@ DEFAULT_MAX_BYTES = 64 * 1024
 # (20,000 partitions at once took 15 s on the embedded broker, in assignments of
 # 500 2.3 s), and small assignments let the most important positions go first.
 ASSIGN_BATCH = 500
+# Why a position gave no record because the read reached the end: a read_committed
+# read ends at the last stable offset, so what follows may be an open transaction.
+END_OF_LOG = "at the end of the log"
 
 
 @dataclass(frozen=True)
@@ -181,7 +184,7 @@ def read_records(
                     if pos in pending:
                         key = (*pos, pending.pop(pos))
                         if error.code() == KafkaError._PARTITION_EOF:
-                            errors[key] = "at the end of the log (nothing to read at the committed offset)"
+                            errors[key] = f"{END_OF_LOG} (nothing to read at the committed offset)"
                         elif error.code() == KafkaError.OFFSET_OUT_OF_RANGE:
                             errors[key] = "offset out of range: retention deleted it, or the log restarted"
                         else:

@@ -26,7 +26,8 @@ struct today; these of its keys are read when the rows above are absent::
 
 and, from findings of issue 10 on (absent or null in older ones: nothing is shown)::
 
-    time_lag_source        "record" | "interpolated" | "lower_bound" | "caught_up" (also per status row)
+    time_lag_source        "record" | "next_record" | "interpolated" | "lower_bound" | "caught_up"
+                           (also per status row)
     committed_record       the record at the focus partition's committed offset (never its payload)
     catch_up               {"state": "clearing" | "never" | "caught_up" | "unknown", "seconds"}
     data_loss              {"state": "already" | "at_risk" | "safe" | "not_applicable" | "unknown", "seconds",
@@ -250,7 +251,8 @@ def time_lag_source_of(seconds: Any, rows: Iterable[Mapping[str, Any]]) -> str |
     sources = {"lower_bound" if is_lower_bound(r) else r.get("time_lag_source")
                for r in rows if _finite(r.get("time_lag_seconds")) is not None
                and abs(float(r["time_lag_seconds"]) - shown) < 0.01}
-    return next((s for s in ("lower_bound", "record", "interpolated", "caught_up") if s in sources), None)
+    return next((s for s in ("lower_bound", "record", "next_record", "interpolated", "caught_up") if s in sources),
+                None)
 
 
 def time_lag_text(seconds: Any, source: str | None) -> str:
@@ -263,6 +265,8 @@ def time_lag_text(seconds: Any, source: str | None) -> str:
         return f"at least {text} (older than the window)"
     if source == "record":
         return f"{text} (exact, from the record's timestamp)"
+    if source == "next_record":
+        return f"{text} (exact, from the next data record's timestamp)"
     return text
 
 
@@ -381,7 +385,14 @@ def stuck_record_parts(ev: Mapping[str, Any]) -> list[str] | None:
     if not isinstance(rec, Mapping) or not isinstance(rec.get("offset"), int) or isinstance(rec.get("offset"), bool):
         return None
     key = rec.get("key_sha256")
-    parts = [f"offset {rec['offset']}", f"key #{one_line_id(key)}" if key else "no key"]
+    offset = f"offset {rec['offset']}"
+    committed = rec.get("committed_offset")
+    if isinstance(committed, int) and not isinstance(committed, bool) and rec["offset"] > committed:
+        # The committed offset held no data record: say which record is meant, and why.
+        skipped = rec["offset"] - committed
+        offset += (f" (the next data record: {skipped} offset{'s' if skipped > 1 else ''} from the committed "
+                   f"{committed} hold transaction markers, aborted or compacted records)")
+    parts = [offset, f"key #{one_line_id(key)}" if key else "no key"]
     if _finite(rec.get("size")) is not None:
         parts.append(f"{fmt_int(rec['size'])} bytes")
     headers = [one_line_id(h)[:MAX_CELL] for h in rec.get("headers") or [] if h is not None]
@@ -516,7 +527,8 @@ def incomplete_data_text(finding: Mapping[str, Any]) -> str:
 
     Reads evidence ``data_complete`` (false), ``read_errors`` (one line each,
     the first MAX_READ_ERRORS shown), ``read_error_count`` and
-    ``offset_reset_partitions`` (log end offsets that went backwards).
+    ``offset_reset_partitions`` (log end offsets that went backwards) and
+    ``hanging_transaction_partitions`` (an open transaction holds the last stable offset).
     """
     ev = _evidence(finding)
     lines = []
@@ -531,6 +543,9 @@ def incomplete_data_text(finding: Mapping[str, Any]) -> str:
     resets = [p for p in ev.get("offset_reset_partitions") or [] if p is not None]
     if resets:
         lines.append(render("offset_reset", partitions=", ".join(one_line_id(p) for p in resets)))
+    hanging = [p for p in ev.get("hanging_transaction_partitions") or [] if p is not None]
+    if hanging and not ev.get("transaction_blocked_partitions"):  # else the summary says it already
+        lines.append(render("open_transaction", partitions=", ".join(one_line_id(p) for p in hanging)))
     return "\n".join(lines)
 
 

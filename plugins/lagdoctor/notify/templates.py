@@ -53,6 +53,9 @@ TEMPLATES: dict[str, str] = {
                        "all read ({{ count }} failed read(s)):",
     "offset_reset": ":rewind: Log end offset went backwards (topic recreated or truncated?) on "
                     "partition(s) {{ partitions }}: lag there is not comparable across the window.",
+    "open_transaction": ":hourglass: An open transaction holds the last stable offset on partition(s) "
+                        "{{ partitions }}: read_committed consumers cannot read past it until it commits or "
+                        "aborts (kafka-transactions.sh find-hanging).",
     "data_incomplete": ":grey_question: *Data incomplete* for group `{{ group | code }}` on `{{ topic | code }}`: "
                        "some offsets could not be read, so lagdoctor cannot tell whether the {{ diagnosis }} "
                        "has recovered. The thread stays open.",

@@ -151,6 +151,13 @@ class SkipPoisonPill(Action):
             raise ActionBlocked(
                 "the group is consumed outside the group protocol (it commits without members: assign()), so "
                 "EMPTY does not show its consumer stopped; stop that consumer and move its offset by hand")
+        # Case 20: no record is stuck; a producer's open transaction holds the group. Skipping
+        # commits past a record the group would still not be allowed to read.
+        blocked = ctx.evidence.get("transaction_blocked_partitions")
+        if blocked:
+            raise ActionBlocked(
+                f"an open transaction holds partition(s) {', '.join(str(p) for p in blocked)}: the group waits for it, "
+                "no record is stuck; end the transaction (kafka-transactions.sh find-hanging, then abort)")
         template = str(ctx.params.get("dead_letter_topic") or ctx.config.dead_letter_topic)
         rows = {r.get("partition"): r for r in ctx.evidence.get("partitions") or [] if isinstance(r, Mapping)}
         parts = _stuck_partitions(ctx)

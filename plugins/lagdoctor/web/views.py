@@ -45,6 +45,7 @@ SEVERITIES = ("ok", "warning", "critical")  # least to most bad: the page's mini
 MAX_FILTER_LENGTH = 512
 STATUS_RANK = {"OK": 0, "WARN": 1, "REWIND": 2, "STALL": 3, "STOP": 4, "ERR": 5}
 TIME_LAG_NOTES = {"record": "exact, from the timestamp of the record at the committed offset",
+                  "next_record": "exact, from the timestamp of the first data record after the committed offset",
                   "lower_bound": "at least: the committed offset is older than the window",
                   "interpolated": "estimated from the log end offsets over the window"}
 
