@@ -335,6 +335,28 @@ def test_several_diagnoses_at_once(frame):
     assert diagnoses["rebalance_loop"]["evidence"]["rebalances"] >= 3
 
 
+
+def test_a_producer_surge_says_the_consumers_fall_behind_the_new_rate(frame):
+    """Consumers that kept up at 20 msg/s a partition, producers jumping to 100 while they top
+    out at 30: the summary gives the consumers' rate before and after, never "keep up" with lag growing."""
+    import re
+
+    rows = []
+    for k in range(13):  # a snapshot a minute; the surge starts at minute 4 (the end of the first third)
+        t, after = 60 * k, max(0, 60 * k - 240)
+        for p in range(2):
+            rows.append(snap(t, p, 20 * (t - after) + 100 * after, 20 * (t - after) + 30 * after, group="clicks"))
+    (f,) = run_findings(frame(rows))
+    assert (f["diagnosis"], f["severity"]) == ("producer_surge", "critical")
+    assert f["summary"] == ("produce rate rose 5.0x (40 -> 200 msg/s) while consumers went from 40 to 60 msg/s; "
+                            "lag went from 0 to 67,200")
+    # Whatever the wording: the late consume rate it states is below the late produce rate, which is why lag grew.
+    number = r"([\d,.]+)"
+    produced = re.search(rf"-> {number} msg/s", f["summary"]).group(1)
+    consumed = re.search(rf"consumers went from {number} to {number} msg/s", f["summary"]).group(2)
+    assert float(consumed.replace(",", "")) < float(produced.replace(",", ""))
+    assert "keep up" not in f["summary"]
+
 # -- the seeds' incident --------------------------------------------------------------------
 
 

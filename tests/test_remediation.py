@@ -450,18 +450,18 @@ def test_kafka_config_fallback_and_errors(monkeypatch, conn, environ, expected):
 
 # ------------------------------------------------------------ Kafka action guard without a broker
 
-def test_skip_poison_pill_refuses_a_group_that_is_not_empty(settings, monkeypatch):
-    import contextlib
-
+@pytest.mark.parametrize("members, said", [
+    (2, "2 member(s)"),
+    (None, "an unknown number of member(s)"),  # an active group whose member list the broker left out
+])
+def test_skip_poison_pill_refuses_a_group_that_is_not_empty(settings, monkeypatch, members, said):
     from lagdoctor.remediation import kafka_ops
 
-    monkeypatch.setattr(kafka_ops, "admin_client", lambda config: contextlib.nullcontext(object()))
-    monkeypatch.setattr(kafka_ops, "group_state", lambda admin, group: ("STABLE", 2))
-    monkeypatch.setattr(kafka_ops, "committed_offsets", lambda *a: pytest.fail("must not read offsets"))
+    monkeypatch.setattr(kafka_ops, "read_group", lambda *a: kafka_ops.GroupRead("STABLE", members, {0: 7}))
     rec = run_action("skip_poison_pill", finding("stalled_consumer"), run_id="r1", dry_run=False, approved=True,
                      kafka_config={"bootstrap.servers": "unused:9092"}, now=T0)
     assert rec["status"] == "blocked"
-    assert rec["message"] == "group is STABLE with 2 member(s), not EMPTY: stop its consumers first"
+    assert rec["message"] == f"group is STABLE with {said}, not EMPTY: stop its consumers first"
 
 
 def test_kafka_failure_is_one_line_without_the_sasl_password(settings, monkeypatch, caplog, capfd):

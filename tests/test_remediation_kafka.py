@@ -281,3 +281,37 @@ def test_skip_poison_pill_on_a_consumer_really_stuck_on_one_record(settings, kaf
             time.sleep(0.2)
     finally:
         resumed.stop()
+
+
+@pytest.mark.parametrize("crash_from_read, audited", [
+    (1, ["blocked"]),  # resolve's read: the plan is never fixed
+    (2, ["started", "blocked"]),  # apply's re-read, after the claim: nothing copied, nothing committed
+], ids=["resolve", "apply"])
+def test_skip_poison_pill_is_blocked_in_one_line_when_the_group_reader_crashes(
+        settings, kafka_bootstrap, kafka_cluster, unique, monkeypatch, tmp_path, crash_from_read, audited):
+    """librdkafka's OffsetFetch SIGSEGV during a broker restart (issue 5040) kills the child
+    that reads the group, not the task: the action is blocked saying so, never "no commit"."""
+    from lagdoctor.kafka import collector
+    from lagdoctor.remediation.audit import ActionLog
+
+    topic, group = unique("orders"), unique("orders-group")
+    create_topics(kafka_bootstrap, topic)
+    create_topics(kafka_bootstrap, f"{topic}.dlq", partitions=1)
+    produce(kafka_bootstrap, topic, [f"v{i}".encode() for i in range(8)])
+    commit(kafka_bootstrap, group, topic, 0, 4)
+    # The collector's fault hook: the child dies of SIGSEGV from its Nth start on (a retry included).
+    starts = tmp_path / "child-starts"
+    monkeypatch.setattr(collector, "_CHILD_MAIN", (
+        f"import os, signal; f = open({str(starts)!r}, 'a+'); f.write('.'); f.seek(0); n = len(f.read()); "
+        f"f.close(); n >= {crash_from_read} and os.kill(os.getpid(), signal.SIGSEGV); " + collector._CHILD_MAIN))
+
+    rec = run_action("skip_poison_pill", stalled(kafka_cluster, group, topic, 4), run_id="r1", dry_run=False,
+                     approved=True, now=T0)
+    assert rec["status"] == "blocked"
+    assert rec["message"] == (
+        f"cannot read group {group}, nothing was changed: committed offsets: not read: the Kafka client crashed "
+        "(SIGSEGV) reading the consumer groups, a librdkafka bug a broker restart triggers")
+    assert committed(kafka_bootstrap, group, topic, 0) == 4
+    assert read_all(kafka_bootstrap, f"{topic}.dlq") == []
+    assert [r["status"] for r in ActionLog.from_settings(settings).records()] == audited
+    assert len(starts.read_text()) == crash_from_read + 1  # the crashed read was tried twice, then gave up

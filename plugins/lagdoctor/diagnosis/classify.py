@@ -507,12 +507,17 @@ def findings(
                 "producer_surge",
                 empty,
                 w,
+                # The consumers' early and late rates, the ones rule 5 compares: the window's
+                # average rate ("keep up at N msg/s") hid that they fall behind the new load.
                 F.format_string(
-                    "produce rate rose %sx (%s -> %s msg/s); consumers keep up at %s msg/s but lag grew to %s",
+                    "produce rate rose %sx (%s -> %s msg/s) while consumers went from %s to %s msg/s; "
+                    "lag went from %s to %s",
                     _num(F.coalesce(c("surge_ratio"), F.lit(0.0))),
                     _num(c("early_produce_rate")),
                     _num(c("late_produce_rate")),
-                    _num(c("consume_rate")),
+                    _num(c("early_consume_sum")),
+                    _num(c("late_consume_sum")),
+                    F.format_number(c("lag_start"), 0),  # a count: "0", not _num's "0.0"
                     _num(lag),
                 ),
             ),

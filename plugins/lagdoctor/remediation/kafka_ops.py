@@ -4,13 +4,15 @@ confluent-kafka is imported inside the functions. The cluster's client config
 comes from its Airflow ``kafka`` connection (contract 5) through the
 apache-kafka provider's hook (``kafka_config_for``), so SASL, OAuth and MSK IAM
 work as they do for collection. AdminClient calls use the futures-map idiom;
-every client is closed when done.
+every client is closed when done. A group's state and committed offsets are read
+in a child process, as the collector reads them (``read_group``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 from lagdoctor.remediation.actions import Action, ActionBlocked, ActionContext, Outcome, register
@@ -84,25 +86,49 @@ def _wait(futures: Mapping[Any, Any]) -> dict[Any, Any]:
     return {key: fut.result(timeout=TIMEOUT_S) for key, fut in futures.items()}
 
 
-def group_state(admin: Any, group_id: str) -> tuple[str, int]:
-    """(STATE in upper snake case, member count) of a consumer group."""
-    (description,) = _wait(admin.describe_consumer_groups([group_id], request_timeout=TIMEOUT_S)).values()
-    state = getattr(description.state, "name", str(description.state)).upper()
-    return state, len(description.members or [])
+@dataclass(frozen=True)
+class GroupRead:
+    state: str  # contract 1's name: EMPTY, STABLE, ...
+    members: int | None  # None: the broker named no members for an active group
+    committed: dict[int, int | None]  # partition -> committed offset, None: no commit
+
+    def require_empty(self) -> None:
+        # kafka-consumer-groups.sh --reset-offsets refuses active groups: a live
+        # member would overwrite the new offset with its own next commit.
+        if self.state != "EMPTY":
+            count = "an unknown number of" if self.members is None else self.members
+            raise ActionBlocked(f"group is {self.state} with {count} member(s), not EMPTY: stop its consumers first")
 
 
-def committed_offsets(admin: Any, group_id: str, topic: str, partitions: list[int]) -> dict[int, int | None]:
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+def read_group(config: Mapping[str, Any], group_id: str, topic: str, partitions: list[int]) -> GroupRead:
+    """The group's state, members and committed offsets on ``partitions``.
 
-    request = [ConsumerGroupTopicPartitions(group_id, [TopicPartition(topic, p) for p in partitions])]
-    (result,) = _wait(admin.list_consumer_group_offsets(request, request_timeout=TIMEOUT_S)).values()
-    out: dict[int, int | None] = {}
-    for tp in result.topic_partitions:
-        if tp.error is not None:
-            raise ActionBlocked(f"partition {tp.partition}: cannot read the committed offset ({tp.error.str()})")
-        # A negative offset is librdkafka's "no committed offset".
-        out[tp.partition] = tp.offset if tp.offset >= 0 else None
-    return out
+    Read in a child process by the collector's reader (collector.group_reader):
+    librdkafka's OffsetFetch SIGSEGVs the reading process when a broker restart
+    moves the coordinator (issue 5040), which here would kill the task mid-action.
+    Any failed read, the child's crash included, raises ActionBlocked before
+    anything is changed: unknown is never "no commit".
+    """
+    from lagdoctor.kafka.collector import IsolatedReader, RequestWindow, read_groups
+
+    with contextlib.ExitStack() as stack:
+        reader: Any = IsolatedReader.of(config)
+        if reader is None:  # a config a child cannot get (an OAuth closure): read here, as the collector does
+            reader = stack.enter_context(admin_client(config))
+        described, commits = read_groups(reader, [group_id], TIMEOUT_S, RequestWindow(4, TIMEOUT_S))
+    description, read = described[group_id], commits[group_id]
+    failed = read.error or description.error
+    if failed:
+        raise ActionBlocked(f"cannot read group {group_id}, nothing was changed: {failed}")
+    committed: dict[int, int | None] = {}
+    for p in partitions:
+        error = read.partition_errors.get((topic, p))
+        if error:
+            raise ActionBlocked(
+                f"partition {p}: cannot read the committed offset ({error.removeprefix('committed offsets: ')})")
+        # The group's whole OffsetFetch names committed partitions only: absent is no commit.
+        committed[p] = read.commits.get((topic, p))
+    return GroupRead(description.state, description.members, committed)
 
 
 def _stuck_partitions(ctx: ActionContext) -> list[int]:
@@ -189,17 +215,12 @@ class SkipPoisonPill(Action):
         return f"{text}; the record: {seen}" if seen else text
 
     def resolve(self, ctx: ActionContext, plan: dict[str, Any]) -> dict[str, Any]:
-        with admin_client(ctx.kafka_config()) as admin:
-            state, members = group_state(admin, ctx.group_id)
-            # kafka-consumer-groups.sh --reset-offsets refuses active groups: a live
-            # member would overwrite the new offset with its own next commit.
-            if state != "EMPTY":
-                raise ActionBlocked(f"group is {state} with {members} member(s), not EMPTY: stop its consumers first")
-            committed = committed_offsets(admin, ctx.group_id, ctx.topic, plan["partitions"])
-        missing = [p for p, o in committed.items() if o is None]
+        group = read_group(ctx.kafka_config(), ctx.group_id, ctx.topic, plan["partitions"])
+        group.require_empty()
+        missing = [p for p, o in group.committed.items() if o is None]
         if missing:
             raise ActionBlocked(f"no committed offset on partition(s) {missing}: nothing to skip")
-        return {**plan, "from_offsets": {str(p): o for p, o in committed.items()}}
+        return {**plan, "from_offsets": {str(p): o for p, o in group.committed.items()}}
 
     def apply(self, ctx: ActionContext, plan: Mapping[str, Any]) -> Outcome:
         from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
@@ -217,21 +238,20 @@ class SkipPoisonPill(Action):
             elif from_offsets[int(p)] != int(seen):
                 raise ActionBlocked(f"partition {p} is at offset {from_offsets[int(p)]}, not {seen} as approved: "
                                     "the record approved for skipping is no longer the group's next")
+        group = read_group(config, ctx.group_id, topic, sorted(from_offsets))
+        group.require_empty()
+        now = group.committed
+        todo = {}
+        for p, start in from_offsets.items():
+            if now[p] == start + 1:
+                continue  # done by an earlier attempt of this same run
+            if now[p] != start:
+                raise ActionBlocked(f"partition {p} moved from offset {start} to {now[p]} since the plan")
+            todo[p] = start
+        if not todo:
+            return Outcome("noop", "already skipped by an earlier attempt", {"skipped": {}})
+        copied = _copy_records(config, topic, todo, dlt, ctx.group_id)
         with admin_client(config) as admin:
-            state, members = group_state(admin, ctx.group_id)
-            if state != "EMPTY":
-                raise ActionBlocked(f"group is {state} with {members} member(s), not EMPTY: stop its consumers first")
-            now = committed_offsets(admin, ctx.group_id, topic, sorted(from_offsets))
-            todo = {}
-            for p, start in from_offsets.items():
-                if now[p] == start + 1:
-                    continue  # done by an earlier attempt of this same run
-                if now[p] != start:
-                    raise ActionBlocked(f"partition {p} moved from offset {start} to {now[p]} since the plan")
-                todo[p] = start
-            if not todo:
-                return Outcome("noop", "already skipped by an earlier attempt", {"skipped": {}})
-            copied = _copy_records(config, topic, todo, dlt, ctx.group_id)
             request = [ConsumerGroupTopicPartitions(
                 ctx.group_id, [TopicPartition(topic, p, o + 1) for p, o in sorted(todo.items())]
             )]
