@@ -4,8 +4,10 @@ plugin (the lag page) and the demo's live incidents, until Ctrl-C.
 Each start is clean: the embedded broker keeps nothing across restarts, so the
 previous start's snapshots, findings, state and Airflow database (offsets of a
 broker that no longer exists) are moved to `<workdir>/previous/` instead of
-being mixed into the new window. Both DAGs are unpaused (an earlier database
-may have created them paused), a first sweep is triggered at once, and every
+being mixed into the new window. The DAGs are created paused and unpaused once
+Airflow is healthy (a run the scheduler starts before its API serves fails its
+first task); the first sweep is the one the scheduler starts on unpause, or,
+when it starts none within a few seconds, one triggered then; and every
 incident the demo tells is played live, each consumer an OS process of its
 own: a hot partition, a stalled consumer, a consumer process killed with
 SIGKILL 15 s in, a member evicted and rejoining in a loop, a producer surge
@@ -24,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -34,6 +37,18 @@ from lagdoctor.lab.demo import (CLUSTER, CRASHED_GROUP, kill_consumer, live_inci
 DAG_IDS = ("kafka_lag_health_sweep", "kafka_lag_incident")
 CRASH_AFTER_S = 15.0  # invoices-mailer's only consumer process is killed
 SURGE_AFTER_SWEEP_S = 120.0  # clicks' producers surge this long after the first sweep was triggered
+FIRST_RUN_WAIT_S = 20.0  # how long the scheduler gets to start the sweep's run of its own after unpause
+
+
+def sweep_runs(bindir: str, env: dict[str, str]) -> int | None:
+    """Runs of the sweep DAG Airflow knows of; None when the CLI did not answer."""
+    ok, out = airflow_cli(bindir, env, "dags", "list-runs", DAG_IDS[0], "--output", "json")
+    if not ok:
+        return None
+    try:
+        return len(json.loads(out[out.index("["):]))
+    except ValueError:
+        return None
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 180.0) -> bool:
@@ -103,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"embedded broker at {broker.bootstrap}")
     incidents = [] if args.no_workloads else live_incidents(CRASH_AFTER_S)
     proc = None
+    crash = None
 
     def on_term(*_):
         raise KeyboardInterrupt  # stop at once, also while waiting for health
@@ -112,7 +128,13 @@ def main(argv: list[str] | None = None) -> int:
         if incidents:
             say("starting the live incidents (topics, producers, one OS process per consumer):")
             start_workloads(broker.bootstrap, incidents)
-        workloads_started = time.monotonic()
+        if incidents:
+            # On the workloads' clock, not Airflow's: under load Airflow takes minutes to come up.
+            crash = threading.Timer(CRASH_AFTER_S, lambda: say(
+                f"  event: killed {CRASHED_GROUP}'s consumer process {kill_consumer(incidents, CRASHED_GROUP)} "
+                "with SIGKILL"))
+            crash.daemon = True
+            crash.start()
         bindir = str(Path(sys.executable).parent)
         env = {
             **os.environ,
@@ -122,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(project_root() / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__PARALLELISM": "4",  # 32 workers by default: ~5 GB
-            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
             "AIRFLOW__API__PORT": str(args.port),
             # links in Slack and reports need Airflow's absolute address
             "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{args.port}",
@@ -154,16 +176,20 @@ def main(argv: list[str] | None = None) -> int:
             say(f"  {dag_id}: {'unpaused' if ok else 'could not unpause: ' + last}")
         swept_at = None
         if not args.no_workloads:
-            ok, last = airflow_cli(bindir, env, "dags", "trigger", DAG_IDS[0])
+            # Unpaused, a schedule with catchup off starts its latest interval's run at once;
+            # a second, triggered run would only queue behind it (max_active_runs=1).
+            deadline = time.monotonic() + FIRST_RUN_WAIT_S
+            while not sweep_runs(bindir, env) and time.monotonic() < deadline:
+                time.sleep(2)
             swept_at = time.monotonic()
-            say(f"  first sweep {'triggered' if ok else 'not triggered: ' + last}; then every 5 minutes")
+            if sweep_runs(bindir, env):
+                say("  first sweep started by the scheduler; then every 5 minutes")
+            else:
+                ok, last = airflow_cli(bindir, env, "dags", "trigger", DAG_IDS[0])
+                say(f"  first sweep {'triggered' if ok else 'not triggered: ' + last}; then every 5 minutes")
         say("press Ctrl-C to stop")
-        crashed = surged = args.no_workloads
+        surged = args.no_workloads
         while proc.poll() is None:
-            if not crashed and time.monotonic() - workloads_started >= CRASH_AFTER_S:
-                say(f"  event: killed {CRASHED_GROUP}'s consumer process "
-                    f"{kill_consumer(incidents, CRASHED_GROUP)} with SIGKILL")
-                crashed = True
             if not surged and swept_at is not None and time.monotonic() - swept_at >= SURGE_AFTER_SWEEP_S:
                 say(f"  event: {surge(incidents)}")
                 surged = True
@@ -172,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
+        if crash is not None:
+            crash.cancel()
         if proc is not None and proc.poll() is None:
             say("stopping Airflow (the whole process group) ...")
             os.killpg(proc.pid, signal.SIGTERM)
