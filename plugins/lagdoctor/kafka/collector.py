@@ -537,7 +537,7 @@ def _description(group_id: str, fut: Future | None) -> Description:
         # confluent-kafka 2.16 has no name for KIP-848's Assigning and Reconciling (the
         # only consumer-group states it lacks) and says UNKNOWN. A member whose assignment
         # is not yet its target is reconciling; with none, the coordinator has not computed
-        # the new target yet (assigning: seen live on Kafka 4.4 for 1-3 s after a member
+        # the new target yet (assigning: seen live on Kafka 4.4 for 0.8-2 s after a member
         # joined or left), or for up to a heartbeat a member has not acknowledged a new
         # epoch that moved none of its partitions (Kafka says reconciling; epochs are not
         # in the client's answer).
