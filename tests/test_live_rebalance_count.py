@@ -10,8 +10,8 @@ session's Spark reads them all:
   partitions have no owner; the members here hold that generation open in their
   on_revoke handlers, as one that commits or flushes state there does;
 - a KIP-848 group scaling 2 -> 3 and 3 -> 2: no PREPARING_REBALANCE; the group is
-  ASSIGNING (the coordinator has not computed the new target yet: always seen after
-  a member left, sometimes after one joined), then RECONCILING;
+  ASSIGNING (the coordinator has not computed the new target yet: seen after every
+  leave here, after some joins), then RECONCILING;
 - a member joining and leaving again and again under cooperative-sticky: a loop.
 """
 
