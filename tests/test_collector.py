@@ -203,6 +203,45 @@ def test_group_states_map_to_contract_names(reported, expected):
     assert group_state_name(reported) == expected
 
 
+def _kip848_description(state, type_name, members):
+    """A DescribeConsumerGroups answer; members are (assigned, target) partition lists of topic "t"."""
+    from concurrent.futures import Future
+
+    from confluent_kafka import ConsumerGroupType, Node, TopicPartition
+    from confluent_kafka.admin import ConsumerGroupDescription, MemberAssignment, MemberDescription
+
+    def assignment(parts):
+        return MemberAssignment([TopicPartition("t", p) for p in parts])
+
+    described = [MemberDescription(f"m{i}", f"c{i}", "/10.0.0.1", assignment(mine), target_assignment=assignment(target))
+                 for i, (mine, target) in enumerate(members)]
+    fut: Future = Future()
+    fut.set_result(ConsumerGroupDescription("g", False, described, "uniform", state, Node(1, "127.0.0.1", 9092),
+                                            type=ConsumerGroupType[type_name]))
+    return fut
+
+
+@pytest.mark.parametrize(
+    "state, type_name, members, expected",
+    [
+        # confluent-kafka 2.16 says UNKNOWN for a KIP-848 group's Assigning and Reconciling.
+        # A member that does not hold its target yet: reconciling (a newcomer waiting for partitions).
+        (ConsumerGroupState.UNKNOWN, "CONSUMER", [([0, 1], [0]), ([], [1])], "RECONCILING"),
+        # Every member holds its target, but the state has no name: the coordinator has not
+        # computed the new target (a member just left; its partitions have no owner yet).
+        (ConsumerGroupState.UNKNOWN, "CONSUMER", [([0], [0]), ([1], [1])], "ASSIGNING"),
+        # Named states pass through, whatever the members hold.
+        (ConsumerGroupState.STABLE, "CONSUMER", [([0], [0, 1])], "STABLE"),
+        # A classic group's UNKNOWN is a state nobody named: it stays UNKNOWN.
+        (ConsumerGroupState.UNKNOWN, "CLASSIC", [([0], [0])], "UNKNOWN"),
+    ],
+)
+def test_a_kip848_group_without_a_state_name_is_assigning_or_reconciling(state, type_name, members, expected):
+    from lagdoctor.kafka.collector import _description
+
+    assert _description("g", _kip848_description(state, type_name, members)).state == expected
+
+
 def test_catastrophic_pattern_matches_in_linear_time():
     # With backtracking, (a+)+$ took 160 s per sample against a 31-character group id
     # that almost matches; RE2 answers at once (the suite's timeout would catch a hang).

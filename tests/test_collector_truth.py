@@ -120,7 +120,7 @@ def test_kip848_group_mid_rebalance_is_reconciling_not_unknown(kafka_bootstrap, 
         first.paused.set()
         second = Polling({**config, "client.id": "second"}, topic)
         admin = admin_client(kafka_bootstrap)
-        # Until the coordinator has computed the new target (Assigning) nothing diverges yet: UNKNOWN stays.
+        # Until the coordinator has computed the new target nothing diverges yet: ASSIGNING comes first.
         rows = wait_for(lambda: (lambda rs: rs if {r["group_state"] for r in rs} == {"RECONCILING"} else None)(
             snapshot(kafka_bootstrap, group, record_partitions=0)), what="RECONCILING")
         raw = admin.describe_consumer_groups([group], request_timeout=10)[group].result()

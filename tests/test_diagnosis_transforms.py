@@ -287,6 +287,46 @@ def test_rebalances_count_state_changes_and_member_churn(spark, frame):
     assertDataFrameEqual(got, expected)
 
 
+def test_an_incremental_rebalance_counts_once(spark, frame):
+    """Rule case 20: a group with live members and a partition nobody owns is still in the
+    rebalance it entered, and an UNKNOWN state (a failed read) neither starts nor ends one."""
+    from pyspark.testing import assertDataFrameEqual
+
+    from lagdoctor.diagnosis.features import group_features, group_series
+
+    # (state, members, owner of p0, owner of p1) per snapshot, 30 s apart
+    courses = {
+        # cooperative-sticky 1 -> 2: the revoke round, a STABLE generation with p1 unowned, the assign round
+        "cooperative": [("STABLE", 1, "a", "a"), ("PREPARING_REBALANCE", 2, "a", "a"), ("STABLE", 2, "a", None),
+                        ("PREPARING_REBALANCE", 2, "a", None), ("STABLE", 2, "a", "b"), ("STABLE", 2, "a", "b")],
+        # the same, the snapshots catching no rebalancing state at all
+        "cooperative_unseen": [("STABLE", 1, "a", "a"), ("STABLE", 2, "a", None), ("STABLE", 2, "a", "b")],
+        # a KIP-848 member leaving, as an older collector wrote it: Assigning read as UNKNOWN
+        "kip848": [("STABLE", 2, "a", "b"), ("UNKNOWN", 1, "a", None), ("RECONCILING", 1, "a", None),
+                   ("STABLE", 1, "a", "a")],
+        # a failed read (no member list) inside one eager rebalance
+        "read_failed": [("STABLE", 2, "a", "b"), ("PREPARING_REBALANCE", 2, None, None), ("UNKNOWN", None, None, None),
+                        ("COMPLETING_REBALANCE", 2, None, None), ("STABLE", 2, "a", "b")],
+        # a member that joins and leaves twice: four rebalances, the last one seen only by its owners
+        "loop": [("STABLE", 1, "a", "a"), ("STABLE", 2, "a", None), ("STABLE", 2, "a", "b"),
+                 ("PREPARING_REBALANCE", 1, "a", None), ("STABLE", 1, "a", "a"), ("PREPARING_REBALANCE", 2, "a", "a"),
+                 ("STABLE", 2, "a", None), ("PREPARING_REBALANCE", 2, "a", None), ("STABLE", 2, "a", "d"),
+                 ("STABLE", 1, "a", "a")],
+        # nobody consumes this topic any more (stale commits): never settled, nothing counted
+        "abandoned": [("STABLE", 2, None, None), ("PREPARING_REBALANCE", 2, None, None), ("STABLE", 2, None, None)],
+    }
+    rows = [snap(30 * k, p, 100 * k, 100 * k, state=state, members=members, member=owner and f"c-{owner}",
+                 group=group)
+            for group, course in courses.items()
+            for k, (state, members, *owners) in enumerate(course) for p, owner in enumerate(owners)]
+    got = group_features(group_series(frame(rows))).select("group_id", "rebalance_entries", "owner_changes",
+                                                            "rebalances")
+    expected = spark.createDataFrame([("cooperative", 1, 1, 1), ("cooperative_unseen", 1, 1, 1), ("kip848", 1, 1, 1),
+                                      ("read_failed", 1, 0, 1), ("loop", 3, 4, 4), ("abandoned", 0, 0, 0)],
+                                     got.schema)
+    assertDataFrameEqual(got, expected)
+
+
 # -- classification: the traps stay healthy, real problems do not ----------------------
 
 

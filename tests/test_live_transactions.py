@@ -1,4 +1,4 @@
-"""Transactional topics on Apache Kafka (issue 16, rule case 20): real transactional
+"""Transactional topics on Apache Kafka (issue 16, rule case 21): real transactional
 producers, read_committed and read_uncommitted groups, snapshots taken with the
 collector at a clock passed in (a minute apart), one run of the real job over them.
 

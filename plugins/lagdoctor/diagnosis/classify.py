@@ -6,8 +6,9 @@ every rule that holds yields a finding, none -> one `healthy` finding:
  #  diagnosis            holds when                                              why
  1  crashed_consumer     state at the end is EMPTY/DEAD or group_members == 0,    nobody consumes; null members
                          and lag > 0                                              (unknown membership) never counts
- 2  rebalance_loop       not 1; rebalances (entering a rebalancing state, or      one rebalance is a deploy,
-                         the set of owner member ids changing) >= rebalance_loop_min   several are a loop
+ 2  rebalance_loop       not 1; rebalances (entering a rebalance from a settled   one rebalance is a deploy,
+                         assignment (20), or the set of owner ids changing,       several are a loop
+                         the larger of the two) >= rebalance_loop_min
  3  stalled_consumer     not 1; some partition has lag > 0 and its committed       a stuck message or hung handler;
                          offset has not advanced for stall_min_seconds and        the gap rule keeps batch
                          stall_min_snapshots and > stall_gap_factor x its         committers healthy
@@ -99,7 +100,15 @@ Real client behaviour (issue 16; each a live test on Apache Kafka):
                                                                                  restarts gets a new member id and no
                                                                                  rebalance, so a rolling restart is
                                                                                  not 2
-20  hanging transaction  a partition's last stable offset stood below its high   3 says so: the group read all a
+20  incremental          a snapshot in a known state (not UNKNOWN) whose state   one membership change is one
+    rebalance            is rebalancing, or whose group has live members and a   rebalance: cooperative-sticky's
+                         partition nobody owns, is inside a rebalance; one is    revoke and assign rounds have a
+                         counted where such a snapshot follows a settled one     STABLE generation between them
+                         (every partition owned, not rebalancing); UNKNOWN (a    with the moved partitions unowned
+                         failed read) neither starts nor ends one                (seen live), a KIP-848 group is
+                                                                                 ASSIGNING then RECONCILING; a
+                                                                                 topic nobody owns never settles
+21  hanging transaction  a partition's last stable offset stood below its high   3 says so: the group read all a
                          watermark for stall_min_seconds and stall_min_snapshots  read_committed consumer may read;
                          and > stall_gap_factor x its longest earlier hold, and   the summary names the transaction,
                          the group's commit is at it                              not a stuck record (a skip or a
@@ -461,7 +470,7 @@ def findings(
                 ws,
                 F.when(
                     ws["blocked_by_transaction"],
-                    # 20: the consumer is not stuck on a record; a producer's transaction holds it.
+                    # 21: the consumer is not stuck on a record; a producer's transaction holds it.
                     F.format_string(
                         "%s waits behind an open transaction: the last stable offset has stood at %s for %s with "
                         "%s records after it, which a read_committed consumer cannot read until the transaction "

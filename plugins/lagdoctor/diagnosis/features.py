@@ -337,7 +337,8 @@ def group_series(snapshots, partition_feats=None):
 
     member_set is a signature of the set of owners (their static instance
     ids where they have one, else member ids; null when nobody owns
-    anything), so churn shows as a change of it. total_committed sums the
+    anything), so churn shows as a change of it; unowned_partitions counts
+    the partitions nobody owns. total_committed sums the
     committed offsets (null when one is unknown). total_lag is
     null at a snapshot where a partition's lag is unknown (a failed read), and
     total_leo where a log end offset is: a partial sum would read as a drop.
@@ -380,6 +381,7 @@ def group_series(snapshots, partition_feats=None):
         F.max("group_state").alias("group_state"),
         F.max("group_members").alias("group_members"),
         F.count(F.when(owned, 1)).alias("_owned"),
+        F.count(F.when(~owned, 1)).alias("unowned_partitions"),
         F.min(F.when(owned, h)).alias("_hmin"),
         F.max(F.when(owned, h)).alias("_hmax"),
         F.bit_or(F.when(owned, bloom)).alias("_bloom"),
@@ -393,6 +395,7 @@ def group_series(snapshots, partition_feats=None):
         "group_state",
         "group_members",
         F.when(F.col("_owned") > 0, F.xxhash64("_hmin", "_hmax", "_bloom")).alias("member_set"),
+        "unowned_partitions",
     )
 
 
@@ -413,7 +416,19 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
     wprev = w.rowsBetween(Window.unboundedPreceding, -1)
     rebalancing = list(REBALANCING_GROUP_STATES)
 
-    s = series.withColumn("t", F.col("snapshot_ts").cast("double"))
+    # Rule case 20: one rebalance runs from leaving a settled assignment (a known state,
+    # not rebalancing, every partition owned) until the next one. Live members with a
+    # partition nobody owns are still in it: the STABLE generation between a
+    # cooperative-sticky rebalance's revoke and assign rounds. UNKNOWN (a failed read)
+    # says nothing either way (null).
+    members_waiting = (F.coalesce(F.col("group_members"), F.lit(0)) > 0) & (F.col("unowned_partitions") > 0)
+    s = series.withColumns(
+        {
+            "t": F.col("snapshot_ts").cast("double"),
+            "rebalancing": F.when(F.col("group_state") != "UNKNOWN",
+                                  F.col("group_state").isin(rebalancing) | members_waiting),
+        }
+    )
     s = s.withColumns(
         {
             "s_first": F.first("t").over(wall),
@@ -424,6 +439,7 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
             "dt": F.col("t") - F.lag("t").over(w),
             "dleo": F.col("total_leo") - F.lag("total_leo").over(w),
             "prev_state": F.lag("group_state").over(w),
+            "prev_rebalancing": F.last("rebalancing", ignorenulls=True).over(wprev),
             "prev_members": F.last("member_set", ignorenulls=True).over(wprev),
             "dcom": F.col("total_committed") - F.lag("total_committed").over(w),
             "inactive": _inactive(F.col("group_state"), F.col("group_members")),
@@ -440,9 +456,7 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
             "x": F.coalesce(_ratio(F.col("t") - F.col("s_first"), span), F.lit(0.0)),
             "y": F.col("total_lag") / F.greatest(F.col("lag_max_all").cast("double"), floor, F.lit(1.0)),
             "noise_floor": floor,
-            "entered_rebalance": F.col("group_state").isin(rebalancing)
-            & F.col("prev_state").isNotNull()
-            & ~F.col("prev_state").isin(rebalancing),
+            "entered_rebalance": F.coalesce(F.col("rebalancing") & ~F.col("prev_rebalancing"), F.lit(False)),
             "owners_changed": F.col("member_set").isNotNull()
             & F.col("prev_members").isNotNull()
             & (F.col("member_set") != F.col("prev_members")),

@@ -54,7 +54,7 @@ class Thresholds:
     # "Near-frozen": still committing, but less than this share of what arrives.
     near_frozen_ratio: float = 0.05
 
-    # rebalance_loop: rebalances (leaving STABLE, or owners changing) in the window.
+    # rebalance_loop: rebalances (entering one from a settled assignment, or owners changing) in the window.
     rebalance_loop_min: int = 3
 
     # A group with no members whose commits still advanced between this many

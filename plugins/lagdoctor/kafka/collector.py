@@ -535,10 +535,15 @@ def _description(group_id: str, fut: Future | None) -> Description:
     state = group_state_name(getattr(desc, "state", None))
     members = list(desc.members or [])
     kind = group_type_name(getattr(desc, "type", None))
-    if state == "UNKNOWN" and kind == "consumer" and _reconciling(members):
-        # confluent-kafka 2.16 has no name for KIP-848's Assigning/Reconciling and
-        # says UNKNOWN; a member whose assignment is not yet its target is mid-rebalance.
-        state = "RECONCILING"
+    if state == "UNKNOWN" and kind == "consumer" and members and all(hasattr(m, "target_assignment") for m in members):
+        # confluent-kafka 2.16 has no name for KIP-848's Assigning and Reconciling (the
+        # only consumer-group states it lacks) and says UNKNOWN. A member whose assignment
+        # is not yet its target is reconciling; with none, the coordinator has not computed
+        # the new target yet (assigning: seen live on Kafka 4.4 for 0.8-2 s after a member
+        # joined or left), or for up to a heartbeat a member has not acknowledged a new
+        # epoch that moved none of its partitions (Kafka says reconciling; epochs are not
+        # in the client's answer).
+        state = "RECONCILING" if _reconciling(members) else "ASSIGNING"
     owners: dict[tuple[str, int], Owner] = {}
     for m in members:
         for tp in getattr(m.assignment, "topic_partitions", None) or []:

@@ -8,7 +8,7 @@ session times out).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from lagdoctor.kafka.clients import admin_client, client_config
@@ -161,13 +161,18 @@ class ThrottledConsumer:
     from the group, and it rejoins on its next poll: a rebalance loop. A
     commit the group refuses (evicted, or mid-rebalance) is dropped, as a
     real consumer's would be: the records are read again by the next owner.
+
+    `on_revoke(partitions)` runs on the consumer's thread before it gives up
+    partitions, as a handler that commits or flushes state there does: the
+    member rejoins only once it returns.
     """
 
     def __init__(self, bootstrap: str, group_id: str, topic: str, *, client_id: str,
                  max_rate: Mapping[int, float] | None = None,
                  stuck_at: Mapping[int, int] | None = None,
                  batch_processing_s: float = 0.0,
-                 config: Mapping[str, Any] | None = None) -> None:
+                 config: Mapping[str, Any] | None = None,
+                 on_revoke: Callable[[list[int]], None] | None = None) -> None:
         import threading
 
         self.bootstrap, self.group_id, self.topic, self.client_id = bootstrap, group_id, topic, client_id
@@ -175,6 +180,7 @@ class ThrottledConsumer:
         self.stuck_at = dict(stuck_at or {})
         self.batch_processing_s = batch_processing_s
         self.config = dict(config or {})
+        self.on_revoke = on_revoke
         self.assigned = threading.Event()
         self.failed_commits = 0
         self._stop = threading.Event()
@@ -190,7 +196,10 @@ class ThrottledConsumer:
         from confluent_kafka import Consumer, KafkaException, TopicPartition
 
         consumer = Consumer(live_consumer_config(self.bootstrap, self.group_id, self.client_id, **self.config))
-        consumer.subscribe([self.topic], on_assign=lambda c, parts: self.assigned.set())
+        callbacks: dict[str, Any] = {"on_assign": lambda c, parts: self.assigned.set()}
+        if self.on_revoke is not None:
+            callbacks["on_revoke"] = lambda c, parts: self.on_revoke([tp.partition for tp in parts])
+        consumer.subscribe([self.topic], **callbacks)
         # A token bucket per throttled partition, at most a second deep: capacity
         # left unused while traffic was light is not banked for a later surge.
         tokens = {p: 0.0 for p in self.max_rate}

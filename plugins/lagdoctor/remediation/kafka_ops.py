@@ -177,7 +177,7 @@ class SkipPoisonPill(Action):
             raise ActionBlocked(
                 "the group is consumed outside the group protocol (it commits without members: assign()), so "
                 "EMPTY does not show its consumer stopped; stop that consumer and move its offset by hand")
-        # Case 20: no record is stuck; a producer's open transaction holds the group. Skipping
+        # Case 21: no record is stuck; a producer's open transaction holds the group. Skipping
         # commits past a record the group would still not be allowed to read.
         blocked = ctx.evidence.get("transaction_blocked_partitions")
         if blocked:
