@@ -645,6 +645,11 @@ def log_offsets(
                 reason = _reason(exc)
                 log.warning("%s of %s[%d] unknown: %s", what, key[0], key[1], reason)
                 errors.setdefault(key, []).append(f"{what}: {reason}")
+    for key, lines in errors.items():
+        # A failed end offset read says it all: the stable offset comes from the same
+        # request kind to the same leader, and one reason per row is enough to act on.
+        if any(line.startswith("log end offset: ") for line in lines):
+            errors[key] = [line for line in lines if not line.startswith("last stable offset: ")]
     for key, stable in stables.items():
         # The two reads race: a marker written between them can put the stable offset
         # above the high watermark read just before (seen live after an abort).
