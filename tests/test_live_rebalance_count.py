@@ -128,12 +128,16 @@ def phases(taken: list[list[dict]]) -> list[str]:
 
 
 class RevokeGate:
-    """An on_revoke handler that waits until opened."""
+    """An on_revoke handler that, once armed, waits until opened. Unarmed it passes: the
+    first two members may settle in two generations (one joins after the other's first
+    assignment, as a loaded machine makes likely), and that revoke must not hang."""
 
     def __init__(self) -> None:
-        self.entered, self.opened = threading.Event(), threading.Event()
+        self.armed, self.entered, self.opened = threading.Event(), threading.Event(), threading.Event()
 
     def __call__(self, partitions: list[int]) -> None:
+        if not self.armed.is_set() or not partitions:
+            return
         self.entered.set()
         self.opened.wait(30)
 
@@ -180,10 +184,13 @@ def cooperative_scale_out(bootstrap: str, store: str) -> dict:
     gates = {c: RevokeGate() for c in ("c0", "c1")}
     try:
         for c, gate in gates.items():
-            s.join(c, config=slow, on_revoke=gate)
+            # c1 joins after c0 holds everything: the unarmed gates must let that revoke pass
+            assert s.join(c, config=slow, on_revoke=gate).assigned.wait(30), f"{c} got no partitions"
         with Snapshots(bootstrap, s.group) as snaps:
             snaps.wait_for(settled({"c0", "c1"}), "two members owning everything", begin=True)
             snaps.more(3)
+            for gate in gates.values():
+                gate.armed.set()
             s.join("c2")
             # Round 1 revoked a partition from each old member: they wait in on_revoke.
             assert all(g.entered.wait(30) for g in gates.values())
