@@ -398,8 +398,9 @@ def group_reader(admin: Any) -> Any:
     return isolated if isolated is not None else AdminClient(config)
 
 
-# Config entries every client built here carries (lagdoctor.kafka.clients), rebuilt in the child.
-_PER_PROCESS_CONFIG = ("logger", "error_cb")
+# Config entries every client built here carries (lagdoctor.kafka.clients), rebuilt in the
+# child, and the parent's own observability hooks (its statistics count its own requests).
+_PER_PROCESS_CONFIG = ("logger", "error_cb", "stats_cb", "statistics.interval.ms", "throttle_cb")
 # Seconds a child may take beyond its read budget and one timeout: start, imports, answer.
 _CHILD_SLACK_S = 30.0
 _CHILD_MAIN = "from lagdoctor.kafka.collector import _read_groups_child; _read_groups_child()"
@@ -416,6 +417,11 @@ class IsolatedReader:
         import pickle
 
         sendable = {k: v for k, v in config.items() if k not in _PER_PROCESS_CONFIG}
+        # pickle names a script's own objects by __main__, which the child cannot import
+        local = [k for k, v in sendable.items() if callable(v) and getattr(v, "__module__", None) == "__main__"]
+        if local:
+            log.debug("group reads stay in this process: %s is defined in __main__", ", ".join(local))
+            return None
         try:
             return cls(pickle.dumps(sendable))
         except Exception as exc:  # e.g. an oauth_cb closure: read in this process, as before
