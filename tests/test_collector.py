@@ -287,8 +287,30 @@ def test_group_reads_run_apart_for_a_client_built_here_and_in_process_for_any_ot
     other = object()
     assert collector.group_reader(other) is other
     # A config a child cannot be sent (a closure callback) keeps the reads here, on a new client.
-    closure = admin_client("127.0.0.1:1", {"stats_cb": lambda stats: None, "statistics.interval.ms": 0})
+    closure = admin_client("127.0.0.1:1", {"oauth_cb": lambda config: ("token", 2e9), "security.protocol":
+                                           "SASL_PLAINTEXT", "sasl.mechanisms": "OAUTHBEARER"})
     assert not isinstance(collector.group_reader(closure), collector.IsolatedReader)
+    # The parent's statistics hook is its own: not sent, so the reads still run apart.
+    counted = admin_client("127.0.0.1:1", {"stats_cb": lambda stats: None, "statistics.interval.ms": 1000})
+    assert isinstance(collector.group_reader(counted), collector.IsolatedReader)
+
+
+def _refresh_token(config):
+    return "token", 2e9
+
+
+def test_a_callback_a_script_defines_keeps_the_group_reads_in_its_process(monkeypatch):
+    """A callback defined in the script being run pickles (the parent finds it in __main__)
+    but the child, another __main__, cannot load it: every group read would fail."""
+    import sys
+
+    from lagdoctor.kafka import collector
+
+    config = {"bootstrap.servers": "127.0.0.1:1", "oauth_cb": _refresh_token}
+    assert collector.IsolatedReader.of(config) is not None  # importable from its module: sent
+    monkeypatch.setattr(_refresh_token, "__module__", "__main__")
+    monkeypatch.setattr(sys.modules["__main__"], "_refresh_token", _refresh_token, raising=False)
+    assert collector.IsolatedReader.of(config) is None
 
 
 def test_a_group_reader_that_crashes_gives_read_errors_not_a_dead_process(monkeypatch):
