@@ -39,12 +39,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lagdoctor.lab.demo import (CLUSTER, CRASHED_GROUP, kill_consumer, live_incidents, project_root, say,
-                                start_workloads, stop_workloads, surge)
+from lagdoctor.lab.demo import (CLUSTER, CRASHED_GROUP, kill_consumer, live_incidents, project_root,
+                                report_shortfalls, say, start_workloads, stop_workloads, surge)
 
 DAG_IDS = ("kafka_lag_health_sweep", "kafka_lag_incident")
 CRASH_AFTER_S = 15.0  # invoices-mailer's only consumer process is killed
 SURGE_AFTER_SWEEP_S = 120.0  # clicks' producers surge this long after the first sweep was triggered
+RATE_CHECK_EVERY_S = 30.0  # how often the workloads' achieved rates are compared with their design
 FIRST_RUN_WAIT_S = 20.0  # how long the scheduler gets to start the sweep's run of its own after unpause
 
 
@@ -182,13 +183,9 @@ def start_clean(workdir: Path) -> list[str]:
     return moved
 
 
-def procs_group(procs: dict[str, subprocess.Popen]) -> int:
-    return os.getpgid(next(iter(procs.values())).pid)
-
-
 def stop_group(procs: dict[str, subprocess.Popen]) -> None:
     """TERM the components' process group (a TERM to a parent alone orphans its children), KILL after 30 s."""
-    pgid = next(iter(procs.values())).pid  # the first started the session: its pid is the group's id
+    pgid = next(iter(procs.values())).pid  # the first started the group: its pid is the group's id
     say("stopping Airflow (the whole process group) ...")
     try:
         os.killpg(pgid, signal.SIGTERM)
@@ -287,9 +284,11 @@ def main(argv: list[str] | None = None) -> int:
             f"(logs: {workdir}/airflow-*.log) ...")
         for name, command in component_commands(bindir, args.port).items():
             with open(logs[name], "ab") as log:
-                # One process group for all four: stopping it stops their children too.
-                group = {"start_new_session": True} if not procs else {"process_group": procs_group(procs)}
-                procs[name] = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, **group)
+                # One process group of their own for all four (Ctrl-C reaches us, not them; we stop
+                # them): the first's pid names it. A group in another session cannot be joined.
+                group = next(iter(procs.values())).pid if procs else 0
+                procs[name] = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                               process_group=group)
         failed = wait_healthy(url, procs, logs)
         if failed:
             say(f"Airflow did not come up: {failed}")
@@ -317,10 +316,16 @@ def main(argv: list[str] | None = None) -> int:
                 say(f"  first sweep {'triggered' if ok else 'not triggered: ' + last}; then every 5 minutes")
         say("press Ctrl-C to stop")
         surged = args.no_workloads
+        shortfalls: dict[str, str] = {}
+        checked_at = time.monotonic()
         while all(p.poll() is None for p in procs.values()):
             if not surged and swept_at is not None and time.monotonic() - swept_at >= SURGE_AFTER_SWEEP_S:
                 say(f"  event: {surge(incidents)}")
                 surged = True
+            if incidents and time.monotonic() - checked_at >= RATE_CHECK_EVERY_S:
+                # printed, and on the lag page: a verdict on traffic that never came is no verdict
+                shortfalls = report_shortfalls(incidents, env["LAGDOCTOR_DATA_ROOT"], shortfalls)
+                checked_at = time.monotonic()
             time.sleep(1)
         say(f"Airflow stopped: {next(n for n, p in procs.items() if p.poll() is not None)} exited")
         return 1

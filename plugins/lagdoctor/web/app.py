@@ -121,7 +121,7 @@ def create_app(
         q: str | None = Query(None, max_length=4096),
         severity: str | None = Query(None, max_length=64),
     ) -> HTMLResponse:
-        from lagdoctor.web.data import current_index, latest_states
+        from lagdoctor.web.data import current_index, latest_states, read_shortfalls
         from lagdoctor.web.html import CONTENT_SECURITY_POLICY, render
         from lagdoctor.web.views import SEVERITIES, group_view, severity_counts
 
@@ -146,6 +146,7 @@ def create_app(
             filtered=bool(cluster or group or q or severity),
             unknown_member_clusters=sorted({v.cluster for v in views if v.members_unknown}),
             runs_not_read=index.not_read,
+            shortfalls=read_shortfalls(s.data_root),
             generated_at=clock().strftime("%Y-%m-%d %H:%M:%S"),
             api_href="api/findings" + (f"?{request.url.query}" if request.url.query else ""),
         )
@@ -191,7 +192,7 @@ def create_app(
     @app.get("/group/{cluster}/{group_id:path}", response_class=HTMLResponse, include_in_schema=False)
     def group_page(request: Request, cluster: str, group_id: str,
                    can_read: DagReadCheck = Depends(dag_run_reader)) -> HTMLResponse:
-        from lagdoctor.web.data import current_index, latest_states
+        from lagdoctor.web.data import current_index, latest_states, read_shortfalls
         from lagdoctor.web.html import CONTENT_SECURITY_POLICY, render
         from lagdoctor.web.timeline import MAX_RUNS, group_timeline, problems_text, read_actions
         from lagdoctor.web.views import dag_run_href, group_view
@@ -217,6 +218,7 @@ def create_app(
             page_href=f"{root}/", run_href=lambda run: dag_run_href(run, base), problems_text=problems_text,
             max_runs=MAX_RUNS,
             unknown_member_clusters=sorted({v.cluster for v in views if v.members_unknown}),
+            shortfalls={g: line for g, line in read_shortfalls(s.data_root).items() if g == group_id},
             generated_at=now.strftime("%Y-%m-%d %H:%M:%S"),
         )
         return HTMLResponse(body, headers={**_NO_STORE, "Content-Security-Policy": CONTENT_SECURITY_POLICY})
