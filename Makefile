@@ -77,7 +77,8 @@ kafka: $(STAMP)
 	fi
 	@$(BIN)/python -m lagdoctor.kafka.broker --quiet-if-present
 
-# Airflow standalone on the embedded broker with the DAGs, the lag page and the demo's data.
+# Airflow (scheduler, DAG processor, triggerer, API server on 127.0.0.1) on the embedded broker with the
+# DAGs, the lag page and the demo's live incidents; waits as long as they live, saying what for.
 airflow: $(STAMP) kafka
 	@$(BIN)/python -m lagdoctor.lab.standalone
 

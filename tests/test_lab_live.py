@@ -13,8 +13,11 @@ import pytest
 from lagdoctor.diagnosis.thresholds import Thresholds
 from lagdoctor.kafka.clients import admin_client
 from lagdoctor.kafka.collector import collect_snapshot
-from lagdoctor.lab.demo import LOOP_MEMBER, live_incidents, played_against_found
+from lagdoctor.lab.demo import Incident, LOOP_MEMBER, live_incidents, played_against_found, report_shortfalls
+from lagdoctor.lab.rates import RateSegment, rate_shortfall
 from lagdoctor.lab.workload import ConsumerProcess, SteadyProducer, create_topic
+
+from tests.fixtures.web import lag_data_root  # noqa: F401  (fixture)
 
 broker = pytest.mark.broker
 
@@ -81,3 +84,72 @@ def test_the_demo_says_which_incidents_the_sweep_misread():
     assert [ok for _, ok in lines].count(False) == 1
     assert lines[1][0].split()[:2] == ["MISS", "clicks-aggregator"]
     assert "found slow_consumer" in lines[1][0]
+
+
+class SlowMachineProducer(SteadyProducer):
+    """The demo's producer on a machine too slow for it: every record costs 20 ms of CPU it does not get."""
+
+    def _send(self, producer, due: int) -> None:
+        for p in self.partitions:
+            for _ in range(due):
+                producer.produce(self.topic, value=b"event", partition=p)
+                time.sleep(0.02)
+
+
+@broker
+def test_a_workload_short_of_its_design_is_printed_and_shown_on_the_page_not_called_healthy(
+        kafka_bootstrap, unique, lag_data_root, capsys):
+    """11 of a designed 150 msg/s: the surge never happened. The demo says so, and the lag page says the
+    group's verdict does not test the incident instead of showing a plain "consumers keep up"."""
+    from fastapi.testclient import TestClient
+
+    from lagdoctor.settings import Settings
+    from lagdoctor.web.app import create_app
+    from lagdoctor.web.auth import dag_run_reader
+    from tests.fixtures.web import allow_all
+
+    topic = unique("clicks")
+    create_topic(kafka_bootstrap, topic, 2)
+    # "billing" is a seeded group whose latest finding is healthy: the page would otherwise call it fine
+    incident = Incident(topic, "billing", "producer surge", "producer_surge", "rates", 2, 150)
+    incident.producer = SlowMachineProducer(kafka_bootstrap, topic, [0, 1], 150).start()
+    try:
+        time.sleep(7)
+        shortfalls = report_shortfalls([incident], str(lag_data_root.root), {})
+    finally:
+        incident.producer.stop()
+    line = shortfalls["billing"]
+    reached = int(re.match(rf"machine too slow: {topic} reached (\d+) of 150 msg/s per partition", line).group(1))
+    assert reached < 0.8 * 150
+    assert f"{line}: billing's incident was not played as designed" in capsys.readouterr().out
+
+    app = create_app(lambda: Settings(data_root=str(lag_data_root.root)))
+    app.dependency_overrides[dag_run_reader] = lambda: allow_all
+    with TestClient(app) as client:
+        page, group = client.get("/").text, client.get("/group/prod/billing").text
+    healthy_row = page[page.index('data-group="billing"'):]
+    healthy_row = healthy_row[:healthy_row.index("</summary>")]
+    assert f"not tested: {line}" in healthy_row and "consumers keep up" not in healthy_row
+    assert f'data-shortfall="billing">{line}: the demo' in page
+    assert f'data-shortfall="billing">{line}: the demo' in group
+
+
+def test_a_workload_that_kept_its_rate_raises_nothing_and_a_short_stretch_is_not_judged():
+    assert rate_shortfall("audit-log", [RateSegment(30, 60, 60 * 29)]) is None  # 29 of 30: a tick late
+    assert rate_shortfall("clicks", [RateSegment(20, 60, 1200), RateSegment(150, 2, 10)]) is None
+    assert rate_shortfall("clicks", [RateSegment(20, 60, 1200), RateSegment(150, 45, 495)]) == (
+        "machine too slow: clicks reached 11 of 150 msg/s per partition (over 45 s)")
+
+
+def test_an_incident_whose_workload_fell_short_is_never_reported_as_diagnosed():
+    findings = [{"group_id": i.group, "diagnosis": i.expect} for i in live_incidents()]
+    findings[1] = {**findings[1], "diagnosis": "healthy"}
+    short = {"clicks-aggregator": "machine too slow: clicks reached 11 of 150 msg/s per partition (over 45 s)",
+             "audit-archiver": "machine too slow: audit-log reached 3 of 30 msg/s per partition (over 60 s)"}
+    lines = played_against_found(live_incidents(), findings, short)
+    assert [ok for _, ok in lines] == [True, False, True, True, True, False]
+    assert lines[1][0].split()[:2] == ["SHORT", "clicks-aggregator"]
+    assert lines[1][0].endswith("found healthy (not tested: machine too slow: clicks reached 11 of 150 msg/s "
+                                "per partition (over 45 s))")
+    # the healthy group was diagnosed "healthy" as designed, but on a tenth of its traffic: not a pass either
+    assert lines[5][0].split()[:2] == ["SHORT", "audit-archiver"]

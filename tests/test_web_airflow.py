@@ -5,6 +5,7 @@ authentication (the auth manager configured here: SimpleAuthManager)."""
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import quote, urlencode
 
 import pytest
 
@@ -30,9 +31,27 @@ def _token(role: str = "viewer") -> str:
 
 @pytest.mark.parametrize("path", ["/lagdoctor/", "/lagdoctor/api/findings"])
 def test_without_credentials_nothing_is_shown(airflow_api, path):
-    r = airflow_api.get(path)
-    assert r.status_code == 401
+    r = airflow_api.get(path, follow_redirects=False)
+    assert r.status_code in (401, 303)
     assert "orders-processor" not in r.text
+
+
+@pytest.mark.parametrize("path", ["/lagdoctor/?severity=critical", "/lagdoctor/group/prod/orders-processor",
+                                  "/lagdoctor/reports/some-run/report.html"])
+def test_a_signed_out_page_link_goes_to_airflows_login_and_back(airflow_api, path):
+    """A link from Slack or a report, opened signed out: Airflow's login, then the page asked for."""
+    r = airflow_api.get(path, follow_redirects=False)
+    assert r.status_code == 303
+    assert r.headers["location"] == "/api/v2/auth/login?next=" + quote(path, safe="/")
+    # Airflow's own login route accepts that next= link and hands it to the auth manager's login page.
+    login = airflow_api.get(r.headers["location"], follow_redirects=False)
+    assert login.status_code == 307
+    assert login.headers["location"] == "/auth/login?" + urlencode({"next": path})
+
+
+def test_the_json_api_still_answers_401_signed_out(airflow_api):
+    r = airflow_api.get("/lagdoctor/api/findings", follow_redirects=False)
+    assert r.status_code == 401 and r.json() == {"detail": "Not authenticated"}
 
 
 def test_a_forged_token_is_refused(airflow_api):

@@ -160,3 +160,19 @@ def test_chromium_follows_filter_group_and_report_links(lag_app, lag_data_root, 
     assert f'href="{base}/lagdoctor/group/prod/orders-processor"' in report
     plans = (lag_data_root.findings_root / lag_data_root.sweep_run_key / "plans.json").read_text()
     assert f"{base}/lagdoctor/reports/{lag_data_root.sweep_run_key}/orders-processor__orders__" in plans
+
+
+def test_a_signed_out_group_link_lands_on_airflows_login_page(airflow_db, lag_data_root, tmp_path):
+    """A group-view link (as Slack and reports carry it), opened in a browser with no Airflow session:
+    the real API server with the plugin redirects to Airflow's sign-in form, not a raw 401 JSON body."""
+    from airflow.api_fastapi.app import create_app
+
+    app = create_app(apps="all")  # the UI and the auth manager's login page, as `airflow api-server` serves them
+    with serve(app) as base:
+        # --virtual-time-budget lets the login page's script render its form before the DOM is dumped.
+        done = chromium(f"{base}/lagdoctor/group/prod/orders-processor", tmp_path / "profile-login",
+                        "--dump-dom", "--virtual-time-budget=15000")
+    assert done.returncode == 0, done.stderr[-2000:]
+    html = done.stdout
+    assert "Sign into Airflow" in html and 'type="password"' in html
+    assert "Not authenticated" not in html and "orders-processor" not in html

@@ -122,6 +122,31 @@ def stop_workloads(incidents: list[Incident]) -> None:
             inc.producer.stop()
 
 
+def workload_shortfalls(incidents: list[Incident]) -> dict[str, str]:
+    """{group: "machine too slow: clicks reached 11 of 150 msg/s per partition"} for each workload
+    whose producer fell short of its design (see lagdoctor.lab.rates)."""
+    from lagdoctor.lab.rates import rate_shortfall
+
+    out = {}
+    for inc in incidents:
+        if inc.producer is not None and (line := rate_shortfall(inc.topic, inc.producer.segments())):
+            out[inc.group] = line
+    return out
+
+
+def report_shortfalls(incidents: list[Incident], data_root: str, already: dict[str, str]) -> dict[str, str]:
+    """Check the workloads' rates; print each new shortfall and keep the lag page's copy current."""
+    from lagdoctor.lab.rates import write_shortfalls
+
+    found = workload_shortfalls(incidents)
+    for group, line in found.items():
+        if already.get(group) != line:
+            say(f"  {line}: {group}'s incident was not played as designed")
+    if found != already:
+        write_shortfalls(data_root, found)
+    return found
+
+
 def kill_consumer(incidents: list[Incident], group: str) -> str:
     """SIGKILL the group's consumer processes, as a crash; says which."""
     inc = next(i for i in incidents if i.group == group)
@@ -148,6 +173,7 @@ class Demo:
         self.crash_after_s = crash_after_s
         self.broker = None
         self.incidents: list[Incident] = []
+        self.shortfalls: dict[str, str] = {}
         self.airflow_proc: subprocess.Popen | None = None
 
     # -- lifecycle ----------------------------------------------------------
@@ -167,7 +193,10 @@ class Demo:
             self.incidents = live_incidents(self.crash_after_s)
             start_workloads(self.broker.bootstrap, self.incidents)
             self.sample_history()
+            self.shortfalls = report_shortfalls(self.incidents, str(self.data_root), self.shortfalls)
             code = self.run_sweep()
+            # the surge ran during the sweep's own samples: measured again before the workloads stop
+            self.shortfalls = report_shortfalls(self.incidents, str(self.data_root), self.shortfalls)
             if code != 0:
                 say(f"the sweep DAG failed (exit {code}); its log is above")
                 return code
@@ -288,7 +317,7 @@ class Demo:
         findings = [json.loads(l) for l in (run_dir / "findings.jsonl").read_text().splitlines() if l.strip()]
         print()
         print(render_findings_table(findings))
-        checks = played_against_found(self.incidents, findings)
+        checks = played_against_found(self.incidents, findings, self.shortfalls)
         print("\nPlayed against found:")
         print("\n".join(line for line, _ in checks))
         outbox = Path(settings.data_root) / "outbox" / "slack.jsonl"
@@ -310,20 +339,28 @@ class Demo:
         matched = sum(ok for _, ok in checks)
         say(f"done: {len(problems)} group(s) with a problem, named with their evidence above; "
             f"{matched} of {len(checks)} incidents diagnosed as played")
+        if self.shortfalls:
+            # A verdict on traffic that never came is no verdict: say so last, where it is read.
+            say(f"{len(self.shortfalls)} incident(s) NOT played as designed, so their findings prove nothing: "
+                + "; ".join(f"{g} ({line})" for g, line in sorted(self.shortfalls.items())))
         return 0
 
 
-def played_against_found(incidents: list[Incident], findings: list[dict[str, Any]]) -> list[tuple[str, bool]]:
-    """One line per incident: what was played, what the sweep found for its group, and whether they agree."""
+def played_against_found(incidents: list[Incident], findings: list[dict[str, Any]],
+                         shortfalls: dict[str, str] | None = None) -> list[tuple[str, bool]]:
+    """One line per incident: what was played, what the sweep found for its group, and whether they agree.
+    An incident whose workload fell short (`shortfalls`, by group) was not played: never "ok"."""
     found: dict[str, set[str]] = {}
     for f in findings:
         found.setdefault(f["group_id"], set()).add(f["diagnosis"])
     out = []
     for inc in incidents:
         got = sorted(found.get(inc.group, set()))
-        ok = inc.expect in got
-        out.append((f"  {'ok  ' if ok else 'MISS'} {inc.group:<17} played {inc.expect:<19} "
-                    f"found {', '.join(got) or 'nothing'}", ok))
+        short = (shortfalls or {}).get(inc.group)
+        ok = inc.expect in got and not short
+        mark = "SHORT" if short else "ok   " if ok else "MISS "
+        out.append((f"  {mark} {inc.group:<17} {'meant ' if short else 'played'} {inc.expect:<19} "
+                    f"found {', '.join(got) or 'nothing'}" + (f" (not tested: {short})" if short else ""), ok))
     return out
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from lagdoctor.kafka.clients import admin_client, client_config
+from lagdoctor.lab.rates import RateSegment
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int, *, timeout_s: float = 10.0,
@@ -102,19 +103,61 @@ def live_consumer_config(bootstrap: str, group_id: str, client_id: str, **extra:
 
 class SteadyProducer:
     """Produces `rate_per_partition` records/s to every listed partition in a thread
-    (`rate` may change while it runs); records are batched as any producer's."""
+    (`rate` may change while it runs); records are batched as any producer's.
+
+    A starved thread catches up by a second at most, so on a slow machine the
+    rate achieved falls short of the design: `segments()` says what each rate
+    set actually reached, for `rate_shortfall` to compare."""
 
     def __init__(self, bootstrap: str, topic: str, partitions: list[int], rate_per_partition: float) -> None:
         import threading
+        import time
 
         self.bootstrap, self.topic, self.partitions = bootstrap, topic, partitions
-        self.rate = rate_per_partition
+        self._lock = threading.Lock()
+        self._rate = rate_per_partition
+        self._segments: list[RateSegment] = []
+        self._segment_start = time.monotonic()
+        self._segment_sent = 0  # records per partition since the rate was last set
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"produce-{topic}", daemon=True)
 
+    @property
+    def rate(self) -> float:
+        return self._rate
+
+    @rate.setter
+    def rate(self, value: float) -> None:
+        import time
+
+        with self._lock:
+            self._close_segment(time.monotonic())
+            self._rate = value
+
+    def _close_segment(self, now: float) -> None:
+        self._segments.append(RateSegment(self._rate, now - self._segment_start, self._segment_sent))
+        self._segment_start, self._segment_sent = now, 0
+
+    def segments(self) -> list["RateSegment"]:
+        """Each rate this producer was given, with how long it ran and what it sent; the current one last."""
+        import time
+
+        with self._lock:
+            return [*self._segments,
+                    RateSegment(self._rate, time.monotonic() - self._segment_start, self._segment_sent)]
+
     def start(self) -> "SteadyProducer":
+        import time
+
+        with self._lock:
+            self._segment_start = time.monotonic()
         self._thread.start()
         return self
+
+    def _send(self, producer: Any, due: int) -> None:
+        for p in self.partitions:
+            for _ in range(due):
+                producer.produce(self.topic, value=b"event", partition=p)
 
     def _run(self) -> None:
         import time
@@ -128,14 +171,15 @@ class SteadyProducer:
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
+                rate = self._rate
                 # A thread starved on a busy machine catches up, but by a second at most.
-                owed = min(owed + self.rate * (now - last), max(1.0, self.rate))
+                owed = min(owed + rate * (now - last), max(1.0, rate))
                 last = now
                 due = int(owed)
                 owed -= due
-                for p in self.partitions:
-                    for _ in range(due):
-                        producer.produce(self.topic, value=b"event", partition=p)
+                self._send(producer, due)
+                with self._lock:
+                    self._segment_sent += due
                 producer.poll(0)
                 self._stop.wait(tick)
         finally:

@@ -9,6 +9,8 @@
 
 All are read-only and go through ``auth.dag_run_reader``: the caller
 must be signed in to Airflow, and sees only findings of DAG runs they may read.
+A signed-out browser asking for a page (not /api/) is sent to Airflow's login
+with a next= link back; the JSON API answers 401 as Airflow's own API does.
 Routes are plain ``def``: file and Parquet reads run in FastAPI's thread pool,
 never on the API server's event loop.
 """
@@ -23,7 +25,9 @@ from typing import Any, Callable
 from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lagdoctor.settings import Settings, join
 from lagdoctor.web.auth import DagReadCheck, dag_run_reader
@@ -65,6 +69,15 @@ def _filters(states, q: str | None, severity: str | None) -> tuple[list, list, s
     return matched, [st for st in matched if at_least(st.severity, minimum)], "; ".join(errors)
 
 
+def login_redirect_url(request: Request, url_prefix: str) -> str:
+    """Airflow's login route for whichever auth manager is configured, with a link back
+    to the page asked for (a path: Airflow only follows next= links on its own host)."""
+    here = request.url.path  # the full path, mount point included
+    if request.url.query:
+        here += "?" + request.url.query
+    return f"{_airflow_base(request, url_prefix)}/api/v2/auth/login?next={quote(here, safe='/')}"
+
+
 def _json_safe(value: Any) -> Any:
     # Findings are parsed JSON; Spark may have written NaN, which strict JSON cannot carry.
     if isinstance(value, float) and not math.isfinite(value):
@@ -90,6 +103,15 @@ def create_app(
     def settings() -> Settings:
         return settings_factory()
 
+    @app.exception_handler(StarletteHTTPException)
+    async def signed_out_pages_go_to_login(request: Request, exc: StarletteHTTPException):
+        # A raw {"detail": "Not authenticated"} is a dead end for someone who followed a link.
+        if exc.status_code == 401 and request.method in ("GET", "HEAD") and not request.url.path.startswith(
+                f"{_page_root(request)}/api/"):
+            return RedirectResponse(login_redirect_url(request, url_prefix), status_code=303,
+                                    headers={"Cache-Control": "no-store"})
+        return await http_exception_handler(request, exc)
+
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def lag_page(
         request: Request,
@@ -99,7 +121,7 @@ def create_app(
         q: str | None = Query(None, max_length=4096),
         severity: str | None = Query(None, max_length=64),
     ) -> HTMLResponse:
-        from lagdoctor.web.data import current_index, latest_states
+        from lagdoctor.web.data import current_index, latest_states, read_shortfalls
         from lagdoctor.web.html import CONTENT_SECURITY_POLICY, render
         from lagdoctor.web.views import SEVERITIES, group_view, severity_counts
 
@@ -124,6 +146,7 @@ def create_app(
             filtered=bool(cluster or group or q or severity),
             unknown_member_clusters=sorted({v.cluster for v in views if v.members_unknown}),
             runs_not_read=index.not_read,
+            shortfalls=read_shortfalls(s.data_root),
             generated_at=clock().strftime("%Y-%m-%d %H:%M:%S"),
             api_href="api/findings" + (f"?{request.url.query}" if request.url.query else ""),
         )
@@ -169,7 +192,7 @@ def create_app(
     @app.get("/group/{cluster}/{group_id:path}", response_class=HTMLResponse, include_in_schema=False)
     def group_page(request: Request, cluster: str, group_id: str,
                    can_read: DagReadCheck = Depends(dag_run_reader)) -> HTMLResponse:
-        from lagdoctor.web.data import current_index, latest_states
+        from lagdoctor.web.data import current_index, latest_states, read_shortfalls
         from lagdoctor.web.html import CONTENT_SECURITY_POLICY, render
         from lagdoctor.web.timeline import MAX_RUNS, group_timeline, problems_text, read_actions
         from lagdoctor.web.views import dag_run_href, group_view
@@ -195,6 +218,7 @@ def create_app(
             page_href=f"{root}/", run_href=lambda run: dag_run_href(run, base), problems_text=problems_text,
             max_runs=MAX_RUNS,
             unknown_member_clusters=sorted({v.cluster for v in views if v.members_unknown}),
+            shortfalls={g: line for g, line in read_shortfalls(s.data_root).items() if g == group_id},
             generated_at=now.strftime("%Y-%m-%d %H:%M:%S"),
         )
         return HTMLResponse(body, headers={**_NO_STORE, "Content-Security-Policy": CONTENT_SECURITY_POLICY})

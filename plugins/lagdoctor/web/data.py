@@ -31,6 +31,8 @@ from typing import Any, Iterable, Mapping
 
 from lagdoctor.settings import join
 
+SHORTFALLS_FILE = "lab/workload_shortfalls.json"
+
 log = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"
@@ -524,3 +526,19 @@ def read_history(
             h.committed_record_ts.append(parse_ts(row.get("committed_record_ts")))
             h.last = row
     return out
+
+
+def read_shortfalls(data_root: str) -> dict[str, str]:
+    """The demo's workloads that fell short of their design (lagdoctor.lab.rates), {group: line};
+    {} when no demo wrote one (a real deployment) or it cannot be read."""
+    import fsspec
+
+    try:
+        with fsspec.open(join(data_root, SHORTFALLS_FILE), "rt", encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        log.warning("workload shortfalls at %s not read: %s", join(data_root, SHORTFALLS_FILE), exc)
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
