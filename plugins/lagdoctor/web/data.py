@@ -52,6 +52,7 @@ class Run:
     topic: str | None = None
     kind: str | None = None  # "sweep" or "incident" (run.json); None for older runs
     threshold_overrides: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    swept: frozenset[str] = field(default_factory=frozenset, compare=False)  # runindex.sweep_clusters
 
     @property
     def has_overrides(self) -> bool:
@@ -98,6 +99,14 @@ class GroupState:
     findings: list[dict[str, Any]]  # worst first
     status_rows: list[dict[str, Any]]  # by partition
     plans: dict[str, dict[str, Any]]  # diagnosis -> runbook plan
+    # Set when the newest sweep of the cluster (at last_sweep_at) did not collect this key: the
+    # verdict is its last, from data ending then (see ``collected_until``).
+    not_collected_since: datetime | None = None
+    last_sweep_at: datetime | None = None
+
+    @property
+    def stale(self) -> bool:
+        return self.not_collected_since is not None
 
     @property
     def cluster(self) -> str:
@@ -123,6 +132,13 @@ class GroupState:
         starts = [s for s in starts if s]
         ends = [e for e in ends if e]
         return (min(starts) if starts else None, max(ends) if ends else None)
+
+
+def collected_until(state: GroupState) -> datetime:
+    """The time of a key's last data: the findings' data end (evidence), else window end, else the run's time."""
+    ends = [parse_ts((f.get("evidence") or {}).get("data_end") or f.get("window_end")) for f in state.findings]
+    ends = [e for e in ends if e is not None]
+    return max(ends) if ends else state.run.planned_at
 
 
 def finding_key(f: Mapping[str, Any]) -> Key:
@@ -168,7 +184,13 @@ def _run_of_meta(findings_root: str, name: str, meta: Mapping[str, Any], info: M
     planned = parse_ts(meta.get("planned_at")) or _mtime(info or {})
     return Run(run_key=name, path=join(findings_root, name), dag_id=meta.get("dag_id"), run_id=meta.get("run_id"),
                planned_at=planned, group_pattern=meta.get("group_pattern"), topic=meta.get("topic"),
-               kind=meta.get("kind"), threshold_overrides=_overrides(meta))
+               kind=meta.get("kind"), threshold_overrides=_overrides(meta), swept=_swept(meta))
+
+
+def _swept(meta: Mapping[str, Any]) -> frozenset[str]:
+    from lagdoctor.runindex import sweep_clusters
+
+    return frozenset(sweep_clusters(meta))
 
 
 def _run_of_folder(fs, findings_root: str, path: str, name: str) -> Run | None:
@@ -315,6 +337,10 @@ def latest_states(
     caller cannot read is skipped as if it did not exist (an older readable run
     of the same group then shows, which is what the Airflow UI would show too).
 
+    A key the newest readable sweep of its cluster did not collect gets
+    ``not_collected_since`` (lagdoctor.runindex.sweep_clusters says which runs
+    are sweeps of which clusters): its verdict is shown as its last, not as current.
+
     Reads the candidate runs of the run index (``index``, default: refreshed
     now), or ``runs`` when given (``list_runs``: every folder). A run whose
     files cannot be parsed is skipped and logged, as the exporter does.
@@ -322,7 +348,18 @@ def latest_states(
     states: dict[Key, GroupState] = {}
     experiments: dict[Key, GroupState] = {}
     override_runs: dict[str, Run] = {}
-    for run in (runs if runs is not None else candidate_runs(findings_root, index)):
+    if runs is None:
+        index = index if index is not None else current_index(findings_root)
+        runs = candidate_runs(findings_root, index)
+        sweeps = index.last_sweeps(can_read_dag)  # also sweeps that named no group: no candidates
+    else:
+        runs = list(runs)
+        sweeps = {}
+    for run in runs:
+        if can_read_dag(run.dag_id):
+            for name in run.swept:
+                sweeps[name] = max(sweeps.get(name, run.planned_at), run.planned_at)
+    for run in runs:
         if not can_read_dag(run.dag_id):
             continue
         held = experiments if run.has_overrides else states
@@ -339,6 +376,10 @@ def latest_states(
             held.setdefault(state.key, state)
     for key, state in experiments.items():
         states.setdefault(key, state)
+    for state in states.values():
+        swept = sweeps.get(state.cluster)
+        if swept is not None and swept > state.run.planned_at:
+            state.not_collected_since, state.last_sweep_at = collected_until(state), swept
     ordered = sorted(states.values(), key=lambda s: (s.cluster, -SEVERITY_RANK.get(s.severity, 0), s.group_id, s.topic))
     runs = {**override_runs, **{s.run.run_key: s.run for s in ordered}}
     return ordered, sorted(runs.values(), key=lambda r: r.planned_at, reverse=True)
@@ -356,7 +397,8 @@ def run_of(path: str) -> Run:
     planned = parse_ts(meta.get("planned_at")) or _mtime(fs.info(f"{base}/{FINDINGS_FILE}"))
     return Run(run_key=base.rstrip("/").rsplit("/", 1)[-1], path=path.rstrip("/"), dag_id=meta.get("dag_id"),
                run_id=meta.get("run_id"), planned_at=planned, group_pattern=meta.get("group_pattern"),
-               topic=meta.get("topic"), kind=meta.get("kind"), threshold_overrides=_overrides(meta))
+               topic=meta.get("topic"), kind=meta.get("kind"), threshold_overrides=_overrides(meta),
+               swept=_swept(meta))
 
 
 def find_run(findings_root: str, run_key: str) -> Run | None:
