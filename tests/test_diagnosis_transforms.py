@@ -742,3 +742,23 @@ def test_without_a_stable_offset_no_transaction_is_inferred(frame):
     (f,) = run_findings(frame(rows))
     assert f["diagnosis"] == "stalled_consumer" and "stopped committing" in f["summary"]
     assert f["evidence"]["hanging_transaction_partitions"] == [] and f["evidence"]["last_stable_offset"] is None
+
+
+def test_a_window_whose_data_ends_early_says_so(spark, frame):
+    """Issue 17: a replayed group's data ended 16 minutes before the window did, and nothing said so.
+    The group's snapshots stop at 14 min of a 30-min window; another group's run to the end."""
+    from lagdoctor.diagnosis.classify import findings
+    from lagdoctor.diagnosis.features import group_features, group_series, partition_features
+
+    rows = [snap(60 * k, 0, 100 * k, 100 * k, group="replayed") for k in range(15)]
+    rows += [snap(60 * k, 0, 100 * k, 100 * k, group="live") for k in range(31)]
+    df = frame(rows)
+    pf = partition_features(df)
+    gf = group_features(group_series(df, pf))
+    found = {r["group_id"]: r.asDict(recursive=True)
+             for r in findings(pf, gf, window_start=T0, window_end=T0 + timedelta(minutes=30)).collect()}
+    replayed, live = found["replayed"], found["live"]
+    assert replayed["summary"].startswith("data ends 16m00s before the window end (last snapshot 2026-11-21 12:14:00 UTC); ")
+    assert replayed["evidence"]["data_end"] == "2026-11-21T12:14:00.000000Z"
+    assert replayed["evidence"]["data_end_gap_seconds"] == 960.0
+    assert "data ends" not in live["summary"] and live["evidence"]["data_end_gap_seconds"] == 0.0

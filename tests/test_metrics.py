@@ -12,6 +12,7 @@ import json
 import os
 import re
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -53,7 +54,7 @@ def status_row(group, partition, status="OK", lag=0, time_lag=0.0, *, topic="ord
 
 
 def write_run(findings_root: Path, key: str, findings, rows, *, planned_at: datetime | None = None,
-              mtime: float | None = None) -> Path:
+              mtime: float | None = None, meta: dict | None = None) -> Path:
     folder = findings_root / key
     folder.mkdir(parents=True)
     (folder / "findings.jsonl").write_text("".join(json.dumps(f) + "\n" for f in findings))
@@ -62,7 +63,7 @@ def write_run(findings_root: Path, key: str, findings, rows, *, planned_at: date
     if planned_at is not None:
         (folder / "run.json").write_text(json.dumps({
             "dag_id": "kafka_lag_health_sweep", "run_id": key, "planned_at": planned_at.isoformat(),
-            "group_pattern": None, "topic": None}))
+            "group_pattern": None, "topic": None, **(meta or {})}))
     if mtime is not None:
         os.utime(folder, (mtime, mtime))
     return folder
@@ -316,6 +317,69 @@ def test_a_run_with_threshold_overrides_never_replaces_the_sweeps_verdict(tmp_pa
     assert only(parse_exposition(render_metrics(str(tmp_path))), "lagdoctor_group_severity", group="billing") == 2
 
 
+SWEPT = {"kind": "sweep", "clusters": ["local"], "clusters_unread": []}
+
+
+def _stale_history(tmp_path, newest_meta, newest_findings, newest_rows):
+    """A sweep saw orders-processor critical and billing healthy; a newer run (newest_meta) follows."""
+    write_run(tmp_path, "sweep-1",
+              [finding("orders-processor", "stalled_consumer", "critical", pattern="plateau"),
+               finding("billing", topic="invoices")],
+              [status_row("orders-processor", 0, "STOP", 25000, 1260.5),
+               status_row("billing", 0, "OK", 3, topic="invoices")],
+              planned_at=T0, meta=SWEPT)
+    write_run(tmp_path, "next", newest_findings, newest_rows, planned_at=T0.replace(minute=50), meta=newest_meta)
+    return parse_exposition(render_metrics(str(tmp_path)))
+
+
+@pytest.mark.parametrize("newest_meta, billing_seen, why", [
+    (SWEPT, True, "the group is gone: the next sweep of its cluster names billing only"),
+    ({"kind": "sweep", "clusters": [], "clusters_unread": ["local"]}, False,
+     "the cluster could not be read: the sweep names no group of it (and is no group's newest run)"),
+])
+def test_a_group_the_newest_sweep_did_not_collect_keeps_no_alerting_series(tmp_path, newest_meta, billing_seen, why):
+    samples = _stale_history(
+        tmp_path, newest_meta,
+        [finding("billing", topic="invoices")] if billing_seen else [],
+        [status_row("billing", 0, "OK", 5, topic="invoices")] if billing_seen else [])
+    stale = [(n, dict(ls)) for (n, ls), _ in samples.items() if ("group", "orders-processor") in ls]
+    assert stale == [("lagdoctor_not_collected_since_timestamp_seconds",
+                      {"cluster_name": "local", "group": "orders-processor", "topic": "orders",
+                       "last_severity": "critical"})], why
+    # since its last data: the window end of its last run
+    assert only(samples, "lagdoctor_not_collected_since_timestamp_seconds", group="orders-processor") == \
+        datetime(2026, 11, 21, 5, 44, 4, 942791, tzinfo=timezone.utc).timestamp()
+    assert series(samples, "lagdoctor_finding") == []
+    # Every shipped rule reads only series the stale group no longer has, but the one that says it stopped.
+    for rule in _rules():
+        names = promql_references(rule["expr"])[0]
+        kept = [n for (n, ls) in samples if n in names and ("group", "orders-processor") in ls]
+        assert kept == ([] if rule["alert"] != "LagdoctorProblemGroupNotCollected"
+                        else ["lagdoctor_not_collected_since_timestamp_seconds"]), rule["alert"]
+    assert bool(series(samples, "kafka_consumergroup_group_lag", group="billing")) == billing_seen
+
+
+def test_runs_that_look_at_a_few_groups_never_make_the_others_stale(tmp_path):
+    """An incident run names only billing; so does a sweep with threshold overrides: orders-processor's verdict stands."""
+    for meta in ({"kind": "incident", "dag_id": "kafka_lag_incident", "clusters": ["local"]},
+                 {**SWEPT, "threshold_overrides": {"warning_lag": 1}}):
+        shutil.rmtree(tmp_path, ignore_errors=True)
+        samples = _stale_history(tmp_path, meta, [finding("billing", topic="invoices")],
+                                 [status_row("billing", 0, "OK", 5, topic="invoices")])
+        assert only(samples, "lagdoctor_finding", group="orders-processor", severity="critical") == 1, meta
+        assert series(samples, "lagdoctor_not_collected_since_timestamp_seconds") == [], meta
+
+
+def test_a_group_collected_again_is_current_again(tmp_path):
+    write_run(tmp_path, "sweep-0", [finding("orders-processor")], [status_row("orders-processor", 0, lag=1)],
+              planned_at=T0.replace(minute=40), meta=SWEPT)
+    samples = _stale_history(tmp_path, SWEPT, [finding("orders-processor")], [status_row("orders-processor", 0, lag=7)])
+    assert only(samples, "kafka_consumergroup_group_lag", group="orders-processor") == 7
+    # billing was in sweep-1 only, and the sweep after it did not see it
+    assert only(samples, "lagdoctor_not_collected_since_timestamp_seconds", group="billing", last_severity="ok")
+    assert series(samples, "lagdoctor_group_severity", group="billing") == []
+
+
 @pytest.mark.parametrize(
     "bare_offset_s, winner_lag",
     [
@@ -514,6 +578,7 @@ def test_alert_rules_cover_what_the_issue_asks():
     names = {alert: promql_references(expr)[0] for alert, expr in exprs.items()}
     assert any("kafka_consumergroup_group_max_lag_seconds" in n for n in names.values())  # time lag
     assert any("lagdoctor_finding" in n for n in names.values())  # a finding is present
+    assert any("lagdoctor_not_collected_since_timestamp_seconds" in n for n in names.values())  # issue 17
     stale = [a for a, e in exprs.items() if "lagdoctor_last_diagnosis_timestamp_seconds" in e]
     assert any("time()" in exprs[a] for a in stale) and any("absent(" in exprs[a] for a in stale)
 

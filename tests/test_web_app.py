@@ -205,3 +205,48 @@ def test_a_run_with_threshold_overrides_is_shown_but_never_replaces_the_sweeps_v
     # Without overrides the same run is the newest verdict: the assertions above could fail.
     (folder / "run.json").write_text(json.dumps({**meta, "kind": "incident", "threshold_overrides": {}}))
     assert "critical at warning_lag=1" in client.get("/").text
+
+
+def test_a_group_the_newest_sweep_did_not_collect_says_so_on_page_group_view_and_api(lag_data_root):
+    """Issue 17: the next sweep of cluster prod sees billing only; orders-processor (critical) and
+    payments-ledger are no longer collected. Their last verdicts are shown as such, never as current."""
+    from datetime import datetime, timedelta
+
+    from tests.fixtures.web import END, write_run
+
+    sweep = lag_data_root.findings_root / lag_data_root.sweep_run_key
+    keep = [json.loads(line) for line in (sweep / "findings.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (sweep / "partition_status.jsonl").read_text().splitlines()]
+    folder = write_run(lag_data_root.findings_root, "kafka_lag_health_sweep__scheduled__next",
+                       [f for f in keep if f["group_id"] == "billing"], [r for r in rows if r["group_id"] == "billing"],
+                       dag_id=SWEEP_DAG, run_id="scheduled__next", planned_at=END + timedelta(minutes=5, seconds=40))
+    meta = json.loads((folder / "run.json").read_text())
+    (folder / "run.json").write_text(json.dumps({**meta, "kind": "sweep", "clusters": ["prod"], "clusters_unread": []}))
+    client = client_for(lag_data_root.root)
+
+    findings = client.get("/api/findings").json()["findings"]
+    since = {f["group_id"]: f["not_collected_since"] for f in findings}
+    for f in findings:
+        if f["group_id"] in ("orders-processor", "payments-ledger"):  # since its data's end
+            assert datetime.fromisoformat(since[f["group_id"]]) == datetime.fromisoformat(f["window_end"]), f
+    assert since["billing"] is None and since["search-indexer"] is None  # collected; another cluster's sweep
+    assert [f["severity"] for f in findings if f["group_id"] == "orders-processor"] == ["critical"]  # its last
+
+    html = client.get("/").text
+    card = html[html.index('data-group="orders-processor"'):html.index('data-group="payments-ledger"')]
+    assert 'class="card critical stale"' in html[html.rindex("<article", 0, html.index('data-group="orders-processor"')):]
+    assert "Not collected since 2026-11-21 14:29 UTC" in card and "(2026-11-21 14:35 UTC)" in card
+    # The tiles count current verdicts: the stale critical group is counted apart.
+    assert re.search(r'data-count="critical">0<', html) and re.search(r'data-count="not_collected">2<', html)
+    assert "Not collected since" not in html[html.index('data-group="billing"'):html.index('data-group="search-indexer"')]
+
+    group = client.get("/group/prod/orders-processor").text
+    assert "Not collected since 2026-11-21 14:29 UTC" in group
+
+    # The sweep after that sees it again: current again.
+    later = write_run(lag_data_root.findings_root, "kafka_lag_health_sweep__scheduled__later", keep, rows,
+                      dag_id=SWEEP_DAG, run_id="scheduled__later", planned_at=END + timedelta(minutes=10, seconds=40))
+    (later / "run.json").write_text(json.dumps({**meta, "run_id": "scheduled__later", "kind": "sweep",
+                                                "planned_at": (END + timedelta(minutes=10, seconds=40)).isoformat(),
+                                                "clusters": ["prod"], "clusters_unread": []}))
+    assert all(f["not_collected_since"] is None for f in client.get("/api/findings").json()["findings"])

@@ -7,6 +7,11 @@ run that covered it says: newest by run.json `planned_at`, or by the folder's
 modification time when a run has no run.json (a bare `lagdoctor diagnose`).
 A run with threshold overrides (run.json `threshold_overrides`, an incident
 run's experiment) is never exported.
+A (cluster, group, topic) that the newest sweep of its cluster did not collect
+(run.json `kind` "sweep", the cluster in `clusters` or `clusters_unread`,
+newer than the run holding the key's verdict) is not current: its series are
+dropped, and `lagdoctor_not_collected_since_timestamp_seconds` says since when
+(so no alert rule keeps firing on an 8-day-old verdict).
 Folders that cannot be read (half written, bad JSON) are skipped and logged;
 the run before them keeps answering. Only the run index's candidate folders
 are read (lagdoctor.runindex): the same samples as from every folder, for a
@@ -136,6 +141,13 @@ FAMILIES: tuple[MetricFamily, ...] = (
         ("cluster_name", "group", "topic"),
     ),
     MetricFamily(
+        "lagdoctor_not_collected_since_timestamp_seconds",
+        "Unix time of the last data of a group on a topic that the newest sweep of its cluster did not "
+        "collect (the group is gone, or its offsets could not be read). Its other series are dropped "
+        "while this one is present; last_severity is its last verdict's.",
+        ("cluster_name", "group", "topic", "last_severity"),
+    ),
+    MetricFamily(
         "lagdoctor_last_diagnosis_timestamp_seconds",
         "Unix time of the newest diagnosis run with findings for the cluster "
         "(run.json planned_at, else the run folder's modification time). Absent before the first run.",
@@ -157,6 +169,7 @@ class DiagnosisRun:
     findings: list[dict[str, Any]] = field(default_factory=list)
     partitions: list[dict[str, Any]] = field(default_factory=list)
     threshold_overrides: dict[str, Any] = field(default_factory=dict)  # run.json; non-empty: not exported
+    sweep_clusters: frozenset[str] = frozenset()  # run.json: clusters this sweep looked at (runindex.sweep_clusters)
 
 
 def _filesystem(root: str):
@@ -172,6 +185,12 @@ def _parse_time(value: Any) -> float | None:
 
     ts = parse_time(value)
     return None if ts is None else ts.timestamp()
+
+
+def _sweep_clusters(meta: Any) -> set[str]:
+    from lagdoctor.runindex import sweep_clusters
+
+    return sweep_clusters(meta) if isinstance(meta, Mapping) else set()
 
 
 def _mtime(info: Mapping[str, Any]) -> float | None:
@@ -199,12 +218,13 @@ def _read_run(fs, folder: Mapping[str, Any], files: Mapping[str, Mapping[str, An
     try:
         findings = _read_jsonl(fs, f"{path}/{FINDINGS_FILE}")
         partitions = _read_jsonl(fs, f"{path}/{PARTITION_STATUS_FILE}")
-        ran_at, overrides = None, {}
+        ran_at, overrides, swept = None, {}, frozenset()
         if RUN_FILE in files:
             with fs.open(f"{path}/{RUN_FILE}", "rt", encoding="utf-8") as fh:
                 meta = json.load(fh) or {}
             ran_at = _parse_time(meta.get("planned_at"))
             overrides = meta.get("threshold_overrides") if isinstance(meta.get("threshold_overrides"), dict) else {}
+            swept = frozenset(_sweep_clusters(meta))
         for row in [*findings, *partitions]:
             _key(row)  # a row without its key fields makes the whole folder unreadable
     except (OSError, ValueError, AttributeError, KeyError, TypeError) as exc:
@@ -213,7 +233,7 @@ def _read_run(fs, folder: Mapping[str, Any], files: Mapping[str, Mapping[str, An
     if ran_at is None:
         ran_at = _mtime(folder) or _mtime(files[FINDINGS_FILE]) or 0.0
     return DiagnosisRun(key=key, ran_at=ran_at, findings=findings, partitions=partitions,
-                        threshold_overrides=overrides)
+                        threshold_overrides=overrides, sweep_clusters=swept)
 
 
 class RunCache:
@@ -256,13 +276,21 @@ def read_runs(findings_root: str, cache: RunCache | None = None) -> list[Diagnos
     one listing of the root and, with `cache`, reads only candidate runs whose
     files changed since the last scrape.
     """
+    return read_indexed(findings_root, cache)[0]
+
+
+def read_indexed(findings_root: str, cache: RunCache | None = None) -> tuple[list[DiagnosisRun], dict[str, float]]:
+    """``read_runs``, and per cluster the Unix time of the newest sweep that looked at it,
+    from the index's record of every folded run (a sweep naming none of a cluster's
+    groups is no candidate, yet says they were not collected); one refresh of the index."""
     from lagdoctor.runindex import refresh
 
     fs, root = _filesystem(findings_root)
     if not fs.exists(root):
-        return []
+        return [], {}
     index = refresh(findings_root)
-    return _cached_runs(fs, [index.folders[name] for name in index.candidates()], cache or RunCache())
+    runs = _cached_runs(fs, [index.folders[name] for name in index.candidates()], cache or RunCache())
+    return runs, {c: at.timestamp() for c, at in index.last_sweeps().items()}
 
 
 def read_all_runs(findings_root: str, cache: RunCache | None = None) -> list[DiagnosisRun]:
@@ -376,8 +404,32 @@ def data_loss_seconds(findings: list[dict[str, Any]]) -> float | None:
     return min(values, default=None)
 
 
-def collect_samples(runs: Iterable[DiagnosisRun]) -> Samples:
-    """Every sample to expose, by family name; pure (no I/O, no clock)."""
+def not_collected(runs: Iterable[DiagnosisRun], latest: Mapping[tuple[str, str, str], DiagnosisRun],
+                  sweeps: Mapping[str, float] | None = None) -> set[tuple[str, str, str]]:
+    """The (cluster, group, topic) keys the newest sweep of their cluster did not collect: that
+    sweep is newer than the run holding the key's verdict (which is the newest run naming it).
+    `sweeps`: more sweep times per cluster (the run index's, for runs not read here)."""
+    newest: dict[str, float] = dict(sweeps or {})
+    for run in runs:
+        for cluster in run.sweep_clusters:
+            newest[cluster] = max(newest.get(cluster, run.ran_at), run.ran_at)
+    return {k for k, run in latest.items() if k[0] in newest and newest[k[0]] > run.ran_at}
+
+
+def collected_until(findings: Iterable[Mapping[str, Any]], run: DiagnosisRun) -> float:
+    """Unix time of a key's last data in its run: the findings' data end, else window end, else the run's time."""
+    ends = [_parse_time((f.get("evidence") or {}).get("data_end") or f.get("window_end")) for f in findings]
+    ends = [e for e in ends if e is not None]
+    return max(ends) if ends else run.ran_at
+
+
+def collect_samples(runs: Iterable[DiagnosisRun], sweeps: Mapping[str, float] | None = None) -> Samples:
+    """Every sample to expose, by family name; pure (no I/O, no clock).
+
+    A key the newest sweep of its cluster did not collect (``not_collected``)
+    keeps only `lagdoctor_not_collected_since_timestamp_seconds`: its last
+    verdict is not current, and no alert rule may keep firing on it.
+    """
     runs = list(runs)
     samples: Samples = {f.name: {} for f in FAMILIES}
 
@@ -393,10 +445,17 @@ def collect_samples(runs: Iterable[DiagnosisRun]) -> Samples:
     group_severity: dict[tuple[str, str], int] = {}
     latest_offsets: dict[tuple[str, str, str], tuple[float, float]] = {}
     latest = latest_by_key(runs)
+    stale = not_collected(runs, latest, sweeps)
 
     for (cluster, group, topic), run in sorted(latest.items()):
         findings = [f for f in run.findings if _key(f) == (cluster, group, topic)]
         rows = [r for r in run.partitions if _key(r) == (cluster, group, topic)]
+        if (cluster, group, topic) in stale:
+            worst = max((SEVERITY_CODES.get(str(f.get("severity")), 0) for f in findings), default=0)
+            put("lagdoctor_not_collected_since_timestamp_seconds", collected_until(findings, run),
+                cluster_name=cluster, group=group, topic=topic,
+                last_severity={v: k for k, v in SEVERITY_CODES.items()}[worst])
+            continue
         topic_lag = None
         for row in rows:
             partition = str(row["partition"])
@@ -498,7 +557,7 @@ def render_exposition(samples: Samples) -> str:
 
 def render_metrics(findings_root: str, cache: RunCache | None = None) -> str:
     """The /metrics body for the findings under `findings_root` (a path or URI)."""
-    return render_exposition(collect_samples(read_runs(findings_root, cache)))
+    return render_exposition(collect_samples(*read_indexed(findings_root, cache)))
 
 
 # -- serving -----------------------------------------------------------------------------

@@ -91,6 +91,30 @@ def has_overrides(meta: Mapping[str, Any]) -> bool:
     return isinstance(value, Mapping) and bool(value)
 
 
+def sweep_clusters(meta: Mapping[str, Any]) -> set[str]:
+    """The clusters a sweep run looked at (run.json `clusters` read, `clusters_unread` not):
+    a group of one of them that the run does not name was not collected. Empty for any other
+    run: an incident run or one with threshold overrides looks at a few groups only, and a run
+    without these fields (before issue 17, or a bare `lagdoctor diagnose`) cannot say."""
+    if meta.get("kind") != "sweep" or has_overrides(meta):
+        return set()
+    named = [*(meta.get("clusters") or []), *(meta.get("clusters_unread") or [])]
+    return {str(c) for c in named if isinstance(c, str)}
+
+
+def last_sweeps(metas: Iterable[Mapping[str, Any]]) -> dict[str, datetime]:
+    """Per cluster, planned_at of the newest sweep that looked at it (see ``sweep_clusters``)."""
+    out: dict[str, datetime] = {}
+    for meta in metas:
+        at = parse_time(meta.get("planned_at")) if isinstance(meta, Mapping) else None
+        if at is None:
+            continue
+        for cluster in sweep_clusters(meta):
+            if cluster not in out or out[cluster] < at:
+                out[cluster] = at
+    return out
+
+
 def _stamp(info: Mapping[str, Any]) -> str:
     return str(info.get("mtime") or info.get("LastModified") or info.get("created") or "")
 
@@ -172,6 +196,13 @@ class RunIndex:
         """run.json of a folded run (None for a provisional folder)."""
         rec = self.runs.get(run_key)
         return rec["meta"] if rec is not None else None
+
+    def last_sweeps(self, can_read_dag=lambda dag_id: True) -> dict[str, datetime]:
+        """Per cluster, the newest folded sweep that looked at it (``last_sweeps``), among every
+        folded run, not only the candidates: a sweep that named no group of a cluster (its
+        groups gone, or the cluster unreadable) is no key's pointer, yet it says they were not collected."""
+        return last_sweeps(rec["meta"] for rec in self.runs.values()
+                           if isinstance(rec.get("meta"), Mapping) and can_read_dag(rec["meta"].get("dag_id")))
 
     @property
     def not_read(self) -> int:

@@ -583,6 +583,14 @@ def findings(
     catch_up, data_loss = forecast.evidence_columns()
     severity = F.element_at(F.array(F.lit("ok"), F.lit("warning"), F.lit("critical")), level + 1)
 
+    # The group's data on this topic stops before the window does (collection stopped, a
+    # replayed or partial store): its numbers are as of its last snapshot, said in the summary.
+    data_end_gap = (F.lit(window_end.timestamp()) - c("topic_t_last")) if window_end else F.lit(None).cast("double")
+    early_end_note = F.when(
+        data_end_gap > DATA_END_GAP_SECONDS,
+        F.format_string("data ends %s before the window end (last snapshot %s UTC)", _duration(data_end_gap),
+                        F.date_format(F.timestamp_seconds(c("topic_t_last")), "yyyy-MM-dd HH:mm:ss")),
+    )
     f = c("finding.focus")
     evidence = F.struct(
         lag.alias("lag"),
@@ -635,6 +643,8 @@ def findings(
             "transaction_blocked_partitions"),
         catch_up.alias("catch_up"),
         data_loss.alias("data_loss"),
+        F.date_format(F.timestamp_seconds(c("topic_t_last")), _ISO).alias("data_end"),
+        F.round(data_end_gap, 3).alias("data_end_gap_seconds"),
     )
     incomplete_note = F.when(
         ~c("data_complete"),
@@ -653,7 +663,7 @@ def findings(
             _partitions_text(reset_parts),
         ),
     )
-    summary = F.concat_ws("; ", incomplete_note, reset_note, c("finding.summary"))
+    summary = F.concat_ws("; ", incomplete_note, reset_note, early_end_note, c("finding.summary"))
     start = F.lit(_iso(window_start)) if window_start else F.date_format(F.timestamp_seconds(c("t_first")), _ISO)
     end = F.lit(_iso(window_end)) if window_end else F.date_format(F.timestamp_seconds(c("t_last")), _ISO)
     return g.select(
@@ -670,6 +680,8 @@ def findings(
 
 
 _ISO = "yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'"
+# A sweep's last sample lands seconds before its window ends; more than this is data that stopped early.
+DATA_END_GAP_SECONDS = 120
 
 
 def _iso(value: datetime) -> str:

@@ -177,7 +177,9 @@ def create_app(
         base = _airflow_base(request, url_prefix)
         findings = [
             {**f, "run_key": st.run.run_key, "dag_id": st.run.dag_id, "run_id": st.run.run_id,
-             "dag_run_url": dag_run_href(st.run, base)}
+             "dag_run_url": dag_run_href(st.run, base),
+             # null while current; else the newest sweep of the cluster did not collect it: a last verdict
+             "not_collected_since": st.not_collected_since.isoformat() if st.not_collected_since else None}
             for st in states for f in st.findings
         ]
         body = {

@@ -13,10 +13,11 @@ the index's candidate runs are read, which gives the same answer as reading
 every folder; folders the index has not read yet are counted on the page.
 
 Series for the charts come from the snapshot store (contract 1), limited to
-the finding's window. Time lag per partition is estimated from the offsets the
-way Burrow and Kafka-lag-exporter do: how long ago the log end offset passed
-the offset the group has committed now (interpolated between snapshots;
-extrapolated at the window's produce rate when that was before the window).
+the finding's window. Time lag per partition follows the diagnosis job's
+rules at each snapshot (``PartitionHistory.time_lag_points``): exact from the
+record at the committed offset, else interpolated on the log end offsets,
+else "at least" the time since the window's first snapshot; so the chart's
+last point is the table's value.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Run:
     topic: str | None = None
     kind: str | None = None  # "sweep" or "incident" (run.json); None for older runs
     threshold_overrides: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    swept: frozenset[str] = field(default_factory=frozenset, compare=False)  # runindex.sweep_clusters
 
     @property
     def has_overrides(self) -> bool:
@@ -100,6 +102,14 @@ class GroupState:
     findings: list[dict[str, Any]]  # worst first
     status_rows: list[dict[str, Any]]  # by partition
     plans: dict[str, dict[str, Any]]  # diagnosis -> runbook plan
+    # Set when the newest sweep of the cluster (at last_sweep_at) did not collect this key: the
+    # verdict is its last, from data ending then (see ``collected_until``).
+    not_collected_since: datetime | None = None
+    last_sweep_at: datetime | None = None
+
+    @property
+    def stale(self) -> bool:
+        return self.not_collected_since is not None
 
     @property
     def cluster(self) -> str:
@@ -125,6 +135,13 @@ class GroupState:
         starts = [s for s in starts if s]
         ends = [e for e in ends if e]
         return (min(starts) if starts else None, max(ends) if ends else None)
+
+
+def collected_until(state: GroupState) -> datetime:
+    """The time of a key's last data: the findings' data end (evidence), else window end, else the run's time."""
+    ends = [parse_ts((f.get("evidence") or {}).get("data_end") or f.get("window_end")) for f in state.findings]
+    ends = [e for e in ends if e is not None]
+    return max(ends) if ends else state.run.planned_at
 
 
 def finding_key(f: Mapping[str, Any]) -> Key:
@@ -170,7 +187,13 @@ def _run_of_meta(findings_root: str, name: str, meta: Mapping[str, Any], info: M
     planned = parse_ts(meta.get("planned_at")) or _mtime(info or {})
     return Run(run_key=name, path=join(findings_root, name), dag_id=meta.get("dag_id"), run_id=meta.get("run_id"),
                planned_at=planned, group_pattern=meta.get("group_pattern"), topic=meta.get("topic"),
-               kind=meta.get("kind"), threshold_overrides=_overrides(meta))
+               kind=meta.get("kind"), threshold_overrides=_overrides(meta), swept=_swept(meta))
+
+
+def _swept(meta: Mapping[str, Any]) -> frozenset[str]:
+    from lagdoctor.runindex import sweep_clusters
+
+    return frozenset(sweep_clusters(meta))
 
 
 def _run_of_folder(fs, findings_root: str, path: str, name: str) -> Run | None:
@@ -317,6 +340,10 @@ def latest_states(
     caller cannot read is skipped as if it did not exist (an older readable run
     of the same group then shows, which is what the Airflow UI would show too).
 
+    A key the newest readable sweep of its cluster did not collect gets
+    ``not_collected_since`` (lagdoctor.runindex.sweep_clusters says which runs
+    are sweeps of which clusters): its verdict is shown as its last, not as current.
+
     Reads the candidate runs of the run index (``index``, default: refreshed
     now), or ``runs`` when given (``list_runs``: every folder). A run whose
     files cannot be parsed is skipped and logged, as the exporter does.
@@ -324,7 +351,18 @@ def latest_states(
     states: dict[Key, GroupState] = {}
     experiments: dict[Key, GroupState] = {}
     override_runs: dict[str, Run] = {}
-    for run in (runs if runs is not None else candidate_runs(findings_root, index)):
+    if runs is None:
+        index = index if index is not None else current_index(findings_root)
+        runs = candidate_runs(findings_root, index)
+        sweeps = index.last_sweeps(can_read_dag)  # also sweeps that named no group: no candidates
+    else:
+        runs = list(runs)
+        sweeps = {}
+    for run in runs:
+        if can_read_dag(run.dag_id):
+            for name in run.swept:
+                sweeps[name] = max(sweeps.get(name, run.planned_at), run.planned_at)
+    for run in runs:
         if not can_read_dag(run.dag_id):
             continue
         held = experiments if run.has_overrides else states
@@ -341,6 +379,10 @@ def latest_states(
             held.setdefault(state.key, state)
     for key, state in experiments.items():
         states.setdefault(key, state)
+    for state in states.values():
+        swept = sweeps.get(state.cluster)
+        if swept is not None and swept > state.run.planned_at:
+            state.not_collected_since, state.last_sweep_at = collected_until(state), swept
     ordered = sorted(states.values(), key=lambda s: (s.cluster, -SEVERITY_RANK.get(s.severity, 0), s.group_id, s.topic))
     runs = {**override_runs, **{s.run.run_key: s.run for s in ordered}}
     return ordered, sorted(runs.values(), key=lambda r: r.planned_at, reverse=True)
@@ -358,7 +400,8 @@ def run_of(path: str) -> Run:
     planned = parse_ts(meta.get("planned_at")) or _mtime(fs.info(f"{base}/{FINDINGS_FILE}"))
     return Run(run_key=base.rstrip("/").rsplit("/", 1)[-1], path=path.rstrip("/"), dag_id=meta.get("dag_id"),
                run_id=meta.get("run_id"), planned_at=planned, group_pattern=meta.get("group_pattern"),
-               topic=meta.get("topic"), kind=meta.get("kind"), threshold_overrides=_overrides(meta))
+               topic=meta.get("topic"), kind=meta.get("kind"), threshold_overrides=_overrides(meta),
+               swept=_swept(meta))
 
 
 def find_run(findings_root: str, run_key: str) -> Run | None:
@@ -379,38 +422,52 @@ class PartitionHistory:
     committed: list[int | None] = field(default_factory=list)
     lag: list[int | None] = field(default_factory=list)
     committed_record_ts: list[datetime | None] = field(default_factory=list)
+    committed_record_error: list[str | None] = field(default_factory=list)
     last: dict[str, Any] = field(default_factory=dict)  # the newest row (owner, offsets)
 
     def time_lag(self) -> list[float | None]:
-        """Seconds behind real time at each snapshot (see the module docstring)."""
-        out: list[float | None] = []
-        # Log end offsets only grow; a running max keeps bisect valid across a
-        # read race where one sample came back a little low.
-        ends: list[int] = []
-        for v in self.log_end:
-            ends.append(max(v, ends[-1]) if ends else v)
-        span = (self.ts[-1] - self.ts[0]).total_seconds() if self.ts else 0.0
-        rate = (ends[-1] - ends[0]) / span if span > 0 else 0.0
-        for j, (t, c) in enumerate(zip(self.ts, self.committed)):
+        """Seconds behind real time at each snapshot (see ``time_lag_points``)."""
+        return [seconds for seconds, _ in self.time_lag_points()]
+
+    def time_lag_points(self) -> list[tuple[float | None, str | None]]:
+        """(seconds, source) at each snapshot, by the diagnosis job's rules
+        (lagdoctor.diagnosis.timelag) over the snapshots up to that one: so the last
+        point is the value the table shows, from the same source.
+
+        record: the record at the committed offset was read then (exact); caught_up:
+        no lag, or only transaction markers after the commit; interpolated: when the
+        log end passed the committed offset, between two snapshots; lower_bound: the
+        committed offset is older than the first snapshot (after the last fall of the
+        log end, as the job counts): "at least" the time since then, never an
+        extrapolation (a rate-based guess can exceed the topic's age); None: unknown.
+        """
+        from lagdoctor.contracts import NOTHING_TO_READ
+
+        out: list[tuple[float | None, str | None]] = []
+        first = 0  # the job drops the rows before the log end's last fall (a reset)
+        for j, (t, c, end) in enumerate(zip(self.ts, self.committed, self.log_end)):
+            if j and end < self.log_end[j - 1]:
+                first = j
             crt = self.committed_record_ts[j] if j < len(self.committed_record_ts) else None
+            error = self.committed_record_error[j] if j < len(self.committed_record_error) else None
+            lag = self.lag[j] if j < len(self.lag) and self.lag[j] is not None else (
+                None if c is None else end - c)
             if c is None:
-                out.append(None)
-            elif c >= self.log_end[j]:
-                out.append(0.0)
+                out.append((None, None))
+            elif (lag is not None and lag <= 0) or (error or "").startswith(NOTHING_TO_READ):
+                out.append((0.0, "caught_up"))
             elif crt is not None:
-                out.append(max(0.0, (t - crt).total_seconds()))
+                out.append((max(0.0, (t - crt).total_seconds()), "record"))
+            elif self.log_end[first] <= c < end:
+                # log ends from `first` on never fall: one pair of snapshots brackets c
+                i = bisect.bisect_right(self.log_end, c, first, j + 1) - 1
+                span = self.log_end[i + 1] - self.log_end[i]
+                passed = self.ts[i] + (self.ts[i + 1] - self.ts[i]) * ((c - self.log_end[i]) / span)
+                out.append((max(0.0, (t - passed).total_seconds()), "interpolated"))
+            elif c < self.log_end[first]:
+                out.append(((t - self.ts[first]).total_seconds(), "lower_bound"))
             else:
-                i = bisect.bisect_right(ends, c, 0, j + 1) - 1  # last snapshot whose end <= committed
-                if i < 0:
-                    # Written before the window began: extrapolate back at the window's
-                    # produce rate, as kafka-lag-exporter does; unknown if nothing is produced.
-                    out.append((t - self.ts[0]).total_seconds() + (ends[0] - c) / rate if rate > 0 else None)
-                    continue
-                passed = self.ts[i]
-                if i + 1 <= j and ends[i + 1] > ends[i]:
-                    frac = (c - ends[i]) / (ends[i + 1] - ends[i])
-                    passed = self.ts[i] + (self.ts[i + 1] - self.ts[i]) * frac
-                out.append(max(0.0, (t - passed).total_seconds()))
+                out.append((None, None))
         return out
 
 
@@ -457,7 +514,7 @@ class GroupHistory:
 
 _HISTORY_COLUMNS = ("snapshot_ts", "cluster", "group_id", "topic", "partition", "log_end_offset",
                     "committed_offset", "lag", "member_id", "client_id", "host", "group_members", "group_state",
-                    "committed_record_ts")
+                    "committed_record_ts", "committed_record_error")
 
 
 def _cluster_files(snapshots_root: str, cluster: str, start: datetime | None, end: datetime | None) -> list[str]:
@@ -524,6 +581,7 @@ def read_history(
                 lag = max(0, row["log_end_offset"] - row["committed_offset"])
             h.lag.append(lag)
             h.committed_record_ts.append(parse_ts(row.get("committed_record_ts")))
+            h.committed_record_error.append(row.get("committed_record_error"))
             h.last = row
     return out
 

@@ -193,6 +193,12 @@ class GroupView:
     retention: str = ""
     members_unknown: bool = False  # the broker lists no members: the page's note explains "unknown"
     group_href: str | None = None  # the group view, on the page
+    not_collected_since: str = ""  # "" while current; else the newest sweep of the cluster did not collect it
+    last_sweep_at: str = ""
+
+    @property
+    def stale(self) -> bool:
+        return bool(self.not_collected_since)
 
     @property
     def healthy(self) -> bool:
@@ -426,11 +432,16 @@ def group_view(state: GroupState, history: GroupHistory, *, airflow_base: str = 
         # group_id "": the cluster's group listing failed (contracts.LISTING_ROW_GROUP), no group to link to
         group_href=group_href(page_root, state.cluster, state.group_id)
         if page_root is not None and state.group_id else None,
+        not_collected_since=f"{state.not_collected_since:%Y-%m-%d %H:%M} UTC" if state.not_collected_since else "",
+        last_sweep_at=f"{state.last_sweep_at:%Y-%m-%d %H:%M} UTC" if state.last_sweep_at else "",
     )
 
 
 def severity_counts(views: Sequence[GroupView]) -> dict[str, int]:
-    counts = {"critical": 0, "warning": 0, "ok": 0}
+    """Current verdicts by severity; a group no longer collected counts apart ("not_collected"):
+    its last verdict is not current, whatever it was."""
+    counts = {"critical": 0, "warning": 0, "ok": 0, "not_collected": 0}
     for v in views:
-        counts[v.severity] = counts.get(v.severity, 0) + 1
+        key = "not_collected" if v.stale else v.severity
+        counts[key] = counts.get(key, 0) + 1
     return counts
