@@ -274,3 +274,21 @@ def test_insert_ignore_says_whether_it_inserted(state_url):
     with db.transaction() as conn:
         assert db.insert_ignore(conn, slack_requests, {"signature": "a", "received_at": NOW}, ("signature",))
         assert not db.insert_ignore(conn, slack_requests, {"signature": "a", "received_at": NOW}, ("signature",))
+
+
+@pytest.mark.parametrize("url", [
+    # Each would fail later and worse: insert_ignore and FOR UPDATE are SQLite/PostgreSQL only.
+    "mysql+pymysql://ld:s3cr3t-pw@db.internal/lagdoctor",
+    "mssql+pyodbc://ld:s3cr3t-pw@db.internal/lagdoctor",
+    "oracle+oracledb://ld:s3cr3t-pw@db.internal/lagdoctor",
+])
+def test_an_unsupported_database_is_refused_in_one_line(url, monkeypatch, tmp_path):
+    with pytest.raises(StateConfigError) as err:
+        StateDB.from_url(url)
+    message = str(err.value)
+    assert "must be SQLite or PostgreSQL" in message and url.split(":", 1)[0].split("+")[0] in message
+    assert "\n" not in message and "s3cr3t-pw" not in message
+    # The same through LAGDOCTOR_STATE_URL, as a deployment would set it.
+    monkeypatch.setenv(STATE_URL_ENV, url)
+    with pytest.raises(StateConfigError, match="must be SQLite or PostgreSQL"):
+        StateDB.from_settings(Settings(data_root=str(tmp_path)))
