@@ -10,6 +10,7 @@ recovery) must reach Slack once the database is back, each exactly once.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import threading
 from datetime import datetime, timedelta, timezone
@@ -232,3 +233,43 @@ def test_a_failure_callback_with_the_state_database_down_keeps_the_notice(settin
     failed, recovered = server.posts
     assert "cannot reach Kafka at 127.0.0.1:9092" in json.dumps(failed.body["blocks"])
     assert recovered.body["thread_ts"] == failed.ts
+
+
+def test_a_sweep_posting_with_the_state_database_paused_waits_once_spools_all_and_says_so(
+        own_state, slack_connection, tmp_path, monkeypatch):
+    """post_findings (the sweep's Slack task) with the database paused: one connect
+    timeout for the whole task, not one per finding; every message spooled; the task
+    fails in one line; once the database is back each message goes out once."""
+    import lagdoctor.state as state
+    from lagdoctor import orchestration
+
+    server, pg = slack_connection, own_state
+    findings = [finding(f"orders-{i}", "crashed_consumer", "critical") for i in range(4)]
+    run_dir = tmp_path / "data" / "findings" / "sweep-1"
+    run_dir.mkdir(parents=True)
+    plans = run_dir / "plans.json"
+    plans.write_text(json.dumps([{"finding": f, "plan": {"actions": [], "next_steps": []}} for f in findings]))
+    (run_dir / "quarantined.jsonl").write_text(json.dumps(
+        {"path": "/data/snapshots/bad.parquet", "moved_to": "/data/_quarantine/bad.parquet",
+         "reason": "not a Parquet file"}) + "\n")
+    opened = []
+    real_engine_for = state.engine_for
+    monkeypatch.setattr(state, "engine_for", lambda url: opened.append(url) or real_engine_for(url))
+    state.dispose_engines()  # nothing cached: every call has to open the database
+
+    pg.pause()
+    with pytest.raises(orchestration.SlackUndelivered) as err:
+        bounded(orchestration.post_findings, str(plans), "scheduled__1", settings=Settings.from_env())
+    message = str(err.value)
+    assert re.fullmatch(r"Slack: 5 message\(s\) not delivered, kept in the outbox: .*timeout.*spool.*", message), message
+    assert len(opened) == 1  # the batch's later messages went straight to the spool
+    assert server.posts == [] and len(spooled(Settings.from_env())) == 5
+
+    pg.resume()
+    assert deliver_pending()["undelivered"] == 0
+    texts = [json.dumps(m) for m in server.messages]
+    assert len(texts) == 5 and sum("bad.parquet" in t for t in texts) == 1
+    assert all(sum(f"orders-{i}" in t for t in texts) == 1 for i in range(4))
+    # The task retried now posts nothing twice.
+    orchestration.post_findings(str(plans), "scheduled__1", settings=Settings.from_env())
+    assert len(server.posts) == 5
