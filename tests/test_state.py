@@ -292,3 +292,30 @@ def test_an_unsupported_database_is_refused_in_one_line(url, monkeypatch, tmp_pa
     monkeypatch.setenv(STATE_URL_ENV, url)
     with pytest.raises(StateConfigError, match="must be SQLite or PostgreSQL"):
         StateDB.from_settings(Settings(data_root=str(tmp_path)))
+
+
+def test_a_lock_held_elsewhere_fails_after_the_lock_timeout_as_unavailable(postgres_url, monkeypatch):
+    """Another session holding the lease row (a hung worker): the wait is bounded and
+    reads as "unavailable now" (the notify layer spools), never an endless wait."""
+    import threading
+
+    import lagdoctor.state as state
+
+    monkeypatch.setattr(state, "PG_LOCK_TIMEOUT_S", 1)
+    db = StateDB.from_url(postgres_url)
+    db.acquire_lease("slack-outbox", "run-a", timedelta(minutes=5), now=NOW)
+    outcome: dict = {}
+
+    def contender():
+        try:
+            db.acquire_lease("slack-outbox", "run-b", timedelta(minutes=5), now=NOW)
+        except Exception as exc:  # noqa: BLE001
+            outcome["error"] = exc
+
+    with db.transaction() as holder:
+        holder.execute(sa.select(leases).where(leases.c.key == "slack-outbox").with_for_update())
+        worker = threading.Thread(target=contender, daemon=True)
+        worker.start()
+        worker.join(60)  # a safety net against a hang, not the assertion
+        assert not worker.is_alive(), "waited for the lock without a timeout"
+    assert state.is_unavailable(outcome["error"]) and "lock timeout" in str(outcome["error"])

@@ -171,8 +171,10 @@ def post_or_update_incident(
 
     ``plan`` is ``lagdoctor.runbooks.Plan.as_dict()`` for this finding (next
     steps and proposed actions); ``None`` posts without them.
-    Returns ``{"decision": "posted"|"replied"|"quiet"|"recovered"|"incomplete"|"unchanged"|"healthy",
-    "threads": [...], "undelivered": int, "delivery_error": str | None}``;
+    Returns ``{"decision": "posted"|"replied"|"quiet"|"recovered"|"incomplete"|"unchanged"|"healthy"|"spooled",
+    "threads": [...], "undelivered": int | None, "delivery_error": str | None}``;
+    "spooled": the state database was unreachable, the call waits in the spool
+    (spool.py); ``undelivered`` None: some wait in the outbox, how many is unknown.
     "incomplete" is a healthy finding on incomplete data (rule 6): nothing closed;
     "quiet" is a change left unsaid because the thread was acknowledged or snoozed.
     ``dag_id`` (default: the running task's DAG) is linked; ``buttons`` (default:
