@@ -274,3 +274,48 @@ def test_insert_ignore_says_whether_it_inserted(state_url):
     with db.transaction() as conn:
         assert db.insert_ignore(conn, slack_requests, {"signature": "a", "received_at": NOW}, ("signature",))
         assert not db.insert_ignore(conn, slack_requests, {"signature": "a", "received_at": NOW}, ("signature",))
+
+
+@pytest.mark.parametrize("url", [
+    # Each would fail later and worse: insert_ignore and FOR UPDATE are SQLite/PostgreSQL only.
+    "mysql+pymysql://ld:s3cr3t-pw@db.internal/lagdoctor",
+    "mssql+pyodbc://ld:s3cr3t-pw@db.internal/lagdoctor",
+    "oracle+oracledb://ld:s3cr3t-pw@db.internal/lagdoctor",
+])
+def test_an_unsupported_database_is_refused_in_one_line(url, monkeypatch, tmp_path):
+    with pytest.raises(StateConfigError) as err:
+        StateDB.from_url(url)
+    message = str(err.value)
+    assert "must be SQLite or PostgreSQL" in message and url.split(":", 1)[0].split("+")[0] in message
+    assert "\n" not in message and "s3cr3t-pw" not in message
+    # The same through LAGDOCTOR_STATE_URL, as a deployment would set it.
+    monkeypatch.setenv(STATE_URL_ENV, url)
+    with pytest.raises(StateConfigError, match="must be SQLite or PostgreSQL"):
+        StateDB.from_settings(Settings(data_root=str(tmp_path)))
+
+
+def test_a_lock_held_elsewhere_fails_after_the_lock_timeout_as_unavailable(postgres_url, monkeypatch):
+    """Another session holding the lease row (a hung worker): the wait is bounded and
+    reads as "unavailable now" (the notify layer spools), never an endless wait."""
+    import threading
+
+    import lagdoctor.state as state
+
+    monkeypatch.setattr(state, "PG_LOCK_TIMEOUT_S", 1)
+    db = StateDB.from_url(postgres_url)
+    db.acquire_lease("slack-outbox", "run-a", timedelta(minutes=5), now=NOW)
+    outcome: dict = {}
+
+    def contender():
+        try:
+            db.acquire_lease("slack-outbox", "run-b", timedelta(minutes=5), now=NOW)
+        except Exception as exc:  # noqa: BLE001
+            outcome["error"] = exc
+
+    with db.transaction() as holder:
+        holder.execute(sa.select(leases).where(leases.c.key == "slack-outbox").with_for_update())
+        worker = threading.Thread(target=contender, daemon=True)
+        worker.start()
+        worker.join(60)  # a safety net against a hang, not the assertion
+        assert not worker.is_alive(), "waited for the lock without a timeout"
+    assert state.is_unavailable(outcome["error"]) and "lock timeout" in str(outcome["error"])

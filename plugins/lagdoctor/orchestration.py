@@ -764,13 +764,15 @@ def write_reports(output: str) -> int:
 
 # -- Slack ---------------------------------------------------------------------------
 
-def _undelivered(results: list[Mapping[str, Any]]) -> tuple[int, str | None]:
+def _undelivered(results: list[Mapping[str, Any]]) -> tuple[int | None, str | None]:
     """(messages still in the outbox, why) after the last call: each call tries the
-    whole outbox, so the last one's count is the outbox's, not a share to add up."""
+    whole outbox, so the last one's count is the outbox's, not a share to add up.
+    None: some wait, how many is unknown (the state database went away mid-call)."""
     reported = [r for r in results if isinstance(r, Mapping) and "undelivered" in r]
     if not reported:
         return 0, None
-    count = int(reported[-1].get("undelivered") or 0)
+    raw = reported[-1].get("undelivered")
+    count = None if raw is None else int(raw)
     error = reported[-1].get("delivery_error") or next(
         (r.get("delivery_error") for r in reversed(reported) if r.get("delivery_error")), None)
     return count, error
@@ -779,10 +781,11 @@ def _undelivered(results: list[Mapping[str, Any]]) -> tuple[int, str | None]:
 def raise_if_undelivered(results: list[Mapping[str, Any]]) -> None:
     """After everything was queued: one line when Slack kept some of it back."""
     count, error = _undelivered(results)
-    if count:
+    if count is None or count:
         from lagdoctor.notify.redact import one_line
 
-        raise SlackUndelivered(f"Slack: {count} message(s) not delivered, kept in the outbox: "
+        how_many = "an unknown number of" if count is None else str(count)
+        raise SlackUndelivered(f"Slack: {how_many} message(s) not delivered, kept in the outbox: "
                                f"{one_line(error) if error else 'no reason given'}")
 
 
@@ -950,10 +953,10 @@ def remediate(
     if failures:
         raise RemediationFailed(f"{action} failed for {len(failures)} group(s); first: {failures[0]}")
     count, error = _undelivered(posted)
-    if count:
+    if count is None or count:
         # The action was taken and audited; its reply waits in the outbox for the next
         # run. Failing here would read as "the action failed" (post_findings shows Slack).
-        log.warning("Slack: %d message(s) not delivered, kept in the outbox: %s", count, error)
+        log.warning("Slack: %s message(s) not delivered, kept in the outbox: %s", "some" if count is None else count, error)
     if blocked:
         # Recorded and posted above; raised last so the grid does not show a blocked change as done.
         changed = bool(statuses.get("executed") or statuses.get("noop"))

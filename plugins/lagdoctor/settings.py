@@ -10,6 +10,8 @@ Layout under the data root (contract 6):
     <root>/state/lagdoctor.db                                          default state database (lagdoctor.state):
                                                                        Slack threads and outbox, action log, leases
     <root>/reports/                                                    HTML incident reports
+    <root>/state/spool/                                                Slack notifications kept while the state
+                                                                       database is unreachable (lagdoctor.notify.spool)
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ class Settings:
     # many seconds (lagdoctor.kafka.collector).
     record_partitions: int = 3
     record_budget_s: float = 10.0
+    # LAGDOCTOR_SPOOL_DIR: where notifications wait while the state database is
+    # unreachable; None: <data root>/state/spool (see spool_root).
+    spool_dir: str | None = None
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "Settings":
@@ -59,6 +64,7 @@ class Settings:
             data_root=root,
             record_partitions=_env_number(env, "LAGDOCTOR_RECORD_PARTITIONS", int, cls.record_partitions, 0),
             record_budget_s=_env_number(env, "LAGDOCTOR_RECORD_BUDGET_SECONDS", float, cls.record_budget_s, 0),
+            spool_dir=env.get("LAGDOCTOR_SPOOL_DIR") or None,
         )
 
     @property
@@ -72,3 +78,16 @@ class Settings:
     @property
     def reports_root(self) -> str:
         return join(self.data_root, "reports")
+
+    @property
+    def spool_root(self) -> str:
+        """A local folder: LAGDOCTOR_SPOOL_DIR, else under a local data root, else
+        under $AIRFLOW_HOME on this worker (an object store has no atomic rename)."""
+        if self.spool_dir:
+            return self.spool_dir
+        root = self.data_root
+        if root.startswith("file://"):
+            root = root[len("file://"):]
+        elif "://" in root:
+            root = _default_data_root()
+        return join(root, "state", "spool")

@@ -4,7 +4,9 @@ leases, the durable Slack outbox, failure threads and Slack's buttons
 
 Where it lives (first that applies):
 
-  1. ``LAGDOCTOR_STATE_URL``: any SQLAlchemy URL (tests, or a plain deployment).
+  1. ``LAGDOCTOR_STATE_URL``: a SQLAlchemy URL of SQLite or PostgreSQL (tests,
+     or a plain deployment). Other databases are refused in one line: the
+     check-then-act below relies on those two dialects' ``ON CONFLICT`` and locks.
   2. The Airflow connection ``lagdoctor_state`` (type postgres; sqlite also
      accepted): production, shared by every worker, so dedupe and guardrails
      hold across hosts.
@@ -25,6 +27,15 @@ touch it. Check-then-act goes through ``transaction()``: on SQLite it takes
 the write lock at BEGIN (``BEGIN IMMEDIATE``), on PostgreSQL the callers rely
 on unique keys and ``SELECT ... FOR UPDATE`` (``lock_row``), so two runs on
 two workers cannot both pass a check and act.
+
+Unreachable is bounded: PostgreSQL connections time out after
+``PG_CONNECT_TIMEOUT_S`` (a stopped or paused server fails in seconds, not
+minutes), statements after ``PG_STATEMENT_TIMEOUT_S`` and lock waits after
+``PG_LOCK_TIMEOUT_S``; every transaction takes a fresh connection, so a pooled
+one left over from before a pause cannot hang the next call. SQLite waits
+``SQLITE_BUSY_TIMEOUT_S`` for the write lock. Such failures are
+``StateUnavailable`` (``is_unavailable``): the notify layer then keeps its
+messages in a local spool (lagdoctor.notify.spool) instead of losing them.
 """
 
 from __future__ import annotations
@@ -46,6 +57,10 @@ log = logging.getLogger(__name__)
 STATE_CONN_ID = "lagdoctor_state"
 STATE_URL_ENV = "LAGDOCTOR_STATE_URL"
 SQLITE_BUSY_TIMEOUT_S = 30
+SUPPORTED_DIALECTS = ("sqlite", "postgresql")
+PG_CONNECT_TIMEOUT_S = 5
+PG_STATEMENT_TIMEOUT_S = 60
+PG_LOCK_TIMEOUT_S = 30
 
 metadata = sa.MetaData()
 
@@ -186,8 +201,46 @@ incident_controls = sa.Table(
 )
 
 
+# Spooled notify calls (lagdoctor.notify.spool) already replayed into the outbox:
+# written in the same transaction as what the replay queued, so a spool file
+# replayed twice (two workers, or a crash before the file was removed) acts once.
+spool_replays = sa.Table(
+    "spool_replays", metadata,
+    sa.Column("entry_id", sa.String(64), primary_key=True),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("replayed_at", sa.DateTime(timezone=True), nullable=False, index=True),
+)
+
+
 class StateConfigError(ValueError):
     """lagdoctor's state database is not configured usably; one line, no secret."""
+
+
+class StateUnavailable(StateConfigError):
+    """The state database is configured but cannot be reached now (down, paused,
+    timed out); one line, no secret. A subclass, so callers that catch
+    StateConfigError keep working."""
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether `exc` means "the state database cannot be reached now", as opposed
+    to a bug or a configuration error: the call may work later, unchanged."""
+    if isinstance(exc, StateUnavailable):
+        return True
+    # Connection refused/reset/timed out, statement or lock timeouts, SQLite's
+    # "database is locked": all OperationalError; a dropped connection may also
+    # surface as InterfaceError or as a DBAPIError that invalidated it.
+    if isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)):
+        return True
+    return isinstance(exc, sa.exc.DBAPIError) and bool(exc.connection_invalidated)
+
+
+def unavailable_line(exc: BaseException) -> str:
+    """One line for an unreachable state database, without the URL's password."""
+    if isinstance(exc, StateConfigError):
+        return str(exc)
+    orig = getattr(exc, "orig", None)
+    return f"lagdoctor's state database is unreachable: {_first_line(orig or exc)}"
 
 
 def utcnow() -> datetime:
@@ -295,8 +348,32 @@ def _enable_wal(cur) -> None:
             time.sleep(0.1)
 
 
+def _postgres_engine(url: sa.URL) -> sa.Engine:
+    """Bounded waits, set unless the URL sets them itself; no pool (see the module docstring)."""
+    connect_args: dict[str, Any] = {}
+    if "connect_timeout" not in url.query:
+        connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
+    if "options" not in url.query:
+        connect_args["options"] = (f"-c statement_timeout={PG_STATEMENT_TIMEOUT_S * 1000} "
+                                   f"-c lock_timeout={PG_LOCK_TIMEOUT_S * 1000}")
+    # NullPool: a pooled connection to a server that was paused since hangs its
+    # next query (and pre-ping) with no timeout; a new one times out in seconds.
+    return sa.create_engine(url, poolclass=sa.pool.NullPool, connect_args=connect_args)
+
+
+def check_dialect(url: sa.URL) -> None:
+    """Refuse, in one line, a database the state store does not support."""
+    backend = url.get_backend_name()
+    if backend not in SUPPORTED_DIALECTS:
+        raise StateConfigError(
+            f"lagdoctor's state database must be SQLite or PostgreSQL, not {backend!r} "
+            f"({url.render_as_string(hide_password=True)})"
+        )
+
+
 def engine_for(url: sa.URL) -> sa.Engine:
     """One engine per database per process, with every table created."""
+    check_dialect(url)
     key = url.render_as_string(hide_password=False)
     with _engines_lock:
         engine = _engines.get(key)
@@ -304,12 +381,12 @@ def engine_for(url: sa.URL) -> sa.Engine:
             if url.get_backend_name() == "sqlite":
                 engine = _sqlite_engine(url)
             else:
-                engine = sa.create_engine(url, pool_pre_ping=True)
+                engine = _postgres_engine(url)
             try:
                 _create_tables(engine)
             except sa.exc.OperationalError as exc:
                 engine.dispose()
-                raise StateConfigError(
+                raise StateUnavailable(
                     f"cannot open lagdoctor's state database {url.render_as_string(hide_password=True)}: "
                     f"{_first_line(exc.orig or exc)}"
                 ) from None
@@ -451,6 +528,9 @@ def prune_notifications(db: StateDB, before: datetime) -> dict[str, int]:
     - ``leases``: expired before ``before`` (an expired lease is a free one).
     - Slack clicks: seen request signatures, approvals, acknowledge/snooze
       and the click audit, older than ``before``.
+    - ``spool_replays``: markers of spool files replayed before ``before`` (the
+      replay removes its file at once; a marker only guards against a second
+      replay in the meantime).
     """
     before = as_utc(before)
     with db.transaction() as conn:
@@ -491,6 +571,8 @@ def prune_notifications(db: StateDB, before: datetime) -> dict[str, int]:
             incident_controls.c.updated_at < before)).rowcount or 0
         counts["slack_interactions"] = conn.execute(sa.delete(slack_interactions).where(
             slack_interactions.c.at < before)).rowcount or 0
+        counts["spool_replays"] = conn.execute(sa.delete(spool_replays).where(
+            spool_replays.c.replayed_at < before)).rowcount or 0
     return counts
 
 

@@ -1,6 +1,7 @@
 """Slack notification: render (render.py, templates.py), decide per thread
-(threads.py), queue and deliver (outbox.py, slack.py). Cheap to import:
-slack_sdk loads when sending.
+(threads.py), queue and deliver (outbox.py, slack.py); while the state
+database is unreachable, keep calls in a local spool and replay them once
+(spool.py). Cheap to import: slack_sdk loads when sending.
 
 Task-level API (each queues in the state database, then delivers what waits):
     post_or_update_incident(finding, plan, run_id=...)   post / reply-if-changed / recovery

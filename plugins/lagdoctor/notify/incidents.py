@@ -9,6 +9,10 @@ incident. Then it delivers everything pending in the outbox, oldest first
 ``undelivered`` (messages still waiting) and ``delivery_error`` (one line or
 None), and never raises for a Slack delivery failure: the message waits and
 goes out with the next call; the caller decides whether the task fails.
+
+When the state database cannot be reached, the call is kept in the local spool
+(spool.py) with decision ``"spooled"`` and replayed, once, by the next call
+that reaches it; every call replays what waits there before its own work.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any, Iterator, Mapping
 
 import sqlalchemy as sa
 
-from lagdoctor.notify import outbox, render
+from lagdoctor.notify import outbox, render, spool
 from lagdoctor.notify.interactive import lift_acknowledgement, quiet_reason
 from lagdoctor.notify.redact import one_line
 from lagdoctor.notify.slack import Sender, slack_sender
@@ -65,19 +69,43 @@ _batch_failure: contextvars.ContextVar[list[str] | None] = contextvars.ContextVa
                                                                                     default=None)
 
 
+# Likewise once the state database was found unreachable: the batch's later
+# calls go to the spool without waiting for another connect timeout each.
+_batch_state_down: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("state_batch_down",
+                                                                                     default=None)
+
+
 @contextmanager
 def delivery_batch() -> Iterator[None]:
     """A task posting many messages: after the first delivery failure, queue the
     rest and stop trying until the batch ends (the next run delivers them)."""
     token = _batch_failure.set([])
+    down = _batch_state_down.set([])
     try:
         yield
     finally:
+        _batch_state_down.reset(down)
         _batch_failure.reset(token)
 
 
 def _deliver(db, settings: Any, sender: Sender | None, now: datetime | None) -> dict[str, Any]:
-    """Send what is pending; a broken Slack setup is reported like an outage, never raised."""
+    """Send what is pending; a broken Slack setup is reported like an outage, never raised.
+
+    The database lost after the messages were queued: they wait in the outbox,
+    how many is unknown (``undelivered`` None, never 0)."""
+    from lagdoctor.state import is_unavailable, unavailable_line
+
+    try:
+        return _deliver_now(db, settings, sender, now)
+    except Exception as exc:
+        if not is_unavailable(exc):
+            raise
+        line = f"{unavailable_line(exc)}; queued messages wait in the outbox"
+        log.warning("Slack: %s", line)
+        return {"undelivered": None, "delivery_error": line}
+
+
+def _deliver_now(db, settings: Any, sender: Sender | None, now: datetime | None) -> dict[str, Any]:
     failed = _batch_failure.get()
     if failed:
         return {"undelivered": outbox.pending_count(db), "delivery_error": failed[0]}
@@ -143,30 +171,37 @@ def post_or_update_incident(
 
     ``plan`` is ``lagdoctor.runbooks.Plan.as_dict()`` for this finding (next
     steps and proposed actions); ``None`` posts without them.
-    Returns ``{"decision": "posted"|"replied"|"quiet"|"recovered"|"incomplete"|"unchanged"|"healthy",
-    "threads": [...], "undelivered": int, "delivery_error": str | None}``;
+    Returns ``{"decision": "posted"|"replied"|"quiet"|"recovered"|"incomplete"|"unchanged"|"healthy"|"spooled",
+    "threads": [...], "undelivered": int | None, "delivery_error": str | None}``;
+    "spooled": the state database was unreachable, the call waits in the spool
+    (spool.py); ``undelivered`` None: some wait in the outbox, how many is unknown.
     "incomplete" is a healthy finding on incomplete data (rule 6): nothing closed;
     "quiet" is a change left unsaid because the thread was acknowledged or snoozed.
     ``dag_id`` (default: the running task's DAG) is linked; ``buttons`` (default:
     when enabled, lagdoctor.notify.interactive) adds Acknowledge / Snooze.
     """
-    settings = _settings(settings)
-    dag_id = _dag_id(dag_id, SWEEP_DAG_ID)
-    buttons = _buttons(buttons)
-    db = _state_db(settings)
+    args = {"finding": dict(finding), "plan": dict(plan) if plan is not None else None, "run_id": run_id,
+            "now": _now(now).isoformat(), "dag_id": _dag_id(dag_id, SWEEP_DAG_ID), "buttons": _buttons(buttons)}
+    return _call("incident", args, settings=settings, sender=sender, now=now, spooled={"threads": []})
+
+
+def _incident_in(db, conn, *, finding: Mapping[str, Any], plan: Mapping[str, Any] | None, run_id: str, now: str,
+                 dag_id: str, buttons: bool) -> tuple[dict[str, Any], Any]:
     store = ThreadStore(db)
     key = IncidentKey.of(finding)
-    with db.transaction() as conn:
-        outbox.lock_key(db, conn, key.lock_name())
-        if finding.get("diagnosis") == HEALTHY:
-            result, keys = _on_healthy(db, conn, store, finding, run_id=run_id, now=_now(now))
-        else:
-            result, keys = _on_problem(db, conn, store, finding, plan, run_id=run_id, now=_now(now),
-                                       dag_id=dag_id, buttons=buttons)
-    result.update(_deliver(db, settings, sender, now))
-    # Refs after delivery, so they carry the Slack ts of a thread just posted.
-    result["threads"] = [_thread_ref(s) for s in (store.get(k) for k in keys) if s is not None]
-    return result
+    at = datetime.fromisoformat(now)
+    outbox.lock_key(db, conn, key.lock_name())
+    if finding.get("diagnosis") == HEALTHY:
+        result, keys = _on_healthy(db, conn, store, finding, run_id=run_id, now=at)
+    else:
+        result, keys = _on_problem(db, conn, store, finding, plan, run_id=run_id, now=at,
+                                   dag_id=dag_id, buttons=buttons)
+
+    def threads(db) -> dict[str, Any]:
+        # After delivery, so they carry the Slack ts of a thread just posted.
+        return {"threads": [_thread_ref(s) for s in (store.get(k) for k in keys) if s is not None]}
+
+    return result, threads
 
 
 def _on_healthy(db, conn, store: ThreadStore, finding: Mapping[str, Any], *, run_id: str,
@@ -255,51 +290,57 @@ def post_incident_run(
     in full, and becomes its incident key's thread, so action results and later
     sweeps reply there too. Retrying the task posts nothing twice.
     """
-    from lagdoctor.state import run_threads, utcnow
+    problems = sum(1 for i in items if i["finding"].get("diagnosis") != HEALTHY)
+    args = {"items": [dict(i) for i in items], "run_id": run_id, "scope": scope, "now": _now(now).isoformat(),
+            "dag_id": _dag_id(dag_id, INCIDENT_DAG_ID), "buttons": _buttons(buttons)}
+    return _call("incident_run", args, settings=settings, sender=sender, now=now,
+                 spooled={"thread_ts": None, "problems": problems, "findings": len(items)})
 
-    settings = _settings(settings)
-    dag_id = _dag_id(dag_id, INCIDENT_DAG_ID)
-    buttons = _buttons(buttons)
-    db = _state_db(settings)
+
+def _incident_run_in(db, conn, *, items: list[Mapping[str, Any]], run_id: str, scope: str, now: str,
+                     dag_id: str, buttons: bool) -> tuple[dict[str, Any], Any]:
+    from lagdoctor.state import run_threads
+
     store = ThreadStore(db)
-    at = _now(now)
+    at = datetime.fromisoformat(now)
     stamp = at.isoformat()
     problems = [i for i in items if i["finding"].get("diagnosis") != HEALTHY]
-    with db.transaction() as conn:
-        outbox.lock_key(db, conn, f"run:{run_id}")
-        # Sorted, so two runs over overlapping groups take the locks in one order (no deadlock).
-        for name in sorted({IncidentKey.of(i["finding"]).lock_name() for i in problems}):
-            outbox.lock_key(db, conn, name)
-        row = conn.execute(sa.select(run_threads.c.data).where(run_threads.c.run_key == run_id)).first()
-        if row is None:
-            msg = render.render_run_header([i["finding"] for i in items], scope=scope, run_id=run_id, dag_id=dag_id)
-            root = outbox.queue_message(db, conn, dedupe_key=f"run:{run_id}:header", text=msg["text"],
-                                        blocks=msg["blocks"], now=at)
-            run = {"root_message_id": root, "posted": []}
-        else:
-            run = dict(row.data)
-        root = int(run["root_message_id"])
-        for item in problems:
-            finding = item["finding"]
-            key = IncidentKey.of(finding)
-            if key.digest() in run["posted"]:
-                continue
-            msg = render.render_incident(finding, item.get("plan"), run_id=run_id, dag_id=dag_id,
-                                         controls=key.digest() if buttons else None)
-            outbox.queue_message(db, conn, dedupe_key=f"run:{run_id}:{key.digest()}", text=msg["text"],
-                                 blocks=msg["blocks"], parent_id=root, now=at)
-            thread = ThreadState(key=key, channel="", thread_ts="", opened_at=stamp, root_message_id=root)
-            store.save(remember(thread, finding, run_id=run_id, now=stamp), conn=conn)
-            run["posted"] = [*run["posted"], key.digest()]
-        values = {"run_key": run_id, "data": run, "updated_at": utcnow() if now is None else at}
-        if not db.insert_ignore(conn, run_threads, values, ("run_key",)):
-            conn.execute(sa.update(run_threads).where(run_threads.c.run_key == run_id)
-                         .values(data=run, updated_at=values["updated_at"]))
-    delivery = _deliver(db, settings, sender, now)
-    with db.engine.connect() as conn:
-        sent = outbox.message_ts(conn, root)
-    return {"decision": "posted", "thread_ts": sent[1] if sent else None, "problems": len(problems),
-            "findings": len(items), **delivery}
+    outbox.lock_key(db, conn, f"run:{run_id}")
+    # Sorted, so two runs over overlapping groups take the locks in one order (no deadlock).
+    for name in sorted({IncidentKey.of(i["finding"]).lock_name() for i in problems}):
+        outbox.lock_key(db, conn, name)
+    row = conn.execute(sa.select(run_threads.c.data).where(run_threads.c.run_key == run_id)).first()
+    if row is None:
+        msg = render.render_run_header([i["finding"] for i in items], scope=scope, run_id=run_id, dag_id=dag_id)
+        root = outbox.queue_message(db, conn, dedupe_key=f"run:{run_id}:header", text=msg["text"],
+                                    blocks=msg["blocks"], now=at)
+        run = {"root_message_id": root, "posted": []}
+    else:
+        run = dict(row.data)
+    root = int(run["root_message_id"])
+    for item in problems:
+        finding = item["finding"]
+        key = IncidentKey.of(finding)
+        if key.digest() in run["posted"]:
+            continue
+        msg = render.render_incident(finding, item.get("plan"), run_id=run_id, dag_id=dag_id,
+                                     controls=key.digest() if buttons else None)
+        outbox.queue_message(db, conn, dedupe_key=f"run:{run_id}:{key.digest()}", text=msg["text"],
+                             blocks=msg["blocks"], parent_id=root, now=at)
+        thread = ThreadState(key=key, channel="", thread_ts="", opened_at=stamp, root_message_id=root)
+        store.save(remember(thread, finding, run_id=run_id, now=stamp), conn=conn)
+        run["posted"] = [*run["posted"], key.digest()]
+    values = {"run_key": run_id, "data": run, "updated_at": at}
+    if not db.insert_ignore(conn, run_threads, values, ("run_key",)):
+        conn.execute(sa.update(run_threads).where(run_threads.c.run_key == run_id)
+                     .values(data=run, updated_at=values["updated_at"]))
+
+    def thread_ts(db) -> dict[str, Any]:
+        with db.engine.connect() as c:
+            sent = outbox.message_ts(c, root)
+        return {"thread_ts": sent[1] if sent else None}
+
+    return {"decision": "posted", "problems": len(problems), "findings": len(items)}, thread_ts
 
 
 def post_action_result(
@@ -311,32 +352,35 @@ def post_action_result(
     Each (idempotency key, status) is queued once, so a retried task does not
     repeat it. Without a thread (none was ever posted) it goes top-level.
     """
-    settings = _settings(settings)
-    db = _state_db(settings)
+    args = {"record": dict(record), "now": _now(now).isoformat()}
+    return _call("action_result", args, settings=settings, sender=sender, now=now, spooled={"threads": []})
+
+
+def _action_result_in(db, conn, *, record: Mapping[str, Any], now: str) -> tuple[dict[str, Any], Any]:
     store = ThreadStore(db)
     key = IncidentKey(str(record.get("cluster", "")), str(record.get("group_id", "")),
                       str(record.get("topic", "")), str(record.get("diagnosis", "")))
     marker = f"{record.get('idempotency_key')}:{record.get('status')}"
-    dedupe = f"action:{marker}"
-    with db.transaction() as conn:
-        outbox.lock_key(db, conn, key.lock_name())
-        state = store.get(key, conn=conn)
-        if state is not None and marker in state.posted_actions:
-            decision = "unchanged"
-        else:
-            msg = render.render_action_result(record)
-            target = _reply_target(state) if state is not None else {}
-            outbox.queue_message(db, conn, dedupe_key=dedupe, text=msg["text"], blocks=msg["blocks"],
-                                 now=now, **target)
-            if state is not None:
-                state.posted_actions.append(marker)
-                state.replies += 1
-                store.save(state, conn=conn)
-            decision = "replied" if state is not None else "posted"
-    result = {"decision": decision, **_deliver(db, settings, sender, now)}
-    state = store.get(key)
-    result["threads"] = [_thread_ref(state)] if state is not None else []
-    return result
+    outbox.lock_key(db, conn, key.lock_name())
+    state = store.get(key, conn=conn)
+    if state is not None and marker in state.posted_actions:
+        decision = "unchanged"
+    else:
+        msg = render.render_action_result(record)
+        target = _reply_target(state) if state is not None else {}
+        outbox.queue_message(db, conn, dedupe_key=f"action:{marker}", text=msg["text"], blocks=msg["blocks"],
+                             now=datetime.fromisoformat(now), **target)
+        if state is not None:
+            state.posted_actions.append(marker)
+            state.replies += 1
+            store.save(state, conn=conn)
+        decision = "replied" if state is not None else "posted"
+
+    def threads(db) -> dict[str, Any]:
+        found = store.get(key)
+        return {"threads": [_thread_ref(found)] if found is not None else []}
+
+    return {"decision": decision}, threads
 
 
 def post_notice(
@@ -352,18 +396,80 @@ def post_notice(
     else:
         text = escape_mrkdwn(" ".join(str(message).split()))
         blocks = [{"type": "section", "text": {"type": "mrkdwn", "text": text}}]
-    settings = _settings(settings)
-    db = _state_db(settings)
-    with db.transaction() as conn:
-        outbox.queue_message(db, conn, dedupe_key=f"notice:{dedupe_key}", text=text, blocks=blocks, now=now)
-    return {"decision": "queued", **_deliver(db, settings, sender, now)}
+    args = {"dedupe_key": dedupe_key, "text": text, "blocks": blocks, "now": _now(now).isoformat()}
+    return _call("notice", args, settings=settings, sender=sender, now=now)
+
+
+def _notice_in(db, conn, *, dedupe_key: str, text: str, blocks: list[Any], now: str) -> tuple[dict[str, Any], Any]:
+    outbox.queue_message(db, conn, dedupe_key=f"notice:{dedupe_key}", text=text, blocks=blocks,
+                         now=datetime.fromisoformat(now))
+    return {"decision": "queued"}, None
 
 
 def deliver_pending(settings: Any = None, *, sender: Sender | None = None,
                     now: datetime | None = None) -> dict[str, Any]:
-    """Send whatever waits in the outbox (e.g. first thing in a run, after a Slack outage)."""
+    """Send whatever waits: the spool (replayed first) and the outbox (e.g. first
+    thing in a run, after a Slack or state database outage)."""
+    from lagdoctor.state import is_unavailable, unavailable_line
+
     settings = _settings(settings)
-    return _deliver(_state_db(settings), settings, sender, now)
+    try:
+        db = _state_db(settings)
+        spool.replay_spool(db, settings, _HANDLERS)
+    except Exception as exc:
+        if not is_unavailable(exc):
+            raise
+        return {"undelivered": spool.spooled_count(settings) or None, "delivery_error": unavailable_line(exc)}
+    return _deliver(db, settings, sender, now)
+
+
+def _call(kind: str, args: dict[str, Any], *, settings: Any, sender: Sender | None, now: datetime | None,
+          spooled: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Replay the spool, run one coordinator call in a transaction, deliver.
+
+    The state database unreachable before the call committed: the call goes to
+    the spool (decision "spooled"), replayed once by a later call."""
+    from lagdoctor.state import is_unavailable, unavailable_line
+
+    settings = _settings(settings)
+    down = _batch_state_down.get()
+    if down:
+        return _spool(kind, args, settings, down[0], spooled)
+    try:
+        db = _state_db(settings)
+        replayed = spool.replay_spool(db, settings, _HANDLERS)
+        with db.transaction() as conn:
+            result, finish = _HANDLERS[kind](db, conn, **args)
+    except Exception as exc:
+        if not is_unavailable(exc):
+            raise
+        line = unavailable_line(exc)
+        if down is not None:
+            down.append(line)
+        return _spool(kind, args, settings, line, spooled)
+    if result.pop("_quiet", False) and not replayed:
+        # Nothing new to say (e.g. no failure thread to close): no delivery round.
+        return {**result, "undelivered": 0, "delivery_error": None}
+    result.update(_deliver(db, settings, sender, now))
+    if finish is not None:
+        try:
+            result.update(finish(db))
+        except Exception as exc:
+            if not is_unavailable(exc):
+                raise
+            result.update({k: v for k, v in (spooled or {}).items() if k not in result})
+    return result
+
+
+def _spool(kind: str, args: Mapping[str, Any], settings: Any, line: str,
+           extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Keep the call in the spool; what the task is told."""
+    path = spool.spool_call(settings, kind, args, reason=line)
+    waiting = spool.spooled_count(settings)
+    error = (f"{line}; {waiting} notification(s) kept in the spool {path.parent}, "
+             f"sent once the state database is back")
+    log.warning("Slack: %s", error)
+    return {"decision": "spooled", **(extra or {}), "undelivered": waiting, "delivery_error": error}
 
 
 # -- failures: one thread per DAG ------------------------------------------------------
@@ -422,51 +528,56 @@ def notify_failure(context: Mapping[str, Any], *, settings: Any = None, sender: 
 
 def _notify_failure(context: Mapping[str, Any], *, settings: Any, sender: Sender | None,
                     now: datetime | None) -> dict[str, Any]:
-    settings = _settings(settings)
-    db = _state_db(settings)
     dag_id, task_id, run_id = _context_ids(context)
     exc = context.get("exception")
-    reason = one_line(exc) if exc else ""
-    at = _now(now)
-    signature = _failure_signature(task_id, reason, run_id)
-    with db.transaction() as conn:
-        outbox.lock_key(db, conn, f"failure:{dag_id}")
-        data = _load_failure(db, conn, dag_id)
-        msg = render.render_failure(dag_id=dag_id, task_id=task_id, run_id=run_id, reason=reason)
-        if data is None or data.get("status") != "open":
-            root = outbox.queue_message(db, conn, dedupe_key=f"failure:{dag_id}:{run_id}:{task_id}:open",
-                                        text=msg["text"], blocks=msg["blocks"], now=at)
-            data = {"status": "open", "root_message_id": root, "opened_at": at.isoformat(), "signature": signature,
-                    "signatures": [signature], "failed_runs": 1, "recent_runs": [run_id],
-                    "seen": [f"{run_id}/{task_id}"], "repeats": 0, "replies": 0}
-            decision = "posted"
-        elif f"{run_id}/{task_id}" in data["seen"]:
-            decision = "unchanged"  # the same failure reported twice (a re-run callback)
-        else:
-            # Bounded: an outage over a weekend is hundreds of runs; a count says enough.
-            data["seen"] = [*data["seen"], f"{run_id}/{task_id}"][-RECENT_FAILURES:]
-            if run_id not in data["recent_runs"]:
-                data["recent_runs"] = [*data["recent_runs"], run_id][-RECENT_FAILURES:]
-                data["failed_runs"] += 1
-            # Every failure this thread already told, not only the last: two clusters
-            # down at once alternate each run, and must not reply every run.
-            told = data.get("signatures") or [data["signature"]]
-            if signature in told:
-                data["repeats"] += 1
-                decision = "unchanged"
-            else:
-                runs = data["failed_runs"]
-                msg["blocks"] = [*msg["blocks"], {"type": "context", "elements": [
-                    {"type": "mrkdwn", "text": f"Failing differently now; {runs} failed run(s) since this thread opened."}]}]
-                outbox.queue_message(db, conn, dedupe_key=f"failure:{dag_id}:{data['root_message_id']}:{run_id}:{task_id}",
-                                     text=msg["text"], blocks=msg["blocks"], parent_id=data["root_message_id"], now=at)
-                data["signature"], data["replies"] = signature, data["replies"] + 1
-                data["signatures"] = [*told, signature][-RECENT_FAILURES:]
-                decision = "replied"
-        _save_failure(db, conn, dag_id, data, at)
-    result = {"decision": decision, "failed_runs": data["failed_runs"], "repeats": data["repeats"],
-              **_deliver(db, settings, sender, now)}
+    args = {"dag_id": dag_id, "task_id": task_id, "run_id": run_id, "reason": one_line(exc) if exc else "",
+            "now": _now(now).isoformat()}
+    result = _call("failure", args, settings=settings, sender=sender, now=now,
+                   spooled={"failed_runs": None, "repeats": None})
+    if result["decision"] == "spooled":
+        log.error("the failure notification waits in the spool: %s", result["delivery_error"])
     return result
+
+
+def _failure_in(db, conn, *, dag_id: str, task_id: str, run_id: str, reason: str,
+                now: str) -> tuple[dict[str, Any], Any]:
+    at = datetime.fromisoformat(now)
+    signature = _failure_signature(task_id, reason, run_id)
+    outbox.lock_key(db, conn, f"failure:{dag_id}")
+    data = _load_failure(db, conn, dag_id)
+    msg = render.render_failure(dag_id=dag_id, task_id=task_id, run_id=run_id, reason=reason)
+    if data is None or data.get("status") != "open":
+        root = outbox.queue_message(db, conn, dedupe_key=f"failure:{dag_id}:{run_id}:{task_id}:open",
+                                    text=msg["text"], blocks=msg["blocks"], now=at)
+        data = {"status": "open", "root_message_id": root, "opened_at": at.isoformat(), "signature": signature,
+                "signatures": [signature], "failed_runs": 1, "recent_runs": [run_id],
+                "seen": [f"{run_id}/{task_id}"], "repeats": 0, "replies": 0}
+        decision = "posted"
+    elif f"{run_id}/{task_id}" in data["seen"]:
+        decision = "unchanged"  # the same failure reported twice (a re-run callback)
+    else:
+        # Bounded: an outage over a weekend is hundreds of runs; a count says enough.
+        data["seen"] = [*data["seen"], f"{run_id}/{task_id}"][-RECENT_FAILURES:]
+        if run_id not in data["recent_runs"]:
+            data["recent_runs"] = [*data["recent_runs"], run_id][-RECENT_FAILURES:]
+            data["failed_runs"] += 1
+        # Every failure this thread already told, not only the last: two clusters
+        # down at once alternate each run, and must not reply every run.
+        told = data.get("signatures") or [data["signature"]]
+        if signature in told:
+            data["repeats"] += 1
+            decision = "unchanged"
+        else:
+            runs = data["failed_runs"]
+            msg["blocks"] = [*msg["blocks"], {"type": "context", "elements": [
+                {"type": "mrkdwn", "text": f"Failing differently now; {runs} failed run(s) since this thread opened."}]}]
+            outbox.queue_message(db, conn, dedupe_key=f"failure:{dag_id}:{data['root_message_id']}:{run_id}:{task_id}",
+                                 text=msg["text"], blocks=msg["blocks"], parent_id=data["root_message_id"], now=at)
+            data["signature"], data["replies"] = signature, data["replies"] + 1
+            data["signatures"] = [*told, signature][-RECENT_FAILURES:]
+            decision = "replied"
+    _save_failure(db, conn, dag_id, data, at)
+    return {"decision": decision, "failed_runs": data["failed_runs"], "repeats": data["repeats"]}, None
 
 
 def notify_recovery(context: Mapping[str, Any], *, settings: Any = None, sender: Sender | None = None,
@@ -475,26 +586,42 @@ def notify_recovery(context: Mapping[str, Any], *, settings: Any = None, sender:
 
     Nothing is sent when no failure thread is open. Never raises."""
     try:
-        settings = _settings(settings)
-        db = _state_db(settings)
         dag_id, _task_id, run_id = _context_ids(context)
-        at = _now(now)
-        with db.transaction() as conn:
-            outbox.lock_key(db, conn, f"failure:{dag_id}")
-            data = _load_failure(db, conn, dag_id)
-            if data is None or data.get("status") != "open":
-                return {"decision": "unchanged", "undelivered": 0, "delivery_error": None}
-            msg = render.render_failure_recovery(dag_id=dag_id, run_id=run_id, failed_runs=data["failed_runs"])
-            outbox.queue_message(db, conn, dedupe_key=f"failure:{dag_id}:{data['root_message_id']}:recovered",
-                                 text=msg["text"], blocks=msg["blocks"], parent_id=data["root_message_id"], now=at)
-            data.update(status="closed", closed_at=at.isoformat(), replies=data["replies"] + 1)
-            _save_failure(db, conn, dag_id, data, at)
-        return {"decision": "recovered", "failed_runs": data["failed_runs"], **_deliver(db, settings, sender, now)}
+        args = {"dag_id": dag_id, "run_id": run_id, "now": _now(now).isoformat()}
+        result = _call("recovery", args, settings=settings, sender=sender, now=now, spooled={"failed_runs": None})
+        if result["decision"] == "spooled":
+            log.error("the recovery notification waits in the spool: %s", result["delivery_error"])
+        return result
     except Exception as err:  # noqa: BLE001
         log.error("could not queue the recovery notification: %s", one_line(err))
         return {"decision": "error", "undelivered": 0, "delivery_error": one_line(err)}
 
 
+def _recovery_in(db, conn, *, dag_id: str, run_id: str, now: str) -> tuple[dict[str, Any], Any]:
+    at = datetime.fromisoformat(now)
+    outbox.lock_key(db, conn, f"failure:{dag_id}")
+    data = _load_failure(db, conn, dag_id)
+    if data is None or data.get("status") != "open":
+        return {"decision": "unchanged", "_quiet": True}, None
+    msg = render.render_failure_recovery(dag_id=dag_id, run_id=run_id, failed_runs=data["failed_runs"])
+    outbox.queue_message(db, conn, dedupe_key=f"failure:{dag_id}:{data['root_message_id']}:recovered",
+                         text=msg["text"], blocks=msg["blocks"], parent_id=data["root_message_id"], now=at)
+    data.update(status="closed", closed_at=at.isoformat(), replies=data["replies"] + 1)
+    _save_failure(db, conn, dag_id, data, at)
+    return {"decision": "recovered", "failed_runs": data["failed_runs"]}, None
+
+
 def _thread_ref(state: ThreadState) -> dict[str, Any]:
     return {"diagnosis": state.key.diagnosis, "channel": state.channel, "thread_ts": state.thread_ts,
             "status": state.status}
+
+
+# What a spooled call of each kind replays through: the same code as a live call.
+_HANDLERS = {
+    "incident": _incident_in,
+    "incident_run": _incident_run_in,
+    "action_result": _action_result_in,
+    "notice": _notice_in,
+    "failure": _failure_in,
+    "recovery": _recovery_in,
+}

@@ -6,7 +6,11 @@ so a retried task or a re-run queues nothing twice. ``deliver_pending`` then
 sends the pending rows in id order through a sender (lagdoctor.notify.slack):
 
   - one worker at a time: delivery runs under the lease ``slack-outbox``, so two
-    workers never send the same row;
+    workers never send the same row. Rows are claimed one at a time: right
+    before each send one transaction renews the lease and reads the oldest row
+    still pending, so a worker that stalled past the lease (and whose rows
+    another worker sent meanwhile) never sends from a stale list. No
+    transaction or lock is held across the Slack call;
   - in order: the first failure stops delivery (the row keeps its attempts and a
     one-line ``last_error``), so nothing overtakes a message that did not go out;
   - threads: a reply queued before its parent had a Slack ts names the parent
@@ -48,7 +52,6 @@ OUTBOX_LEASE = "slack-outbox"
 LEASE_TTL = timedelta(minutes=5)
 # How long a caller waits for another worker's delivery to finish before giving up.
 LEASE_WAIT_S = 45.0
-BATCH = 50
 
 
 @dataclass(frozen=True)
@@ -141,23 +144,30 @@ def deliver_pending(db: StateDB, sender: Any, *, now: datetime | None = None,
     sent, error = 0, None
     try:
         while error is None:
-            with db.engine.connect() as conn:
-                rows = conn.execute(sa.select(slack_messages).where(slack_messages.c.status == PENDING)
-                                    .order_by(slack_messages.c.id).limit(BATCH)).mappings().all()
-            if not rows:
+            claimed, row = _claim_next(db, holder)
+            if not claimed:
+                # Our lease ran out and another worker took over: it sends the rest.
+                error = "Slack outbox: another worker took over delivery"
                 break
-            for row in rows:
-                if not db.acquire_lease(OUTBOX_LEASE, holder, LEASE_TTL):
-                    # Our lease ran out and another worker took over: it sends the rest.
-                    error = "Slack outbox: another worker took over delivery"
-                    break
-                error = _send_one(db, sender, dict(row), now=now)
-                if error is not None:
-                    break
+            if row is None:
+                break
+            error = _send_one(db, sender, row, now=now)
+            if error is None:
                 sent += 1
     finally:
         db.release_lease(OUTBOX_LEASE, holder)
     return Delivery(sent, pending_count(db), error)
+
+
+def _claim_next(db: StateDB, holder: str) -> tuple[bool, dict[str, Any] | None]:
+    """(lease still ours, the oldest pending row or None), read in one transaction
+    with the lease renewed; committed before the row is sent."""
+    with db.transaction() as conn:
+        if not db.acquire_lease(OUTBOX_LEASE, holder, LEASE_TTL, conn=conn):
+            return False, None
+        row = conn.execute(sa.select(slack_messages).where(slack_messages.c.status == PENDING)
+                           .order_by(slack_messages.c.id).limit(1)).mappings().first()
+    return True, dict(row) if row is not None else None
 
 
 def _send_one(db: StateDB, sender: Any, row: dict[str, Any], *, now: datetime | None) -> str | None:
@@ -198,7 +208,9 @@ def _send_one(db: StateDB, sender: Any, row: dict[str, Any], *, now: datetime | 
         log.warning("Slack delivery stopped at message %s: %s", row["id"], error)
         return error
     with db.transaction() as conn:
-        conn.execute(sa.update(slack_messages).where(slack_messages.c.id == row["id"]).values(
+        # Still pending: a worker that took over after a stall may have sent and recorded it already.
+        conn.execute(sa.update(slack_messages).where(slack_messages.c.id == row["id"],
+                                                     slack_messages.c.status == PENDING).values(
             status=SENT, ts=posted.ts, sent_channel=posted.channel, attempts=slack_messages.c.attempts + 1,
             last_error=None, sent_at=now or utcnow()))
     return None

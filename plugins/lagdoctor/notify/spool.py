@@ -1,0 +1,142 @@
+"""The spool: notifications kept on local disk while the state database is unreachable.
+
+Every Slack message goes through the state database (the outbox, thread state).
+When that database cannot be reached (stopped, paused, timed out:
+``lagdoctor.state.is_unavailable``), the coordinator (incidents.py) does not
+drop the call and does not send it directly either: it writes the call itself
+(what to post, for which run, at what time) as one JSON file here, and the
+task is told how many wait. Sending directly would post without thread state,
+so the same finding would be posted again once the database is back;
+the spool loses nothing and repeats nothing.
+
+Replay: the next coordinator call that reaches the database (any task, a
+callback, ``deliver_pending``) first replays every spooled call, oldest first,
+through the same code a live call runs, then delivers the outbox as usual.
+Each replay runs in one transaction with a marker row (``spool_replays``,
+keyed by the file's id), so a file replayed twice (two workers at once, or a
+crash before the file was removed) queues its message once. Calls are replayed
+with the ``now`` and run they were made with: a missed CRITICAL finding is
+posted as of the run that found it, and a later run's same finding is not
+posted again.
+
+Files: ``<id>.json`` under ``Settings.spool_root`` (a local folder), written to
+a temporary name and renamed, so a reader never sees half a file. A file that
+cannot be read or replayed (not a database outage: a bug, a corrupt file) is
+renamed ``<id>.failed`` with an error line, kept for people, and never blocks
+the ones after it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from lagdoctor.notify.redact import one_line
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".json"
+FAILED_SUFFIX = ".failed"
+_sequence = itertools.count()
+
+Handler = Callable[..., Any]
+
+
+def spool_dir(settings: Any) -> Path:
+    return Path(settings.spool_root)
+
+
+def spool_call(settings: Any, kind: str, args: Mapping[str, Any], *, reason: str) -> Path:
+    """Write one call to the spool atomically; the file's path."""
+    from lagdoctor.state import utcnow
+
+    root = spool_dir(settings)
+    root.mkdir(parents=True, exist_ok=True)
+    # Sorts by when it was spooled; pid, a counter and a random tail keep two writers apart.
+    entry_id = f"{time.time_ns():020d}-{os.getpid()}-{next(_sequence):06d}-{uuid.uuid4().hex[:8]}"
+    data = json.dumps({"id": entry_id, "kind": kind, "args": dict(args), "reason": reason,
+                       "spooled_at": utcnow().isoformat()}, sort_keys=True, default=str)
+    tmp = root / f".tmp-{entry_id}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    path = root / f"{entry_id}{SUFFIX}"
+    os.replace(tmp, path)
+    _fsync_dir(root)
+    return path
+
+
+def _fsync_dir(root: Path) -> None:
+    try:
+        fd = os.open(root, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def spooled(settings: Any) -> list[Path]:
+    """The calls that wait, oldest first."""
+    root = spool_dir(settings)
+    if not root.is_dir():
+        return []
+    return sorted(root.glob(f"*{SUFFIX}"))
+
+
+def spooled_count(settings: Any) -> int:
+    return len(spooled(settings))
+
+
+def _set_aside(path: Path, why: str) -> None:
+    log.error("spool: %s cannot be replayed, kept as %s: %s", path.name, path.with_suffix(FAILED_SUFFIX).name, why)
+    try:
+        path.rename(path.with_suffix(FAILED_SUFFIX))
+    except OSError as exc:
+        log.error("spool: could not set %s aside: %s", path.name, one_line(exc))
+
+
+def replay_spool(db: Any, settings: Any, handlers: Mapping[str, Handler]) -> int:
+    """Replay every spooled call into the state database, oldest first; how many acted.
+
+    Raises what an unreachable database raises (the rest stays spooled, in order);
+    anything else sets that one file aside and goes on."""
+    from lagdoctor.state import is_unavailable, spool_replays, utcnow
+
+    replayed = 0
+    for path in spooled(settings):
+        try:
+            entry = json.loads(path.read_text(encoding="utf-8"))
+            entry_id, kind, args = str(entry["id"]), str(entry["kind"]), dict(entry["args"])
+            handler = handlers[kind]
+        except FileNotFoundError:
+            continue  # another worker replayed and removed it just now
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            _set_aside(path, one_line(exc))
+            continue
+        try:
+            with db.transaction() as conn:
+                fresh = db.insert_ignore(conn, spool_replays, {"entry_id": entry_id[:64], "kind": kind[:32],
+                                                               "replayed_at": utcnow()}, ("entry_id",))
+                if fresh:
+                    handler(db, conn, **args)
+        except Exception as exc:  # noqa: BLE001 - a bad entry must not block the ones after it
+            if is_unavailable(exc):
+                raise
+            _set_aside(path, one_line(exc))
+            continue
+        if fresh:
+            replayed += 1
+            log.info("spool: replayed %s (%s) into the outbox", path.name, kind)
+        path.unlink(missing_ok=True)
+    return replayed
