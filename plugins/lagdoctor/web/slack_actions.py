@@ -77,11 +77,19 @@ def create_app(
         from lagdoctor.state import state_db
 
         now = clock()
+        # Headers and the timestamp window first: a request that cannot be Slack's
+        # costs no connection lookup (the secret lives in the Slack connection).
+        reason = interactive.verify_signature("-", timestamp, body, signature, now=now.timestamp())
+        if reason and reason != "signature mismatch":
+            return refuse(reason)
         secret = interactive.signing_secret()
         reason = interactive.verify_signature(secret, timestamp, body, signature, now=now.timestamp())
         if reason:
             return refuse(reason)
-        click = interactive.Click.from_payload(interactive.payload_from_form(body) or {})
+        try:
+            click = interactive.Click.from_payload(interactive.payload_from_form(body) or {})
+        except (TypeError, ValueError, AttributeError, IndexError, KeyError):
+            click = None  # signed, but not the shape Slack sends: a JSON field of the wrong type
         if click is None or not click.user_id:
             return JSONResponse({"ok": False, "error": "not a block_actions payload"}, status_code=400)
         settings = settings_factory()
@@ -115,14 +123,30 @@ def create_app(
 
     @app.post(ACTIONS_PATH)
     async def actions(request: Request, background: BackgroundTasks) -> JSONResponse:
-        body = await request.body()
-        if len(body) > MAX_BODY:
-            return refuse("body too large")
+        body = await read_at_most(request, MAX_BODY)
+        if body is None:
+            log.warning("Slack request refused: body over %d bytes", MAX_BODY)
+            return JSONResponse({"ok": False, "error": f"body over {MAX_BODY} bytes"}, status_code=413)
         # The database and Airflow's API are blocking calls: off the event loop.
         return await run_in_threadpool(act, body, request.headers.get("X-Slack-Request-Timestamp"),
                                        request.headers.get("X-Slack-Signature"), background)
 
     return app
+
+
+async def read_at_most(request: Request, limit: int) -> bytes | None:
+    """The body, or None as soon as it is over `limit` bytes (a declared Content-Length
+    over it is refused before reading): never more than `limit` bytes held in memory."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _deliver(settings: Settings, now: datetime) -> None:
