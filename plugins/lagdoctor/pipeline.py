@@ -413,6 +413,7 @@ def _remediation_group(action: str, branches, *, approvals: bool) -> None:
             # asks in the run's Slack thread (a button per target when enabled)
             notifiers=[SlackApprovalNotifier()],
             execution_timeout=TIMEOUTS["approve"],
+            retries=0,  # a retry would ask the human again
         )
         g = gate()
         branches >> g
