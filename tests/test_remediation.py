@@ -205,7 +205,7 @@ def test_approval_flow_with_the_standard_providers_approval_operator(settings, k
     assert waiting["status"] == "awaiting_approval" and k8s.requests == []
     request = approval_request(waiting)
     assert request["subject"] == "Approve restart_consumers for orders on orders.v1 (prod)?"
-    assert "rollout restart shop/orders-consumer" in request["body"]
+    assert "rollout restart shop\\/orders\\-consumer" in request["body"]  # Markdown-escaped
     operator = ApprovalOperator(task_id="approve_restart_consumers", **request)
     done = run_action("restart_consumers", finding("crashed_consumer"), approved=approved_from_hitl(answer(operator, "Approve")), **kw)
     assert done["status"] == "executed"

@@ -419,7 +419,7 @@ def _control_click(click: Click, *, db, now: datetime) -> Outcome:
                 _audit(db, conn, click, action, "already", text, now)
                 return Outcome("already", text)
             values = {"ack_by": click.who, "ack_at": now, "ack_severity": state.severity}
-            posted = (f":eyes: *Acknowledged* by {escape_mrkdwn(click.who)}: no more updates in this thread "
+            posted = (f":eyes: *Acknowledged* by {mrkdwn_value(click.who)}: no more updates in this thread "
                       f"until the severity changes (now {escape_mrkdwn(state.severity or '-')}). "
                       "A recovery is still posted.")
         else:
@@ -430,7 +430,7 @@ def _control_click(click: Click, *, db, now: datetime) -> Outcome:
                 return Outcome("already", text)
             until = now + SNOOZE
             values = {"snoozed_by": click.who, "snoozed_at": now, "snoozed_until": until}
-            posted = (f":zzz: *Snoozed* by {escape_mrkdwn(click.who)} until {_when(until)}: no updates in this "
+            posted = (f":zzz: *Snoozed* by {mrkdwn_value(click.who)} until {_when(until)}: no updates in this "
                       "thread until then. A recovery is still posted.")
         values.update(root_message_id=state.root_message_id, updated_at=now)
         if row is None:
@@ -604,7 +604,7 @@ def _answer_text(click: Click, row: Mapping[str, Any], status: str, approved: li
         what = f"goes ahead for {names}" + (f"; the other {rest} are rejected" if rest else "")
     else:
         what = "is rejected for every group"
-    return (f"{verb} by {escape_mrkdwn(click.who)} in Slack: `{escape_mrkdwn(code_safe(row['task_id']))}` of run "
+    return (f"{verb} by {mrkdwn_value(click.who)} in Slack: `{escape_mrkdwn(code_safe(row['task_id']))}` of run "
             f"`{escape_mrkdwn(code_safe(row['run_id']))}` {what}. Airflow records the answer as "
             f"{mrkdwn_value(recorded_as or click.who)}.")
 

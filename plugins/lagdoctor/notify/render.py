@@ -720,14 +720,17 @@ def render_quarantine_notice(entries: Sequence[Mapping[str, Any]]) -> dict[str, 
 
 
 def render_approval_request(record: Mapping[str, Any]) -> dict[str, str]:
-    from lagdoctor.notify.templates import APPROVAL_BODY, APPROVAL_SUBJECT
+    from lagdoctor.notify.templates import APPROVAL_BODY, APPROVAL_SUBJECT, escape_markdown, plain_label
 
     message = str(record.get("message", ""))
-    v = {"action": record.get("action"), "group": record.get("group_id"), "topic": record.get("topic"),
-         "cluster": record.get("cluster"), "diagnosis": record.get("diagnosis"), "run_id": record.get("run_id"),
-         "irreversible": record.get("irreversible"), "warning": record.get("warning"),
-         "description": message.removeprefix("needs approval: ")}
-    return {"subject": render_plain(APPROVAL_SUBJECT, **v), "body": render_plain(APPROVAL_BODY, **v)}
+    raw = {"action": record.get("action"), "group": record.get("group_id"), "topic": record.get("topic"),
+           "cluster": record.get("cluster"), "diagnosis": record.get("diagnosis"), "run_id": record.get("run_id"),
+           "warning": record.get("warning"), "description": message.removeprefix("needs approval: ")}
+    flags = {"irreversible": record.get("irreversible")}
+    # The subject is plain text (one line); the body Markdown, every value escaped.
+    return {"subject": render_plain(APPROVAL_SUBJECT, **{k: plain_label(v, 200) for k, v in raw.items()}, **flags),
+            "body": render_plain(APPROVAL_BODY, **{k: escape_markdown(v) if v else v for k, v in raw.items()},
+                                 **flags)}
 
 
 def render_run_header(findings: Sequence[Mapping[str, Any]], *, scope: str, run_id: str,

@@ -69,13 +69,15 @@ TEMPLATES: dict[str, str] = {
     "quarantine_fallback": "lagdoctor moved {{ count }} unreadable snapshot file(s) aside",
 }
 
-# HITL approval: Markdown for the Airflow UI, not Slack; not escaped for mrkdwn.
+# HITL approval: Markdown for the Airflow UI, not Slack. render_approval_request
+# escapes every value for Markdown (escape_markdown) before it gets here; no value sits
+# in a code span (a backslash escape shows there).
 APPROVAL_SUBJECT = "Approve {{ action }} for {{ group }} on {{ topic }} ({{ cluster }})?"
 APPROVAL_BODY = """\
 **{{ description }}**
 
-- diagnosis: `{{ diagnosis }}`
-- run: `{{ run_id }}`
+- diagnosis: {{ diagnosis }}
+- run: {{ run_id }}
 {% if irreversible %}- **irreversible**{% endif %}
 
 {% if warning %}> {{ warning }}{% endif %}
