@@ -485,6 +485,10 @@ def test_the_service_identity_never_answers_for_an_unmapped_slack_user(app_url, 
 def test_a_rerun_approval_posts_a_new_prompt_and_the_old_buttons_say_superseded(app_url, clock, slack,
                                                                                airflow_api, env):
     old = buttons_of(ask(env, slack, targets("prod", "prod"), try_number=1).body)
+    # Approved once; then the task is cleared and asks again (Airflow takes a new answer).
+    assert click(app_url, clock, interactive.APPROVE, old["Approve 2 only"], OTHER_APPROVER, "bob").json()[
+        "outcome"] == "done"
+    airflow_api.answer, airflow_api.requests[:] = None, []
     new = buttons_of(ask(env, slack, targets("prod", "prod"), try_number=2).body)
     assert old["Approve 1 only"] != new["Approve 1 only"]  # a new message, with its own buttons
     assert len([p for p in slack.posts if "Approval needed" in (p.body.get("text") or "")]) == 2
@@ -555,6 +559,39 @@ def test_no_write_lock_is_held_while_airflow_is_called(env, slack, waiting_appro
                           value=buttons["Approve"]), db=db, now=T0, hitl=hitl)
     assert outcome.outcome == "done"
     assert hitl.write_error is None, f"the state database was locked during the HTTP call: {hitl.write_error}"
+
+
+class MintingHITL:
+    """Airflow's API behind an auth manager that mints a token per user (SimpleAuthManager)."""
+
+    service = None
+
+    def __init__(self) -> None:
+        self.responders: list[str] = []
+
+    def acts_as(self, _user):
+        return True
+
+    def respond(self, dag_id, run_id, task_id, map_index, option, *, responder):
+        from lagdoctor.notify.airflow_api import HITLAnswer
+
+        self.responders.append(responder)
+        return HITLAnswer(True, False, list(option), responder, T0)
+
+
+@pytest.mark.parametrize("mapping, recorded_as", [(f"{APPROVER}=alice.smith", "alice.smith"),
+                                                  ("", f"slack:{APPROVER} (alice)")])
+def test_a_minted_answer_is_recorded_as_the_mapped_airflow_user(env, slack, waiting_approval, monkeypatch,
+                                                               mapping, recorded_as):
+    _header, buttons = waiting_approval
+    monkeypatch.setenv("LAGDOCTOR_SLACK_AIRFLOW_USERS", mapping)
+    hitl = MintingHITL()
+    db = StateDB.from_settings(env)
+    outcome = interactive.handle_click(
+        interactive.Click(user_id=APPROVER, user_name="alice", action_id=interactive.APPROVE,
+                          value=buttons["Approve"]), db=db, now=T0, hitl=hitl)
+    assert outcome.outcome == "done" and hitl.responders == [recorded_as]
+    assert f"Airflow records the answer as {recorded_as}." in outcome.posted
 
 
 # ---------------------------------------------------------------- the endpoint itself

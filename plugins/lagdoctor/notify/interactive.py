@@ -497,9 +497,16 @@ def _approval_click(click: Click, *, db, now: datetime, hitl: Any,
 
     with db.engine.connect() as conn:
         found = conn.execute(sa.select(a).where(a.c.id == approval_id)).mappings().first()
+        # A newer try of the same task asked again: this message's buttons are history,
+        # whatever was answered on it ("already approved" would credit the old answer).
+        newer = found is not None and conn.execute(sa.select(a.c.id).where(
+            a.c.dag_id == found["dag_id"], a.c.run_id == found["run_id"], a.c.task_id == found["task_id"],
+            a.c.map_index == found["map_index"], a.c.try_number > found["try_number"]).limit(1)).first() is not None
     row = dict(found) if found is not None else None
     if row is None:
         return audited("unknown_target", "no such approval", "lagdoctor knows no such approval; nothing was done.")
+    if newer:
+        row["status"] = SUPERSEDED
     picked = _chosen(click, row)
     # Who may answer: approvers of this DAG for every cluster the answer touches
     # (a rejection touches them all). Slack's user-group lookups happen here, outside any transaction.
