@@ -20,8 +20,13 @@ fails the run, naming the cluster. The incident DAG maps over its one cluster.
 
 Failures a retry cannot fix (the form, an incident's pattern that matches no
 group, the job's bad-input exit codes, a runbook error, Slack messages left in
-the outbox) fail at once, without retry. A real remediation that a guardrail
-blocks is skipped with the reason (failed, if it acted for another group).
+the outbox) fail at once, without retry. In the incident DAG, `approve` asks per
+target (one option per group on cluster/topic, "Reject all" the default) only for
+targets the guard lets run now, and not at all when it blocks every one; `run`
+acts for the ticked targets alone and records the others rejected. A real
+remediation that a guardrail blocks fails the incident run with the reason
+(before or after the approval); the sweep, where a cooldown is routine, skips it
+(failed, if it acted for another group).
 Every task has an execution timeout, so nothing holds the sweep forever.
 """
 

@@ -4,11 +4,13 @@ The DAG's ApprovalOperator calls the notifier when its task starts to wait::
 
     ApprovalOperator(task_id="approve", ..., notifiers=[SlackApprovalNotifier()])
 
-It records the waiting task instance (``slack_approvals``: the buttons carry
-only that row's id) and posts the question in the run's Slack thread, with
-Approve / Reject when buttons are enabled (a public base URL and a signing
-secret), else with a link to the task's page in Airflow. The click is
-answered by lagdoctor.web.slack_actions through Airflow's own HITL API.
+It records the waiting task instance, one row per try (``slack_approvals``: the
+buttons carry only that row's id and a target's number) and posts the question
+in the run's Slack thread: one line per target (blocked ones say why), with a
+button per target, "Approve all" and "Reject all" when buttons are enabled (a
+public base URL and a signing secret), else with a link to the task's page in
+Airflow. The click is answered by lagdoctor.web.slack_actions through Airflow's
+own HITL API.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Slack buttons: Approve / Reject a waiting HITL task, Acknowledge, Snooze 1 h.
+"""Slack buttons: approve (per target) / reject a waiting HITL task, Acknowledge, Snooze 1 h.
 
 What a click does lives here (lagdoctor.web.slack_actions only verifies and
 parses the HTTP request):

@@ -6,7 +6,10 @@ Not behind Airflow's login: Slack cannot hold an Airflow session. Instead
 every request must carry Slack's v0 signature (HMAC-SHA256 of
 ``v0:{timestamp}:{raw body}`` with the app's signing secret, the timestamp
 within 5 minutes, compared in constant time); anything else is 401, and
-without a signing secret everything is. A request seen before (same
+without a signing secret everything is. The headers and timestamp are checked
+before the secret is looked up, and nothing else is looked up before the
+signature holds. A body over 64 KiB is 413, refused as it streams (never held
+whole); a signed payload of the wrong shape (a JSON field of the wrong type) 400. A request seen before (same
 signature, or the same click) is answered 200 and not acted on again.
 What a click does is lagdoctor.notify.interactive; who answered is shown to
 the clicker alone (chat.postEphemeral) and, once acted on, in the thread.
