@@ -949,7 +949,9 @@ def approval_form(action: str, plans_path: str, *, settings: Settings | None = N
         if t["option"]:
             lines.append(f"- {md(t['option'].split(':', 1)[0])}: {head}: {md(change(t))}")
         else:
-            lines.append(f"- {head}: **blocked now**: {md(one_line(t['blocked']))} (not offered)")
+            why = (f"**blocked now**: {md(one_line(t['blocked']))}" if t["blocked"]
+                   else f"over the form's {APPROVAL_OPTIONS_MAX} choices: ask again in another run")
+            lines.append(f"- {head}: {why} (not offered)")
         lines.append(f"  - target: {md(t['target'])}")
         lines.append(f"  - why: {md(one_line(t.get('diagnosis') or ''))}: {md(one_line(t.get('summary') or ''))}")
     if spec.warning:

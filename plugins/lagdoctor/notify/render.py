@@ -792,7 +792,9 @@ def render_approval_prompt(subject: str, body: str | None, *, approval_id: int |
                 number = str(t["option"]).split(":", 1)[0].removeprefix("Approve ")
                 lines.append(f"{number}. {where}: {mrkdwn_value(t.get('does'))}")
             else:
-                lines.append(f":no_entry: {where}: *blocked now*: {mrkdwn_value(t.get('blocked'))} (not offered)")
+                why = (f"*blocked now*: {mrkdwn_value(t.get('blocked'))}" if t.get("blocked")
+                       else "over the form's limit")
+                lines.append(f":no_entry: {where}: {why} (not offered)")
         if len(targets) > APPROVAL_LINES_MAX:
             lines.append(f"… and {len(targets) - APPROVAL_LINES_MAX} more: see the form in Airflow.")
     else:
