@@ -112,3 +112,28 @@ def test_a_crafted_group_id_adds_no_line_link_or_formatting_to_the_form(settings
     assert "evil\\n- [click me](https://attacker.example) *bold* `code` &lt;b&gt;x&lt;/b&gt;\\n# Approve all" in html
     # The option (plain text) is one line.
     assert all("\n" not in o for o in form["options"])
+
+
+def test_a_group_the_finding_shows_stable_is_not_offered_a_poison_pill_skip(settings, tmp_path):
+    """Issue 17: a STABLE group got a skip_poison_pill form with no "blocked now"; approved, it was skipped."""
+    from tests.test_remediation import stuck_at
+
+    stable = {**stuck_at(120), "evidence": {**stuck_at(120)["evidence"], "group_state": "STABLE",
+                                            "group_members": 3}}
+    empty = {**stuck_at(120, group="ledger-2"), "evidence": {**stuck_at(120)["evidence"], "group_state": "EMPTY",
+                                                             "group_members": 0}}
+    plans = write_plans(tmp_path, [(stable, "skip_poison_pill"), (empty, "skip_poison_pill")])
+    form = approval_form("skip_poison_pill", plans, now=T0)
+    assert form["options"] == ["Approve 1: ledger-2 on prod / payments", REJECT_ALL]
+    html = MarkdownIt("commonmark").render(form["body"])
+    assert ("<strong>payments-ledger</strong> on prod, topic payments: <strong>blocked now</strong>: group was "
+            "STABLE with 3 member(s) at the window's end, not EMPTY: stop its consumers first, then run the "
+            "incident again (not offered)") in html
+    # Only the STABLE one: nobody is asked.
+    assert approval_needed("skip_poison_pill", write_plans(tmp_path, [(stable, "skip_poison_pill")]),
+                           dry_run=False, now=T0) is False
+    # The run task, reached without asking, records it blocked and raises: not green.
+    with pytest.raises(RemediationBlocked, match="group was STABLE with 3 member"):
+        remediate("skip_poison_pill", write_plans(tmp_path, [(stable, "skip_poison_pill")]), "manual__1",
+                  dry_run=False, settings=settings)
+    assert [(r["status"], r["rule"]) for r in audit(settings)] == [("blocked", "action")]

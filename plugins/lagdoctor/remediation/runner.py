@@ -120,6 +120,9 @@ def preview_action(
         out["does"] = action.describe(action.prepare(ctx))
     except ActionBlocked as exc:
         out["blocked"] = out["blocked"] or one_line(str(exc))
+    if not out["blocked"] and action.changes_state:
+        known = action.blocked_by_finding(ctx)
+        out["blocked"] = one_line(known) if known else None
     return out
 
 
@@ -226,6 +229,12 @@ def run_action(
             return record("dry_run", "would " + action.describe(plan), plan)
         # 5. approval
         if approval and approved is None:
+            # What the finding already shows would block it: said, not proposed (the
+            # approval form did not offer it either). An answered approval goes on to
+            # resolve(), which checks the live state instead.
+            known = action.blocked_by_finding(ctx)
+            if known:
+                return record("blocked", one_line(known), plan, rule="action")
             return record("awaiting_approval", "needs approval: " + action.describe(plan), plan)
         if approval and approved is False:
             return record("rejected", "rejected by a human: " + action.describe(plan), plan)
