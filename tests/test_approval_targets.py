@@ -137,3 +137,15 @@ def test_a_group_the_finding_shows_stable_is_not_offered_a_poison_pill_skip(sett
         remediate("skip_poison_pill", write_plans(tmp_path, [(stable, "skip_poison_pill")]), "manual__1",
                   dry_run=False, settings=settings)
     assert [(r["status"], r["rule"]) for r in audit(settings)] == [("blocked", "action")]
+
+
+def test_a_target_not_offered_because_blocked_is_recorded_blocked_not_rejected(settings, tmp_path):
+    from tests.test_remediation import stuck_at
+
+    stable = {**stuck_at(120), "evidence": {**stuck_at(120)["evidence"], "group_state": "STABLE",
+                                            "group_members": 3}}
+    plans = write_plans(tmp_path, [(stable, "skip_poison_pill")])
+    # The approver ticked nothing that covers it (other targets, or Reject all).
+    with pytest.raises(RemediationBlocked):
+        remediate("skip_poison_pill", plans, "manual__1", dry_run=False, approved_keys=set(), settings=settings)
+    assert [r["status"] for r in audit(settings)] == ["blocked"]

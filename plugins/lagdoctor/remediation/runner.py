@@ -228,13 +228,14 @@ def run_action(
         if dry_run:
             return record("dry_run", "would " + action.describe(plan), plan)
         # 5. approval
-        if approval and approved is None:
-            # What the finding already shows would block it: said, not proposed (the
-            # approval form did not offer it either). An answered approval goes on to
-            # resolve(), which checks the live state instead.
+        if approval and approved is not True:
+            # What the finding already shows would block it: said, not proposed nor "rejected"
+            # (the approval form did not offer it). An approved one goes on to resolve(),
+            # which checks the live state instead.
             known = action.blocked_by_finding(ctx)
             if known:
                 return record("blocked", one_line(known), plan, rule="action")
+        if approval and approved is None:
             return record("awaiting_approval", "needs approval: " + action.describe(plan), plan)
         if approval and approved is False:
             return record("rejected", "rejected by a human: " + action.describe(plan), plan)
