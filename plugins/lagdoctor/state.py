@@ -163,7 +163,7 @@ slack_interactions = sa.Table(
     sa.Column("user_name", sa.String(255), nullable=True),
     sa.Column("action", sa.String(64), nullable=False),  # approve | reject | ack | snooze | unknown
     sa.Column("target", sa.String(255), nullable=False),  # approval id or incident key digest
-    sa.Column("outcome", sa.String(32), nullable=False),  # done | already | refused | failed | unknown_target
+    sa.Column("outcome", sa.String(32), nullable=False),  # done | already | refused | superseded | failed | unknown_target
     sa.Column("detail", sa.Text, nullable=True),
 )
 

@@ -331,7 +331,7 @@ class Click:
 
 @dataclass
 class Outcome:
-    outcome: str  # done | already | refused | failed | unknown_target
+    outcome: str  # done | already | refused | superseded | failed | unknown_target
     ephemeral: str | None = None  # what only the clicker sees
     posted: str | None = None  # what the thread sees
 
