@@ -32,7 +32,7 @@ def test_policy_tags_retries_docs(dagbag, dag_id):
     assert dag.doc_md and dag.catchup is False
     for t in dag.tasks:
         # A human answers approvals (retrying one asks twice); check_failures only reports others' failures.
-        if t.task_type != "ApprovalOperator" and t.task_id != "check_failures":
+        if t.task_type != "TargetApprovalOperator" and t.task_id != "check_failures":
             assert t.retries >= 1, f"{t.task_id} has no retries"
 
 
@@ -70,8 +70,8 @@ def test_concurrency_and_callbacks(dagbag):
 def test_the_sweep_never_waits_for_a_human(dagbag):
     """max_active_runs=1: one approval wait would stop every later sweep."""
     sweep = dagbag.dags[SWEEP_DAG_ID]
-    assert [t.task_id for t in sweep.tasks if t.task_type == "ApprovalOperator"] == []
-    assert [t for t in dagbag.dags[INCIDENT_DAG_ID].tasks if t.task_type == "ApprovalOperator"]
+    assert [t.task_id for t in sweep.tasks if t.task_type == "TargetApprovalOperator"] == []
+    assert [t for t in dagbag.dags[INCIDENT_DAG_ID].tasks if t.task_type == "TargetApprovalOperator"]
 
 
 @pytest.mark.parametrize("dag_id", [SWEEP_DAG_ID, INCIDENT_DAG_ID])

@@ -186,6 +186,7 @@ HOSTILE = {
 def _hostile_messages(h: str):
     """Every render_* function that reaches Slack, with `h` in each value a broker or user chooses."""
     from lagdoctor.notify.render import (
+        render_approval_prompt,
         render_data_incomplete,
         render_failure,
         render_failure_recovery,
@@ -220,7 +221,40 @@ def _hostile_messages(h: str):
         "render_data_incomplete": render_data_incomplete(f, "partition_imbalance"),
         "render_quarantine_notice": render_quarantine_notice([{"path": f"/s/{h}.parquet", "moved_to": f"/q/{h}",
                                                                "reason": f"not Parquet: {h}"}]),
+        "render_action_result approved, then blocked": render_action_result(
+            {**record, "status": "blocked", "message": f"deny_list: {h}",
+             "approval": {"by": h, "slack": f"slack:U1 ({h})", "chosen": [f"Approve 1: {h}"]}}),
+        "render_approval_prompt per target": render_approval_prompt(
+            f"lagdoctor: restart {h}?", None, approval_id=7, answer_url=None, targets=[
+                {"key": "a", "option": f"Approve 1: {h}", "cluster": h, "group_id": h, "topic": h, "does": f"restart {h}",
+                 "blocked": None},
+                {"key": "b", "option": None, "cluster": h, "group_id": h, "topic": h, "does": "x",
+                 "blocked": f"deny_list: {h}"}]),
+        "slack answer line": {"text": _answer_text(h),
+                              "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": _answer_text(h)}}]},
     }
+
+
+def _answer_text(h: str) -> str:
+    from lagdoctor.notify.interactive import APPROVED, Click, _answer_text as answer
+
+    row = {"task_id": h, "run_id": h, "targets": [
+        {"option": f"Approve 1: {h}", "group_id": h, "cluster": h}, {"option": f"Approve 2: {h}", "group_id": h,
+                                                                       "cluster": h}]}
+    return answer(Click(user_id="U1", user_name=h, action_id="lagdoctor.approve", value="7:1"), row, APPROVED,
+                  row["targets"][:1], h)
+
+
+def test_slack_names_who_approved_what_was_then_blocked():
+    record = {"status": "blocked", "action": "restart_consumers", "group_id": "orders", "cluster": "prod",
+              "message": "deny_list: group matches deny pattern 'orders'",
+              "approval": {"by": "alice", "slack": "slack:U1 (alice)", "chosen": ["Approve 1: orders on prod / t"]}}
+    text = render_action_result(record)["blocks"][0]["text"]["text"]
+    assert text.endswith("\n:bust_in_silhouette: Approved by slack:U1 (alice) in Slack (Airflow user alice)")
+    answered_in_airflow = {**record, "status": "rejected", "approval": {"by": "bob", "chosen": ["Reject all"]}}
+    assert render_action_result(answered_in_airflow)["blocks"][0]["text"]["text"].endswith(
+        "\n:bust_in_silhouette: Rejected in Airflow by bob")
+    assert "bust_in_silhouette" not in render_action_result({**record, "approval": None})["blocks"][0]["text"]["text"]
 
 
 def _mrkdwn_strings(message) -> list[str]:

@@ -205,7 +205,7 @@ def test_approval_flow_with_the_standard_providers_approval_operator(settings, k
     assert waiting["status"] == "awaiting_approval" and k8s.requests == []
     request = approval_request(waiting)
     assert request["subject"] == "Approve restart_consumers for orders on orders.v1 (prod)?"
-    assert "rollout restart shop/orders-consumer" in request["body"]
+    assert "rollout restart shop\\/orders\\-consumer" in request["body"]  # Markdown-escaped
     operator = ApprovalOperator(task_id="approve_restart_consumers", **request)
     done = run_action("restart_consumers", finding("crashed_consumer"), approved=approved_from_hitl(answer(operator, "Approve")), **kw)
     assert done["status"] == "executed"
@@ -528,27 +528,37 @@ def test_the_approval_names_the_record_the_topic_and_the_offset_it_will_commit(s
     change = ("copy the record at payments p0@120 to payments.dlq and commit offset 121 "
               "(group must be EMPTY); irreversible")
     assert form["subject"] == f"lagdoctor: {change} (group payments-ledger on prod)?"
-    assert f"**payments-ledger** on prod, topic payments: {change}" in form["body"]
-    assert "target: group payments-ledger on prod (skip_poison_pill)" in form["body"]
-    assert "why: stalled_consumer: offset 120 has not moved for 40 min" in form["body"]
-    assert "Effect: The group will never process the skipped record" in form["body"]
-    assert "blocked now" not in form["body"]
+    assert form["options"] == ["Approve 1: payments-ledger on prod / payments", "Reject all"]
+    from markdown_it import MarkdownIt
+
+    html = MarkdownIt("commonmark").render(form["body"])  # as the Airflow UI shows it
+    assert f"Approve 1: <strong>payments-ledger</strong> on prod, topic payments: {change}" in html
+    assert "target: group payments-ledger on prod (skip_poison_pill)" in html
+    assert "why: stalled_consumer: offset 120 has not moved for 40 min" in html
+    assert "Effect: The group will never process the skipped record" in html
+    assert "blocked now" not in html
 
 
 def test_the_approval_says_when_a_guardrail_would_block_it(settings, tmp_path, monkeypatch):
     from lagdoctor.orchestration import approval_form
 
     monkeypatch.setenv("LAGDOCTOR_REMEDIATION_CONFIG", json.dumps({
-        "deny_groups": ["payments-*"], "deployments": {"orders": {"namespace": "shop", "name": "orders-consumer"}}}))
+        "deny_groups": ["payments-*"], "deployments": {"orders": {"namespace": "shop", "name": "orders-consumer"}},
+        "require_approval": ["restart_consumers"]}))
     plans = write_plans(tmp_path, [(finding("crashed_consumer"), "restart_consumers"),
                                    (finding("crashed_consumer", group="payments-ledger"), "restart_consumers")])
     form = approval_form("restart_consumers", plans, now=T0)
-    assert form["subject"] == "lagdoctor: restart_consumers for 2 groups?"
-    assert "**orders** on prod, topic orders.v1: rollout restart shop/orders-consumer" in form["body"]
-    assert "target: Deployment shop/orders-consumer" in form["body"]
-    assert ("**blocked now**: deny_list: group matches deny pattern 'payments-*' (approving will not run it)"
-            in form["body"])
-    assert form["body"].count("blocked now") == 1
+    # The blocked group is shown, not offered: the form asks about the one group that can run.
+    assert form["subject"] == "lagdoctor: rollout restart shop/orders-consumer (group orders on prod)?"
+    assert form["options"] == ["Approve 1: orders on prod / orders.v1", "Reject all"]
+    from markdown_it import MarkdownIt
+
+    html = MarkdownIt("commonmark").render(form["body"])
+    assert "<strong>orders</strong> on prod, topic orders.v1: rollout restart shop/orders-consumer" in html
+    assert "target: Deployment shop/orders-consumer" in html
+    assert ("<strong>blocked now</strong>: deny_list: group matches deny pattern 'payments-*' (not offered)"
+            in html)
+    assert html.count("blocked now") == 1
 
 
 def test_an_approved_action_its_guard_blocks_is_reported_and_raised_not_returned(

@@ -170,6 +170,10 @@ def airflow_api(monkeypatch):
         monkeypatch.setenv("LAGDOCTOR_AIRFLOW_API_URL", base)
         monkeypatch.setenv("LAGDOCTOR_AIRFLOW_API_TOKEN", AIRFLOW_TOKEN)
         monkeypatch.setenv("LAGDOCTOR_SLACK_HITL_IDENTITY", "service")
+        # The service identity answers only for Slack users mapped to its own Airflow user.
+        monkeypatch.setenv("LAGDOCTOR_AIRFLOW_API_USER", "lagdoctor-slack")
+        monkeypatch.setenv("LAGDOCTOR_SLACK_AIRFLOW_USERS", ",".join(
+            f"{u}=lagdoctor-slack" for u in (APPROVER, OTHER_APPROVER, GROUP_MEMBER)))
         yield fake
 
 
@@ -345,7 +349,7 @@ def test_an_unknown_user_is_refused_privately_and_audited(app_url, clock, slack,
     response = click(app_url, clock, interactive.APPROVE, buttons["Approve"], STRANGER, "eve")
     assert response.json()["outcome"] == "refused"
     (note,) = wait_for(lambda: ephemerals(slack, STRANGER))
-    assert "not allowed" in note and "nothing was done" in note
+    assert note == (f"You are not an approver for {DAG} on * (LAGDOCTOR_SLACK_APPROVERS); nothing was done.")
     assert airflow_api.requests == [] and not thread_posts(slack, "Approved")
     with StateDB.from_settings(env).engine.connect() as conn:
         rows = conn.execute(sa.select(slack_interactions)).mappings().all()
@@ -385,6 +389,253 @@ def test_the_signing_secret_never_reaches_a_log_line(app_url, clock, airflow_api
         click(app_url, clock, interactive.APPROVE, buttons["Approve"], APPROVER)
     assert caplog.records
     assert SECRET not in caplog.text and AIRFLOW_TOKEN not in caplog.text and SLACK_TEST_TOKEN not in caplog.text
+
+
+# ---------------------------------------------------------------- per target, scoped, re-run (issue 17)
+
+def targets(*clusters: str) -> list[dict]:
+    """Targets as orchestration.approval_form lists them: one per group, the last blocked now."""
+    out = [{"key": f"k{i}", "option": f"Approve {i}: orders-{i} on {c} / orders", "cluster": c,
+            "group_id": f"orders-{i}", "topic": "orders", "blocked": None, "does": f"rollout restart shop/o{i}"}
+           for i, c in enumerate(clusters, start=1)]
+    out.append({"key": "kb", "option": None, "cluster": clusters[0], "group_id": "pay`\n*ments* <!here>",
+                "topic": "orders", "blocked": "deny_list: group matches deny pattern 'pay*'", "does": "x"})
+    return out
+
+
+def ask(env, slack, target_list, try_number: int = 1):
+    post_approval_request(dag_id=DAG, run_id=RUN, task_id=TASK, subject="lagdoctor: restart_consumers for 2 groups?",
+                          body="(Markdown for Airflow)", settings=env, now=T0, targets=target_list,
+                          try_number=try_number)
+    return slack.posts[-1]
+
+
+def test_each_group_has_its_own_button_and_a_click_approves_that_group_alone(app_url, clock, slack, airflow_api,
+                                                                            env):
+    prompt = ask(env, slack, targets("prod", "prod"))
+    buttons = buttons_of(prompt.body)
+    assert list(buttons) == ["Approve 1 only", "Approve 2 only", "Approve all 2", "Reject all"]
+    text = prompt.body["blocks"][0]["text"]["text"]
+    # The blocked group is shown with why, on one line, escaped; it has no button.
+    assert ("\n:no_entry: `pay' *ments* &lt;!here&gt;` on prod / `orders`: *blocked now*: deny_list: group matches "
+            "deny pattern 'pay*' (not offered)") in text
+    assert "<!here>" not in json.dumps(prompt.body)
+
+    response = click(app_url, clock, interactive.APPROVE, buttons["Approve 2 only"], APPROVER, "alice")
+    assert response.json()["outcome"] == "done"
+    assert airflow_api.patches == [{"chosen_options": ["Approve 2: orders-2 on prod / orders"]}]
+    (post,) = wait_for(lambda: thread_posts(slack, "Approved"))
+    assert ("goes ahead for `orders-2` on prod; the other 1 are rejected. Airflow records the answer as "
+            "lagdoctor-slack.") in post.body["text"]
+    assert f"slack:{APPROVER} (alice)" in post.body["text"]
+
+
+def test_reject_all_answers_with_reject_all(app_url, clock, slack, airflow_api, env):
+    buttons = buttons_of(ask(env, slack, targets("prod", "prod")).body)
+    assert click(app_url, clock, interactive.REJECT, buttons["Reject all"], APPROVER).json()["outcome"] == "done"
+    assert airflow_api.patches == [{"chosen_options": ["Reject all"]}]
+    (post,) = wait_for(lambda: thread_posts(slack, "Rejected"))
+    assert "is rejected for every group" in post.body["text"]
+
+
+def test_approvers_are_scoped_by_dag_and_cluster(app_url, clock, slack, airflow_api, env, monkeypatch):
+    monkeypatch.setenv("LAGDOCTOR_SLACK_APPROVERS", json.dumps([
+        {"dags": [DAG], "clusters": ["prod"], "approvers": [APPROVER]},
+        {"dags": [DAG], "clusters": ["eu-*"], "approvers": [OTHER_APPROVER, "S0ONCALL"]},
+        {"dags": ["some_other_dag"], "clusters": ["*"], "approvers": [STRANGER]},
+    ]))
+    monkeypatch.setenv("LAGDOCTOR_SLACK_AIRFLOW_USERS", json.dumps(
+        {u: "lagdoctor-slack" for u in (APPROVER, OTHER_APPROVER, GROUP_MEMBER, STRANGER)}))
+    buttons = buttons_of(ask(env, slack, targets("prod", "eu-1")).body)
+    # An approver for prod may not approve what touches eu-1 ("all"), nor reject everything.
+    for button, action in (("Approve all 2", interactive.APPROVE), ("Approve 2 only", interactive.APPROVE),
+                           ("Reject all", interactive.REJECT)):
+        response = click(app_url, clock, action, buttons[button], APPROVER)
+        assert response.json()["outcome"] == "refused", button
+    assert response.json()["text"] == (f"You are not an approver for {DAG} on eu-1, prod (LAGDOCTOR_SLACK_APPROVERS); "
+                                       "nothing was done.")
+    # An approver of another DAG is no approver here.
+    assert click(app_url, clock, interactive.APPROVE, buttons["Approve 1 only"], STRANGER).json()["outcome"] == "refused"
+    assert airflow_api.requests == []
+    with StateDB.from_settings(env).engine.connect() as conn:
+        rows = conn.execute(sa.select(slack_interactions)).mappings().all()
+    assert [r["outcome"] for r in rows] == ["refused"] * 4
+    assert "not an approver for DAG kafka_lag_incident on eu-1" in rows[1]["detail"]
+    # Their own cluster: fine (a member of the eu group, through the group).
+    response = click(app_url, clock, interactive.APPROVE, buttons["Approve 2 only"], GROUP_MEMBER)
+    assert response.json()["outcome"] == "done"
+    assert airflow_api.patches == [{"chosen_options": ["Approve 2: orders-2 on eu-1 / orders"]}]
+
+
+def test_the_service_identity_never_answers_for_an_unmapped_slack_user(app_url, clock, slack, airflow_api,
+                                                                       waiting_approval, env, monkeypatch):
+    _header, buttons = waiting_approval
+    monkeypatch.setenv("LAGDOCTOR_SLACK_AIRFLOW_USERS", f"{OTHER_APPROVER}=bob")
+    for user in (APPROVER, OTHER_APPROVER):  # unmapped; mapped to someone the service is not
+        response = click(app_url, clock, interactive.APPROVE, buttons["Approve"], user)
+        assert response.json()["outcome"] == "refused"
+    assert response.json()["text"].startswith("Airflow cannot record this answer as you (your Slack user maps to "
+                                              "Airflow user bob, not the service identity lagdoctor answers as)")
+    assert airflow_api.requests == []
+    with StateDB.from_settings(env).engine.connect() as conn:
+        rows = conn.execute(sa.select(slack_interactions)).mappings().all()
+    assert [(r["user_id"], r["outcome"]) for r in rows] == [(APPROVER, "refused"), (OTHER_APPROVER, "refused")]
+
+
+def test_a_rerun_approval_posts_a_new_prompt_and_the_old_buttons_say_superseded(app_url, clock, slack,
+                                                                               airflow_api, env):
+    old = buttons_of(ask(env, slack, targets("prod", "prod"), try_number=1).body)
+    # Approved once; then the task is cleared and asks again (Airflow takes a new answer).
+    assert click(app_url, clock, interactive.APPROVE, old["Approve 2 only"], OTHER_APPROVER, "bob").json()[
+        "outcome"] == "done"
+    airflow_api.answer, airflow_api.requests[:] = None, []
+    new = buttons_of(ask(env, slack, targets("prod", "prod"), try_number=2).body)
+    assert old["Approve 1 only"] != new["Approve 1 only"]  # a new message, with its own buttons
+    assert len([p for p in slack.posts if "Approval needed" in (p.body.get("text") or "")]) == 2
+
+    response = click(app_url, clock, interactive.APPROVE, old["Approve 1 only"], APPROVER)
+    assert response.json()["outcome"] == "superseded"
+    assert response.json()["text"].startswith("Superseded by a newer request")
+    assert airflow_api.requests == []
+    assert click(app_url, clock, interactive.APPROVE, new["Approve 1 only"], APPROVER).json()["outcome"] == "done"
+
+    # The action's result names the newest try's approver.
+    from lagdoctor.notify.approvals import slack_answer
+
+    assert slack_answer(DAG, RUN, TASK, settings=env) == {"slack": f"slack:{APPROVER} (alice)",
+                                                          "airflow_user": "lagdoctor-slack"}
+
+
+def test_the_timeline_credits_the_newest_tries_approver(env):
+    from lagdoctor.remediation.audit import ActionLog
+    from lagdoctor.state import slack_approvals
+    from lagdoctor.web.timeline import read_actions
+
+    db = StateDB.from_settings(env)
+    ActionLog(db).append({"cluster": "prod", "group_id": "orders-eu", "topic": "orders", "action": "restart_consumers",
+                          "idempotency_key": "k", "run_id": RUN, "dry_run": False, "message": "m",
+                          "ts": T0.isoformat(), "status": "awaiting_approval"})
+    with db.transaction() as conn:
+        for try_number, by in ((2, "slack:U2 (bob)"), (1, "slack:U1 (alice)")):
+            conn.execute(sa.insert(slack_approvals).values(
+                dag_id=DAG, run_id=RUN, task_id=TASK, map_index=-1, try_number=try_number, subject="s",
+                status="approved", answered_by=by, answered_at=T0, created_at=T0))
+    (record,) = read_actions(env, "prod", "orders-eu")
+    assert record["approval"]["by"] == "slack:U2 (bob)"
+
+
+class SlowHITL:
+    """Airflow's API, answering while something else writes to the state database."""
+
+    def __init__(self, db, approval_id: int) -> None:
+        self.db, self.approval_id, self.write_error = db, approval_id, None
+
+    def acts_as(self, _user):
+        return True
+
+    def respond(self, dag_id, run_id, task_id, map_index, option, *, responder):
+        from lagdoctor.notify.airflow_api import HITLAnswer
+
+        engine = sa.create_engine(self.db.engine.url, connect_args={"timeout": 1} if self.db.dialect == "sqlite"
+                                  else {"options": "-c lock_timeout=1000"})
+        try:
+            with engine.begin() as conn:  # another click, the outbox, a task: any writer
+                from lagdoctor.state import slack_approvals as a
+
+                conn.execute(sa.update(a).where(a.c.id == self.approval_id).values(subject=a.c.subject))
+        except Exception as exc:  # noqa: BLE001
+            self.write_error = exc
+        finally:
+            engine.dispose()
+        return HITLAnswer(True, False, list(option), "lagdoctor-slack", T0)
+
+
+def test_no_write_lock_is_held_while_airflow_is_called(env, slack, waiting_approval):
+    _header, buttons = waiting_approval
+    db = StateDB.from_settings(env)
+    hitl = SlowHITL(db, int(buttons["Approve"]))
+    outcome = interactive.handle_click(
+        interactive.Click(user_id=APPROVER, user_name="alice", action_id=interactive.APPROVE,
+                          value=buttons["Approve"]), db=db, now=T0, hitl=hitl)
+    assert outcome.outcome == "done"
+    assert hitl.write_error is None, f"the state database was locked during the HTTP call: {hitl.write_error}"
+
+
+class MintingHITL:
+    """Airflow's API behind an auth manager that mints a token per user (SimpleAuthManager)."""
+
+    service = None
+
+    def __init__(self) -> None:
+        self.responders: list[str] = []
+
+    def acts_as(self, _user):
+        return True
+
+    def respond(self, dag_id, run_id, task_id, map_index, option, *, responder):
+        from lagdoctor.notify.airflow_api import HITLAnswer
+
+        self.responders.append(responder)
+        return HITLAnswer(True, False, list(option), responder, T0)
+
+
+@pytest.mark.parametrize("mapping, recorded_as", [(f"{APPROVER}=alice.smith", "alice.smith"),
+                                                  ("", f"slack:{APPROVER} (alice)")])
+def test_a_minted_answer_is_recorded_as_the_mapped_airflow_user(env, slack, waiting_approval, monkeypatch,
+                                                               mapping, recorded_as):
+    _header, buttons = waiting_approval
+    monkeypatch.setenv("LAGDOCTOR_SLACK_AIRFLOW_USERS", mapping)
+    hitl = MintingHITL()
+    db = StateDB.from_settings(env)
+    outcome = interactive.handle_click(
+        interactive.Click(user_id=APPROVER, user_name="alice", action_id=interactive.APPROVE,
+                          value=buttons["Approve"]), db=db, now=T0, hitl=hitl)
+    assert outcome.outcome == "done" and hitl.responders == [recorded_as]
+    assert f"Airflow records the answer as {recorded_as}." in outcome.posted
+
+
+# ---------------------------------------------------------------- the endpoint itself
+
+def test_a_body_over_64_kib_is_413_without_reading_it_all(app_url, clock):
+    big = b"payload=" + b"x" * (64 * 1024)
+    declared = httpx.post(app_url, content=big, headers=signed(big, int(clock.now.timestamp())), timeout=30)
+    assert declared.status_code == 413
+
+    sent = []
+
+    def chunks():  # no Content-Length: read as it streams
+        for _ in range(64):
+            sent.append(1)
+            yield b"x" * 4096
+
+    streamed = httpx.post(app_url, content=chunks(), headers={"X-Slack-Request-Timestamp": "1"}, timeout=30)
+    assert streamed.status_code == 413
+    assert streamed.text == '{"ok":false,"error":"body over 65536 bytes"}'
+
+
+def test_a_signed_payload_with_fields_of_the_wrong_json_type_is_400(app_url, clock, waiting_approval):
+    _header, buttons = waiting_approval
+    good = json.loads(parse_qs(click_body(interactive.APPROVE, buttons["Approve"], APPROVER).decode())["payload"][0])
+    for field, value in (("actions", "approve"), ("actions", ["approve"]), ("user", [APPROVER]),
+                         ("user", {"id": 42}), ("container", "C0"), ("channel", ["C0"])):
+        body = urlencode({"payload": json.dumps({**good, field: value})}).encode()
+        response = httpx.post(app_url, content=body, headers=signed(body, int(clock.now.timestamp())), timeout=30)
+        assert (response.status_code, response.json()) == (400, {"ok": False, "error": "not a block_actions payload"}), \
+            (field, value)
+
+
+def test_an_unsigned_request_costs_no_connection_lookup(app_url, clock, monkeypatch):
+    looked_up = []
+    real = interactive.signing_secret
+    monkeypatch.setattr(interactive, "signing_secret", lambda *a, **k: looked_up.append(1) or real(*a, **k))
+    body = click_body(interactive.APPROVE, "1", APPROVER)
+    for headers in ({}, {"X-Slack-Request-Timestamp": "1", "X-Slack-Signature": "v0=00"},
+                    {"X-Slack-Request-Timestamp": str(int(clock.now.timestamp()))}):
+        assert httpx.post(app_url, content=body, headers=headers, timeout=30).status_code == 401
+    assert looked_up == []
+    # A well-formed one is checked against the secret.
+    assert click(app_url, clock, interactive.APPROVE, "1", APPROVER, secret="wrong").status_code == 401
+    assert looked_up == [1]
 
 
 # ---------------------------------------------------------------- acknowledge / snooze

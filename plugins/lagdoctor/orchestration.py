@@ -846,65 +846,129 @@ def incident_scope(params: Mapping[str, Any]) -> str:
 
 # -- remediation ------------------------------------------------------------------------
 
-def approval_needed(action: str, plans_path: str, *, dry_run: bool) -> bool:
-    """Whether a human must approve `action` for this run: never on a dry run."""
-    from lagdoctor.remediation import needs_approval
+REJECT_ALL = "Reject all"
+APPROVAL_OPTIONS_MAX = 50  # a form with more targets asks for the first 50 (the rest: not approved)
 
+
+def approval_target_key(finding: Mapping[str, Any]) -> str:
+    """One approval choice per group on a cluster and topic (its findings share it)."""
+    raw = json.dumps([str(finding.get(k) or "") for k in ("cluster", "group_id", "topic")])
+    return hashlib.sha1(raw.encode()).hexdigest()[:16]
+
+
+def approval_targets(action: str, plans_path: str, *, settings: Settings | None = None,
+                     now: datetime | None = None) -> list[dict[str, Any]]:
+    """Each (group on cluster/topic) the run would apply `action` to, in plan order, with the
+    action's own preview (does, target) and `blocked`: why it would not run as things stand
+    (a guardrail or the plan), evaluated now, before anybody is asked. `needs_approval`:
+    whether this target waits for a human at all (advice, or not configured: no)."""
+    from lagdoctor.remediation import needs_approval, preview_action
+
+    targets: dict[str, dict[str, Any]] = {}
+    for item in read_plans(plans_path):
+        for planned in item["plan"]["actions"]:
+            if planned["action"] != action:
+                continue
+            key = approval_target_key(item["finding"])
+            if key in targets:
+                continue
+            p = preview_action(action, item["finding"], params=planned.get("params") or {},
+                               guardrails=planned.get("guardrails") or {}, settings=settings, now=now)
+            targets[key] = {"key": key, "cluster": p["cluster"], "group_id": p["group_id"], "topic": p["topic"],
+                            "does": p["does"], "target": p["target"], "blocked": p["blocked"],
+                            "diagnosis": item["finding"].get("diagnosis"), "summary": item["finding"].get("summary"),
+                            "needs_approval": needs_approval(action, dry_run=False,
+                                                             guardrails=planned.get("guardrails"))}
+    return list(targets.values())
+
+
+def approval_needed(action: str, plans_path: str, *, dry_run: bool, settings: Settings | None = None,
+                    now: datetime | None = None) -> bool:
+    """Whether a human must approve `action` for this run: never on a dry run (dag.test()
+    and the demo never wait), and not when the guard blocks every target that needs it:
+    nobody is asked to approve what cannot run (the run task then records it blocked)."""
     if dry_run:
         return False
-    return any(
-        needs_approval(action, dry_run=False, guardrails=planned.get("guardrails"))
-        for item in read_plans(plans_path)
-        for planned in item["plan"]["actions"]
-        if planned["action"] == action
-    )
+    return any(t["needs_approval"] and not t["blocked"]
+               for t in approval_targets(action, plans_path, settings=settings, now=now))
 
 
 APPROVAL_SUBJECT_MAX = 200
 
 
+def approval_option(index: int, target: Mapping[str, Any]) -> str:
+    """The HITL option (and Slack button) approving one target: numbered, so labels stay
+    unique however names are shortened; plain text, one line."""
+    from lagdoctor.notify.templates import plain_label
+
+    return (f"Approve {index}: {plain_label(target['group_id'], 60)} on {plain_label(target['cluster'], 40)}"
+            f" / {plain_label(target['topic'] or '(all)', 60)}")
+
+
 def approval_form(action: str, plans_path: str, *, settings: Settings | None = None,
-                  now: datetime | None = None) -> dict[str, str]:
-    """Subject and body (Markdown) of the approval form: per group, the concrete
-    change (the action's own describe() of its plan: action, target, effect),
-    "irreversible" when it is, why it was proposed, and a guardrail that would
-    block it as things stand, so nobody approves what will not run."""
+                  now: datetime | None = None) -> dict[str, Any]:
+    """The approval form: `subject`, `body` (Markdown for the Airflow UI), `options` (one
+    "Approve n: ..." per target its guard lets run now, then "Reject all") and `targets`
+    (every target, with its `option` or None when blocked now, for the run task and Slack).
+
+    Per target: the concrete change (the action's own describe() of its plan),
+    "irreversible" when it is, why it was proposed; a target whose guard blocks it now
+    is listed as "blocked now: <why>" and not offered. Every name is escaped for
+    Markdown: a group id cannot add a line, a link or emphasis to the form."""
     from lagdoctor.notify.redact import one_line
-    from lagdoctor.remediation import get_action, preview_action
+    from lagdoctor.notify.templates import escape_markdown as md, plain_label
+    from lagdoctor.remediation import get_action
 
-    previews = []
-    for item in read_plans(plans_path):
-        for planned in item["plan"]["actions"]:
-            if planned["action"] == action:
-                p = preview_action(action, item["finding"], params=planned.get("params") or {},
-                                   guardrails=planned.get("guardrails") or {}, settings=settings, now=now)
-                previews.append((item["finding"], p))
     spec = get_action(action)
+    targets = [t for t in approval_targets(action, plans_path, settings=settings, now=now) if t["needs_approval"]]
 
-    def change(p: Mapping[str, Any]) -> str:
-        does = one_line(p["does"])
+    def change(t: Mapping[str, Any]) -> str:
+        does = one_line(t["does"])
         return does + ("; irreversible" if spec.irreversible and "irreversible" not in does else "")
 
-    groups = f"{len(previews)} group{'' if len(previews) == 1 else 's'}"
-    if len(previews) == 1:
-        f, p = previews[0]
-        subject = f"lagdoctor: {change(p)} (group {p['group_id']} on {p['cluster']})?"
+    offered = 0
+    for t in targets:
+        t["option"] = None
+        if not t["blocked"] and offered < APPROVAL_OPTIONS_MAX:
+            offered += 1
+            t["option"] = approval_option(offered, t)
+    open_targets = [t for t in targets if t["option"]]
+    groups = f"{len(open_targets)} group{'' if len(open_targets) == 1 else 's'}"
+    if len(open_targets) == 1:
+        t = open_targets[0]
+        subject = (f"lagdoctor: {plain_label(change(t), 120)} (group {plain_label(t['group_id'], 60)} "
+                   f"on {plain_label(t['cluster'], 40)})?")
     else:
         subject = f"lagdoctor: {action} for {groups}{' (irreversible)' if spec.irreversible else ''}?"
     if len(subject) > APPROVAL_SUBJECT_MAX:
         subject = subject[:APPROVAL_SUBJECT_MAX - 2] + "…?"
-    lines = [f"Approve runs `{action}`{' (**irreversible**)' if spec.irreversible else ''} for {groups}:", ""]
-    for f, p in previews:
-        lines.append(f"- **{p['group_id']}** on {p['cluster']}, topic {p['topic'] or '(all)'}: {change(p)}")
-        lines.append(f"  - target: {p['target']}")
-        lines.append(f"  - why: {one_line(f.get('diagnosis') or '')}: {one_line(f.get('summary') or '')}")
-        if p["blocked"]:
-            lines.append(f"  - **blocked now**: {p['blocked']} (approving will not run it)")
+    lines = [f"Approve runs `{action}`{' (**irreversible**)' if spec.irreversible else ''} for each group you "
+             f"tick, and for no other ({groups} can run now):", ""]
+    for t in targets:
+        head = f"**{md(t['group_id'])}** on {md(t['cluster'])}, topic {md(t['topic'] or '(all)')}"
+        if t["option"]:
+            lines.append(f"- {md(t['option'].split(':', 1)[0])}: {head}: {md(change(t))}")
+        else:
+            why = (f"**blocked now**: {md(one_line(t['blocked']))}" if t["blocked"]
+                   else f"over the form's {APPROVAL_OPTIONS_MAX} choices: ask again in another run")
+            lines.append(f"- {head}: {why} (not offered)")
+        lines.append(f"  - target: {md(t['target'])}")
+        lines.append(f"  - why: {md(one_line(t.get('diagnosis') or ''))}: {md(one_line(t.get('summary') or ''))}")
     if spec.warning:
-        lines += ["", f"Effect: {spec.warning}"]
-    lines += ["", "Approve does exactly this; Reject changes nothing."]
-    return {"subject": subject, "body": "\n".join(lines)}
+        lines += ["", f"Effect: {md(spec.warning)}"]
+    lines += ["", f"Tick the groups to approve. \"{REJECT_ALL}\" (the default, also on timeout) changes nothing, "
+                  "and wins over any ticked group."]
+    return {"subject": subject, "body": "\n".join(lines),
+            "options": [t["option"] for t in open_targets] + [REJECT_ALL], "targets": targets}
 
+
+def approved_targets(form: Mapping[str, Any] | None, chosen: list[str] | None) -> set[str]:
+    """The target keys a HITL answer approves: the ticked "Approve n" options, none when
+    "Reject all" is among them (never more than the approver saw)."""
+    chosen = list(chosen or [])
+    if not form or REJECT_ALL in chosen:
+        return set()
+    return {t["key"] for t in form.get("targets") or [] if t.get("option") and t["option"] in chosen}
 
 
 def remediate(
@@ -916,11 +980,14 @@ def remediate(
     approved: bool | None = None,
     settings: Settings | None = None,
     approval_by: Mapping[str, Any] | None = None,
+    approved_keys: set[str] | None = None,
 ) -> dict[str, int]:
     """Run one registered action for every finding that wants it; report each in its thread.
 
     `approved=None` where an action needs approval records it `awaiting_approval`
     and posts how to act: the sweep proposes, it never waits for a human.
+    `approved_keys` (a per-target answer, see `approved_targets`): each target is
+    approved only when its key is in it; the others are recorded `rejected`.
     """
     from lagdoctor.notify.incidents import delivery_batch, post_action_result
     from lagdoctor.remediation import RemediationFailed, run_action
@@ -933,6 +1000,8 @@ def remediate(
                      for planned in item["plan"]["actions"] if planned["action"] == action]
     with delivery_batch():
         for item, planned in planned_items:
+            if approved_keys is not None:
+                approved = approval_target_key(item["finding"]) in approved_keys
             try:
                 record = run_action(
                     action, item["finding"], run_id=run_id, dry_run=dry_run, approved=approved,

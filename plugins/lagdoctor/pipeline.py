@@ -20,8 +20,13 @@ fails the run, naming the cluster. The incident DAG maps over its one cluster.
 
 Failures a retry cannot fix (the form, an incident's pattern that matches no
 group, the job's bad-input exit codes, a runbook error, Slack messages left in
-the outbox) fail at once, without retry. A real remediation that a guardrail
-blocks is skipped with the reason (failed, if it acted for another group).
+the outbox) fail at once, without retry. In the incident DAG, `approve` asks per
+target (one option per group on cluster/topic, "Reject all" the default) only for
+targets the guard lets run now, and not at all when it blocks every one; `run`
+acts for the ticked targets alone and records the others rejected. A real
+remediation that a guardrail blocks fails the incident run with the reason
+(before or after the approval); the sweep, where a cooldown is routine, skips it
+(failed, if it acted for another group).
 Every task has an execution timeout, so nothing holds the sweep forever.
 """
 
@@ -32,12 +37,12 @@ from datetime import timedelta
 from typing import Any, Iterator
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.providers.standard.operators.hitl import ApprovalOperator
+from airflow.providers.standard.operators.hitl import HITLOperator
 from airflow.sdk import TaskGroup, get_current_context, task
 
 from lagdoctor import orchestration
 from lagdoctor.notify.approvals import SlackApprovalNotifier
-from lagdoctor.remediation import action_names, approval_meta, approved_from_hitl, get_action
+from lagdoctor.remediation import action_names, approval_meta, get_action
 
 VALIDATE_TASK_ID = "validate_params"
 POST_TASK_ID = "post_findings"
@@ -319,6 +324,38 @@ def failed_task_label(state_key: str, clusters: list[str]) -> str:
     return state_key
 
 
+APPROVAL_FORM_KEY = "approval_form"
+
+
+class TargetApprovalOperator(HITLOperator):
+    """One choice per target: "Approve n: <group> on <cluster> / <topic>" for each target
+    the gate found runnable now (tick any), and "Reject all" (the default, also on
+    timeout). The options exist only at run time, so they come from the gate's XCom
+    when the task starts and again when it resumes with the answer."""
+
+    def __init__(self, *, gate_task_id: str, **kwargs: Any) -> None:
+        super().__init__(options=[orchestration.REJECT_ALL], defaults=[orchestration.REJECT_ALL], multiple=True,
+                         subject="lagdoctor approval", **kwargs)
+        self.gate_task_id = gate_task_id
+        self.approval_targets: list[dict[str, Any]] = []
+
+    def _load_form(self, context: Any) -> dict[str, Any]:
+        form = context["ti"].xcom_pull(task_ids=self.gate_task_id, key=APPROVAL_FORM_KEY) or {}
+        self.options = list(form.get("options") or [orchestration.REJECT_ALL])
+        self.subject = form.get("subject") or self.subject
+        self.body = form.get("body")
+        self.approval_targets = list(form.get("targets") or [])
+        return form
+
+    def execute(self, context: Any):
+        self._load_form(context)
+        return super().execute(context)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        self._load_form(context)
+        return super().execute_complete(context, event)
+
+
 def _remediation_group(action: str, branches, *, approvals: bool) -> None:
     """`gate` -> [`approve`] -> `run` for an action that changes state in a DAG that asks
     for approval; `run` alone for advice, and in the sweep (which proposes, never waits)."""
@@ -334,19 +371,28 @@ def _remediation_group(action: str, branches, *, approvals: bool) -> None:
             ctx = get_current_context()
             summary = ctx["ti"].xcom_pull(task_ids=PLAN_TASK_ID)
             approval = ctx["ti"].xcom_pull(task_ids=f"{group_id}.approve") if asks else None
-            # approved=None where approval is needed: the runner records it awaiting_approval.
+            form = ctx["ti"].xcom_pull(task_ids=f"{group_id}.gate", key=APPROVAL_FORM_KEY) if asks else None
+            # approved=None where approval is needed and nobody was asked: the runner
+            # records it blocked (the gate found every target blocked) or awaiting_approval.
+            keys = orchestration.approved_targets(form, approval.get("chosen_options")) if approval else None
+            by = approval_meta(approval)
+            if by is not None:
+                from lagdoctor.notify.approvals import slack_answer
+
+                by = {**by, **slack_answer(ctx["ti"].dag_id, _run_id(), f"{group_id}.approve")}
             try:
                 return orchestration.remediate(
                     action, summary["plans"], _run_id(), dry_run=bool(ctx["params"]["dry_run"]),
-                    approved=approved_from_hitl(approval) if approval else None,
-                    approval_by=approval_meta(approval),
+                    approved=None, approved_keys=keys, approval_by=by,
                 )
             except orchestration.RemediationBlocked as exc:
-                # Blocked is not done: skipped (or failed, when it ran for other groups), never green.
+                # Blocked is not done: never green. Where a human asked for it (the incident
+                # DAG) the run fails; the sweep, where a cooldown is routine, skips it
+                # (failed, when it ran for other groups).
                 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
                 ctx["ti"].xcom_push(key="blocked", value=str(exc))
-                raise (AirflowFailException if exc.changed else AirflowSkipException)(str(exc)) from None
+                raise (AirflowFailException if exc.changed or asks else AirflowSkipException)(str(exc)) from None
 
         r = run()
         if not asks:
@@ -357,23 +403,22 @@ def _remediation_group(action: str, branches, *, approvals: bool) -> None:
         def gate() -> str:
             summary = get_current_context()["ti"].xcom_pull(task_ids=PLAN_TASK_ID)
             dry_run = bool(_params()["dry_run"])
+            # The guard is evaluated here, before anybody is asked: a target it blocks is
+            # not offered, and with every target blocked nobody is asked at all.
             if orchestration.approval_needed(action, summary["plans"], dry_run=dry_run):
                 ti = get_current_context()["ti"]
-                form = orchestration.approval_form(action, summary["plans"])
-                ti.xcom_push(key="approval_subject", value=form["subject"])
-                ti.xcom_push(key="approval_text", value=form["body"])
+                ti.xcom_push(key=APPROVAL_FORM_KEY, value=orchestration.approval_form(action, summary["plans"]))
                 return f"{group_id}.approve"
             return f"{group_id}.run"
 
-        approve = ApprovalOperator(
+        approve = TargetApprovalOperator(
             task_id="approve",
-            subject=f"{{{{ ti.xcom_pull(task_ids='{group_id}.gate', key='approval_subject') }}}}",
-            body=f"{{{{ ti.xcom_pull(task_ids='{group_id}.gate', key='approval_text') }}}}",
-            defaults="Reject",
+            gate_task_id=f"{group_id}.gate",
             response_timeout=APPROVAL_TIMEOUT,
-            # asks in the run's Slack thread (Approve / Reject buttons when enabled)
+            # asks in the run's Slack thread (a button per target when enabled)
             notifiers=[SlackApprovalNotifier()],
             execution_timeout=TIMEOUTS["approve"],
+            retries=0,  # a retry would ask the human again
         )
         g = gate()
         branches >> g

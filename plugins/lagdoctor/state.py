@@ -163,26 +163,37 @@ slack_interactions = sa.Table(
     sa.Column("user_name", sa.String(255), nullable=True),
     sa.Column("action", sa.String(64), nullable=False),  # approve | reject | ack | snooze | unknown
     sa.Column("target", sa.String(255), nullable=False),  # approval id or incident key digest
-    sa.Column("outcome", sa.String(32), nullable=False),  # done | already | refused | failed | unknown_target
+    sa.Column("outcome", sa.String(32), nullable=False),  # done | already | refused | superseded | failed | unknown_target
     sa.Column("detail", sa.Text, nullable=True),
 )
 
-# An approval a HITL task waits for, posted to Slack with Approve / Reject; the
-# buttons carry only `id`. `status` waiting | approved | rejected; answered_* say by whom.
+# An approval a HITL task waits for, posted to Slack with a button per target; the
+# buttons carry only `id` (and the target's number). One row per try of the task: a
+# cleared and re-run task asks again, and the older rows' buttons answer "superseded".
+# `status` waiting | answering (claimed by a click whose call to Airflow is under way,
+# no transaction held across it) | approved | rejected | superseded; `answered_by` is
+# the Slack user, `airflow_user` whom Airflow recorded. (Table name new in issue 17:
+# the first table, "slack_approvals", had one row per task instance.)
 slack_approvals = sa.Table(
-    "slack_approvals", metadata,
+    "slack_approval_requests", metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("dag_id", sa.String(250), nullable=False),
     sa.Column("run_id", sa.String(250), nullable=False),
     sa.Column("task_id", sa.String(250), nullable=False),
     sa.Column("map_index", sa.Integer, nullable=False),
+    sa.Column("try_number", sa.Integer, nullable=False, default=1),
     sa.Column("subject", sa.Text, nullable=False),
+    sa.Column("targets", sa.JSON, nullable=True),  # [{key, option, cluster, group_id, topic, blocked}]
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("message_id", sa.Integer, nullable=True),  # the outbox row of the request
+    sa.Column("claimed_by", sa.String(255), nullable=True),
+    sa.Column("claimed_at", sa.DateTime(timezone=True), nullable=True),
     sa.Column("answered_by", sa.String(255), nullable=True),
+    sa.Column("airflow_user", sa.String(255), nullable=True),
+    sa.Column("chosen", sa.JSON, nullable=True),
     sa.Column("answered_at", sa.DateTime(timezone=True), nullable=True),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-    sa.UniqueConstraint("dag_id", "run_id", "task_id", "map_index", name="uq_slack_approvals_ti"),
+    sa.UniqueConstraint("dag_id", "run_id", "task_id", "map_index", "try_number", name="uq_slack_approval_try"),
 )
 
 # Acknowledge / Snooze per incident thread (IncidentKey.digest()); `root_message_id`

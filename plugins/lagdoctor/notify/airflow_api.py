@@ -16,11 +16,18 @@ Airflow UI. How we get a token (LAGDOCTOR_SLACK_HITL_IDENTITY):
                         (default USER, the least that may answer). Airflow then
                         shows the Slack user as the responder. Any other auth
                         manager falls back to the service identity below.
-  service               one Airflow identity for every click: the connection
+  service               one Airflow identity: the connection
                         ``lagdoctor_airflow_api`` (http; host = Airflow's URL;
                         password = an API token, or login + password exchanged
-                        at /auth/token) or LAGDOCTOR_AIRFLOW_API_TOKEN. Airflow then
-                        shows that user; the Slack thread says who clicked.
+                        at /auth/token) or LAGDOCTOR_AIRFLOW_API_TOKEN (its user
+                        named in LAGDOCTOR_AIRFLOW_API_USER). It answers only for
+                        a Slack user that LAGDOCTOR_SLACK_AIRFLOW_USERS maps to
+                        that very Airflow user: a click is never silently recorded
+                        as the service account; any other click is refused.
+
+Who a Slack user is in Airflow: LAGDOCTOR_SLACK_AIRFLOW_USERS, ``U123=alice,U456=bob``
+(or JSON ``{"U123": "alice"}``). With slack_user, a mapped user is minted as that
+Airflow user, an unmapped one as ``slack:U123 (alice)``.
 
 The base URL: LAGDOCTOR_AIRFLOW_API_URL, else the connection's host, else
 Airflow's [api] base_url. No token ever reaches a log line or an error.
@@ -44,6 +51,29 @@ API_URL_ENV = "LAGDOCTOR_AIRFLOW_API_URL"
 API_TOKEN_ENV = "LAGDOCTOR_AIRFLOW_API_TOKEN"
 IDENTITY_ENV = "LAGDOCTOR_SLACK_HITL_IDENTITY"
 ROLE_ENV = "LAGDOCTOR_SLACK_AIRFLOW_ROLE"
+API_USER_ENV = "LAGDOCTOR_AIRFLOW_API_USER"
+USERS_ENV = "LAGDOCTOR_SLACK_AIRFLOW_USERS"
+
+
+def airflow_users(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Slack user id -> Airflow user name, from LAGDOCTOR_SLACK_AIRFLOW_USERS
+    (``U123=alice,U456=bob`` or a JSON object); a malformed value maps nobody."""
+    import json
+
+    env = os.environ if environ is None else environ
+    raw = (env.get(USERS_ENV) or "").strip()
+    if not raw:
+        return {}
+    if raw.startswith("{"):
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            log.warning("%s: not valid JSON; no Slack user is mapped to an Airflow user", USERS_ENV)
+            return {}
+        return {str(k).strip(): str(v).strip() for k, v in data.items() if isinstance(v, str) and v.strip()} \
+            if isinstance(data, dict) else {}
+    pairs = (t.partition("=") for t in raw.split(","))
+    return {k.strip(): v.strip() for k, _, v in pairs if k.strip() and v.strip()}
 TIMEOUT_S = 10.0
 
 
@@ -70,14 +100,25 @@ def _parse_time(value: Any) -> datetime | None:
 
 
 class HITLClient:
-    """Answer one HITL task; ``token_for(responder)`` gives the bearer token to use."""
+    """Answer one HITL task; ``token_for(responder)`` gives the bearer token to use.
 
-    def __init__(self, base_url: str, token_for: Callable[[str], str], *, timeout: float = TIMEOUT_S) -> None:
+    ``acts_as(airflow_user)``: whether an answer can be recorded as that Airflow user
+    (None: the Slack user has no mapping); ``service`` is set when every answer goes
+    through one identity, whose user name is ``service`` (or "" when unknown)."""
+
+    def __init__(self, base_url: str, token_for: Callable[[str], str], *, timeout: float = TIMEOUT_S,
+                 service: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.token_for = token_for
         self.timeout = timeout
+        self.service = service
 
-    def respond(self, dag_id: str, run_id: str, task_id: str, map_index: int, option: str, *,
+    def acts_as(self, airflow_user: str | None) -> bool:
+        if self.service is None:
+            return True  # tokens minted per user
+        return bool(airflow_user) and airflow_user == self.service
+
+    def respond(self, dag_id: str, run_id: str, task_id: str, map_index: int, option: str | list[str], *,
                 responder: str) -> HITLAnswer:
         import httpx
 
@@ -87,7 +128,8 @@ class HITLClient:
             token = self.token_for(responder)
             headers = {"Authorization": f"Bearer {token}"}
             with httpx.Client(timeout=self.timeout) as client:
-                response = client.patch(url, json={"chosen_options": [option]}, headers=headers)
+                options = [option] if isinstance(option, str) else list(option)
+                response = client.patch(url, json={"chosen_options": options}, headers=headers)
                 if response.status_code == 409:
                     detail = client.get(url, headers=headers)
                     data = detail.json() if detail.status_code == 200 else {}
@@ -99,7 +141,7 @@ class HITLClient:
         if response.status_code == 200:
             data = response.json()
             user = data.get("responded_by") or {}
-            return HITLAnswer(True, False, list(data.get("chosen_options") or [option]),
+            return HITLAnswer(True, False, list(data.get("chosen_options") or options),
                               user.get("name") or user.get("id"), _parse_time(data.get("responded_at")))
         reason = {401: "Airflow refused lagdoctor's credentials", 403: "the Airflow identity may not answer",
                   404: "no approval waits for this task (cleared, or the run is gone)"}.get(
@@ -185,6 +227,7 @@ def minted_token_provider(environ: Mapping[str, str] | None = None) -> Callable[
     role = (env.get(ROLE_ENV) or "USER").strip().upper()
 
     def mint(who: str) -> str:
+        # `who`: the mapped Airflow user, else "slack:U123 (alice)" (handle_click chooses)
         return manager.generate_jwt(SimpleAuthManagerUser(username=who, role=role), expiration_time_in_seconds=60)
 
     return mint
@@ -201,8 +244,13 @@ def hitl_client(environ: Mapping[str, str] | None = None) -> HITLClient | None:
     base = api_base_url(env, conn)
     if not base:
         return None
-    provider = None
     if (env.get(IDENTITY_ENV) or "slack_user").strip().lower() != "service":
-        provider = minted_token_provider(env)
-    provider = provider or service_token_provider(env, conn, base)
-    return HITLClient(base, provider) if provider else None
+        minted = minted_token_provider(env)
+        if minted is not None:
+            return HITLClient(base, minted)
+    provider = service_token_provider(env, conn, base)
+    if provider is None:
+        return None
+    # The service's own user: only a Slack user mapped to it may answer through it.
+    service = (env.get(API_USER_ENV) or "").strip() or (getattr(conn, "login", None) or "").strip()
+    return HITLClient(base, provider, service=service)

@@ -1,4 +1,4 @@
-"""Slack buttons: Approve / Reject a waiting HITL task, Acknowledge, Snooze 1 h.
+"""Slack buttons: approve (per target) / reject a waiting HITL task, Acknowledge, Snooze 1 h.
 
 What a click does lives here (lagdoctor.web.slack_actions only verifies and
 parses the HTTP request):
@@ -14,8 +14,11 @@ incident key's digest. Nothing secret is ever put in a block, a log line or
 a reply; the signing secret is read per request and never logged.
 
 Who may click what: Approve / Reject only the Slack users (U…) and user
-groups (S…) in LAGDOCTOR_SLACK_APPROVERS; Acknowledge and Snooze anyone who
-sees the message (Slack only delivers clicks from the channel's members).
+groups (S…) LAGDOCTOR_SLACK_APPROVERS names for the approval's DAG and every
+cluster its answer touches (see `approver_rules`), and only when the answer can
+be recorded in Airflow as that person (airflow_api: HITLClient.acts_as);
+Acknowledge and Snooze anyone who sees the message (Slack only delivers clicks
+from the channel's members).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any, Callable, Iterable, Mapping
 import sqlalchemy as sa
 
 from lagdoctor.notify.redact import one_line
-from lagdoctor.notify.templates import escape_mrkdwn
+from lagdoctor.notify.templates import code_safe, escape_mrkdwn, mrkdwn_value
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,10 @@ SEEN_KEEP = timedelta(minutes=10)  # longer than the window: an older replay fai
 APPROVE, REJECT, ACK, SNOOZE_ACTION = "lagdoctor.approve", "lagdoctor.reject", "lagdoctor.ack", "lagdoctor.snooze"
 APPROVAL_ACTIONS = {APPROVE: "Approve", REJECT: "Reject"}
 WAITING, APPROVED, REJECTED = "waiting", "approved", "rejected"
+ANSWERING, SUPERSEDED = "answering", "superseded"
+REJECT_ALL, APPROVE_ALL = "Reject all", "all"  # orchestration.REJECT_ALL; a button value's suffix
+CLAIM_STALE = timedelta(minutes=2)  # a claim whose click died mid-call (Airflow's call times out in 10 s)
+TARGET_BUTTONS_MAX = 20
 
 
 # ---------------------------------------------------------------- configuration
@@ -87,11 +94,67 @@ def buttons_enabled(environ: Mapping[str, str] | None = None) -> bool:
     return request_url(environ) is not None and signing_secret(environ) is not None
 
 
-def approvers(environ: Mapping[str, str] | None = None) -> tuple[frozenset[str], frozenset[str]]:
-    """(user ids, user-group ids) from LAGDOCTOR_SLACK_APPROVERS; other tokens are ignored."""
-    env = os.environ if environ is None else environ
-    ids = [t.strip() for t in (env.get(APPROVERS_ENV) or "").split(",") if t.strip()]
+@dataclass(frozen=True)
+class ApproverRule:
+    """Slack users/groups who may answer approvals of DAGs matching `dags` for clusters
+    matching `clusters` (fnmatch patterns; "*" everywhere)."""
+    dags: tuple[str, ...]
+    clusters: tuple[str, ...]
+    users: frozenset[str]
+    groups: frozenset[str]
+
+    def covers(self, dag_id: str, cluster: str) -> bool:
+        from fnmatch import fnmatchcase
+
+        return (any(fnmatchcase(dag_id, p) for p in self.dags)
+                and any(fnmatchcase(cluster, p) for p in self.clusters))
+
+
+def _ids(tokens: Iterable[Any]) -> tuple[frozenset[str], frozenset[str]]:
+    ids = [str(t).strip() for t in tokens if str(t).strip()]
     return (frozenset(i for i in ids if i[0] in "UW"), frozenset(i for i in ids if i[0] == "S"))
+
+
+def approver_rules(environ: Mapping[str, str] | None = None) -> list[ApproverRule]:
+    """LAGDOCTOR_SLACK_APPROVERS, either form:
+
+    - ``U123,S0ONCALL``: these approve for every DAG and cluster (as before);
+    - JSON, a list of ``{"dags": ["kafka_lag_incident"], "clusters": ["kafka_prod*"],
+      "approvers": ["U123", "S0ONCALL"]}`` (patterns fnmatch-style; a missing
+      "dags"/"clusters" means every one).
+
+    A malformed JSON value grants nobody (said in the log, never guessed)."""
+    env = os.environ if environ is None else environ
+    raw = (env.get(APPROVERS_ENV) or "").strip()
+    if not raw.startswith("["):
+        users, groups = _ids(raw.split(","))
+        return [ApproverRule(("*",), ("*",), users, groups)] if users or groups else []
+    try:
+        data = json.loads(raw)
+        rules = []
+        for entry in data:
+            def patterns(name: str) -> tuple[str, ...]:
+                value = entry.get(name, ["*"])
+                value = [value] if isinstance(value, str) else value
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise ValueError(f"{name}: expected a list of patterns")
+                return tuple(value)
+
+            approvers_ = entry.get("approvers")
+            if not isinstance(approvers_, list):
+                raise ValueError("approvers: expected a list of Slack user/group ids")
+            rules.append(ApproverRule(patterns("dags"), patterns("clusters"), *_ids(approvers_)))
+        return rules
+    except (ValueError, TypeError, AttributeError) as exc:
+        log.warning("%s: unusable (%s); nobody may approve from Slack", APPROVERS_ENV, one_line(str(exc)))
+        return []
+
+
+def approvers(environ: Mapping[str, str] | None = None, *, dag_id: str = "*",
+              cluster: str = "*") -> tuple[frozenset[str], frozenset[str]]:
+    """(user ids, user-group ids) allowed to answer approvals of `dag_id` for `cluster`."""
+    rules = [r for r in approver_rules(environ) if r.covers(dag_id, cluster)]
+    return (frozenset().union(*(r.users for r in rules)), frozenset().union(*(r.groups for r in rules)))
 
 
 # ---------------------------------------------------------------- signature and replay
@@ -163,6 +226,25 @@ def approval_buttons(approval_id: int) -> dict[str, Any]:
     ]}
 
 
+def target_buttons(approval_id: int, targets: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A per-target approval: "Approve n" for each target offered (a click approves that
+    one alone, the others are rejected), "Approve all" (when every one has its own
+    button) and "Reject all". Values carry the row id and the target's number only."""
+    offered = [t for t in targets if t.get("option")]
+    numbers = [str(t["option"]).split(":", 1)[0].removeprefix("Approve ") for t in offered]
+    confirm = {"title": {"type": "plain_text", "text": "Approve?"},
+               "text": {"type": "plain_text", "text": "Airflow runs the action for what you approve, and for "
+                                                      "nothing else."},
+               "confirm": {"type": "plain_text", "text": "Approve"},
+               "deny": {"type": "plain_text", "text": "Cancel"}}
+    elements = [_button(f"Approve {n} only" if len(offered) > 1 else "Approve", APPROVE, f"{approval_id}:{n}",
+                        "primary", confirm) for n in numbers[:TARGET_BUTTONS_MAX]]
+    if 1 < len(offered) <= TARGET_BUTTONS_MAX:
+        elements.append(_button(f"Approve all {len(offered)}", APPROVE, f"{approval_id}:{APPROVE_ALL}", None, confirm))
+    elements.append(_button(REJECT_ALL, REJECT, str(approval_id), "danger"))
+    return [{"type": "actions", "block_id": f"lagdoctor_approval_{approval_id}", "elements": elements}]
+
+
 # ---------------------------------------------------------------- acknowledge / snooze, read by the coordinator
 
 def _utc(value: datetime | None) -> datetime | None:
@@ -215,19 +297,33 @@ class Click:
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> "Click | None":
-        """The first action of a ``block_actions`` payload; None for anything else."""
-        if payload.get("type") != "block_actions" or not payload.get("actions"):
+        """The first action of a ``block_actions`` payload; None for anything else,
+        a field of the wrong JSON type included (a list for ``user``, say)."""
+        def obj(value: Any) -> Mapping[str, Any] | None:
+            return value if isinstance(value, Mapping) else ({} if value is None else None)
+
+        def text(value: Any) -> str | None:
+            return value if isinstance(value, str) else ("" if value is None else None)
+
+        actions = payload.get("actions") if isinstance(payload, Mapping) else None
+        if payload.get("type") != "block_actions" or not isinstance(actions, list) or not actions:
             return None
-        action = payload["actions"][0]
-        user = payload.get("user") or {}
-        container = payload.get("container") or {}
-        message = payload.get("message") or {}
-        return cls(user_id=str(user.get("id") or ""), user_name=str(user.get("username") or user.get("name") or ""),
-                   action_id=str(action.get("action_id") or ""), value=str(action.get("value") or ""),
-                   action_ts=str(action.get("action_ts") or ""),
-                   channel_id=(payload.get("channel") or {}).get("id") or container.get("channel_id"),
-                   message_ts=container.get("message_ts") or message.get("ts"),
-                   thread_ts=container.get("thread_ts") or message.get("thread_ts"))
+        action, user = obj(actions[0]), obj(payload.get("user"))
+        container, message, channel = obj(payload.get("container")), obj(payload.get("message")), \
+            obj(payload.get("channel"))
+        if None in (action, user, container, message, channel):
+            return None
+        fields = {"user_id": text(user.get("id")), "user_name": text(user.get("username") or user.get("name")),
+                  "action_id": text(action.get("action_id")), "value": text(action.get("value")),
+                  "action_ts": text(action.get("action_ts")),
+                  "channel_id": text(channel.get("id") or container.get("channel_id")),
+                  "message_ts": text(container.get("message_ts") or message.get("ts")),
+                  "thread_ts": text(container.get("thread_ts") or message.get("thread_ts"))}
+        if any(v is None for v in fields.values()):
+            return None
+        for optional in ("channel_id", "message_ts", "thread_ts"):
+            fields[optional] = fields[optional] or None
+        return cls(**fields)
 
     def replay_key(self) -> str:
         return f"click:{self.user_id}:{self.action_id}:{self.value}:{self.action_ts}"
@@ -235,7 +331,7 @@ class Click:
 
 @dataclass
 class Outcome:
-    outcome: str  # done | already | refused | failed | unknown_target
+    outcome: str  # done | already | refused | superseded | failed | unknown_target
     ephemeral: str | None = None  # what only the clicker sees
     posted: str | None = None  # what the thread sees
 
@@ -254,17 +350,25 @@ def _audit(db, conn, click: Click, action: str, outcome: str, detail: str | None
 
 
 def _is_approver(click: Click, environ: Mapping[str, str] | None,
-                 group_members: Callable[[str], Iterable[str]]) -> bool:
-    users, groups = approvers(environ)
-    if click.user_id in users:
-        return True
-    for group in sorted(groups):
-        try:
-            if click.user_id in set(group_members(group)):
-                return True
-        except Exception as exc:  # a group Slack will not list: fail closed for that group
-            log.warning("Slack: cannot list user group %s: %s", group, one_line(exc))
-    return False
+                 group_members: Callable[[str], Iterable[str]], *, dag_id: str = "*",
+                 clusters: Iterable[str] = ("*",)) -> bool:
+    """Whether the clicker may answer for `dag_id` on every one of `clusters`."""
+    members: dict[str, bool] = {}
+
+    def in_group(group: str) -> bool:
+        if group not in members:
+            try:
+                members[group] = click.user_id in set(group_members(group))
+            except Exception as exc:  # a group Slack will not list: fail closed for that group
+                log.warning("Slack: cannot list user group %s: %s", group, one_line(exc))
+                members[group] = False
+        return members[group]
+
+    for cluster in list(clusters) or ["*"]:
+        users, groups = approvers(environ, dag_id=dag_id, cluster=cluster)
+        if click.user_id not in users and not any(in_group(g) for g in sorted(groups)):
+            return False
+    return True
 
 
 def handle_click(click: Click, *, db, now: datetime, hitl: Any = None,
@@ -315,7 +419,7 @@ def _control_click(click: Click, *, db, now: datetime) -> Outcome:
                 _audit(db, conn, click, action, "already", text, now)
                 return Outcome("already", text)
             values = {"ack_by": click.who, "ack_at": now, "ack_severity": state.severity}
-            posted = (f":eyes: *Acknowledged* by {escape_mrkdwn(click.who)}: no more updates in this thread "
+            posted = (f":eyes: *Acknowledged* by {mrkdwn_value(click.who)}: no more updates in this thread "
                       f"until the severity changes (now {escape_mrkdwn(state.severity or '-')}). "
                       "A recovery is still posted.")
         else:
@@ -326,7 +430,7 @@ def _control_click(click: Click, *, db, now: datetime) -> Outcome:
                 return Outcome("already", text)
             until = now + SNOOZE
             values = {"snoozed_by": click.who, "snoozed_at": now, "snoozed_until": until}
-            posted = (f":zzz: *Snoozed* by {escape_mrkdwn(click.who)} until {_when(until)}: no updates in this "
+            posted = (f":zzz: *Snoozed* by {mrkdwn_value(click.who)} until {_when(until)}: no updates in this "
                       "thread until then. A recovery is still posted.")
         values.update(root_message_id=state.root_message_id, updated_at=now)
         if row is None:
@@ -355,67 +459,161 @@ def lift_acknowledgement(conn: sa.Connection, state: Any, finding: Mapping[str, 
 
 # -- approvals
 
+def _chosen(click: Click, row: Mapping[str, Any]) -> tuple[list[str], list[Mapping[str, Any]]] | None:
+    """(the HITL options this click answers with, the targets it approves); None for a
+    button value this row does not know. Legacy rows (no targets): Approve / Reject."""
+    targets = row.get("targets")
+    if targets is None:
+        return [APPROVAL_ACTIONS[click.action_id]], []
+    offered = [t for t in targets if t.get("option")]
+    if click.action_id == REJECT:
+        return [REJECT_ALL], []
+    _, _, which = click.value.partition(":")
+    if which == APPROVE_ALL:
+        picked = offered
+    else:
+        picked = [t for t in offered if str(t["option"]).split(":", 1)[0] == f"Approve {which}"]
+    return ([str(t["option"]) for t in picked], picked) if picked else None
+
+
 def _approval_click(click: Click, *, db, now: datetime, hitl: Any,
                     group_members: Callable[[str], Iterable[str]], environ: Mapping[str, str] | None) -> Outcome:
+    """Claim, commit, call Airflow, then record: no transaction (no SQLite write lock)
+    is held across the HTTP call; a second click meanwhile finds the claim."""
     from lagdoctor.notify import outbox
+    from lagdoctor.notify.airflow_api import airflow_users
     from lagdoctor.state import slack_approvals as a
 
     action = "approve" if click.action_id == APPROVE else "reject"
-    option = APPROVAL_ACTIONS[click.action_id]
     try:
-        approval_id = int(click.value)
+        approval_id = int(click.value.partition(":")[0])
     except ValueError:
         approval_id = -1
-    allowed = _is_approver(click, environ, group_members)
+
+    def audited(outcome: str, detail: str | None, text: str | None, posted: str | None = None) -> Outcome:
+        with db.transaction() as conn:
+            _audit(db, conn, click, action, outcome, detail, now)
+        return Outcome(outcome, text, posted)
+
+    with db.engine.connect() as conn:
+        found = conn.execute(sa.select(a).where(a.c.id == approval_id)).mappings().first()
+        # A newer try of the same task asked again: this message's buttons are history,
+        # whatever was answered on it ("already approved" would credit the old answer).
+        newer = found is not None and conn.execute(sa.select(a.c.id).where(
+            a.c.dag_id == found["dag_id"], a.c.run_id == found["run_id"], a.c.task_id == found["task_id"],
+            a.c.map_index == found["map_index"], a.c.try_number > found["try_number"]).limit(1)).first() is not None
+    row = dict(found) if found is not None else None
+    if row is None:
+        return audited("unknown_target", "no such approval", "lagdoctor knows no such approval; nothing was done.")
+    if newer:
+        row["status"] = SUPERSEDED
+    picked = _chosen(click, row)
+    # Who may answer: approvers of this DAG for every cluster the answer touches
+    # (a rejection touches them all). Slack's user-group lookups happen here, outside any transaction.
+    touched = picked[1] if picked and picked[1] else [t for t in (row.get("targets") or []) if t.get("option")]
+    clusters = sorted({str(t.get("cluster") or "") for t in touched}) or ["*"]
+    if not _is_approver(click, environ, group_members, dag_id=row["dag_id"], clusters=clusters):
+        log.warning("Slack: %s refused for %s (not an approver for %s on %s)", action, click.who, row["dag_id"],
+                    ", ".join(clusters))
+        return audited("refused", f"not an approver for DAG {row['dag_id']} on {', '.join(clusters)} "
+                                  f"({APPROVERS_ENV})",
+                       f"You are not an approver for {row['dag_id']} on {', '.join(clusters)} "
+                       f"({APPROVERS_ENV}); nothing was done.")
+    if row["status"] == SUPERSEDED:
+        return audited("superseded", "a newer request replaced it",
+                       "Superseded by a newer request for this task (it was cleared and runs again): "
+                       "answer the newest message; nothing was done.")
+    if picked is None:
+        return audited("unknown_target", f"no such choice {click.value!r}",
+                       "lagdoctor knows no such choice for this approval; nothing was done.")
+    if hitl is None:
+        return audited("failed", "no Airflow API client",
+                       "lagdoctor cannot reach Airflow's API from here; answer in Airflow.")
+    airflow_user = airflow_users(environ).get(click.user_id)
+    if not hitl.acts_as(airflow_user):
+        why = ("is mapped to no Airflow user" if not airflow_user
+               else f"maps to Airflow user {airflow_user}, not the service identity lagdoctor answers as")
+        return audited("refused", f"cannot answer as this user in Airflow: Slack user {why}",
+                       f"Airflow cannot record this answer as you (your Slack user {why}); "
+                       "answer in Airflow instead. Nothing was done.")
+    options, approved = picked
+    # 1. claim (committed at once)
     with db.transaction() as conn:
-        if not allowed:
-            _audit(db, conn, click, action, "refused", "not in " + APPROVERS_ENV, now)
-            log.warning("Slack: %s refused for %s (not an approver)", action, click.who)
-            return Outcome("refused", "You are not allowed to approve or reject lagdoctor actions "
-                                      f"(only the users and groups in {APPROVERS_ENV}); nothing was done.")
         outbox.lock_key(db, conn, f"approval:{approval_id}")
-        rows = db.lock_row(conn, a, a.c.id == approval_id)
-        if not rows:
-            _audit(db, conn, click, action, "unknown_target", "no such approval", now)
-            return Outcome("unknown_target", "lagdoctor knows no such approval; nothing was done.")
-        row = rows[0]
-        if row["status"] != WAITING:
-            text = _already(row)
+        current = dict(db.lock_row(conn, a, a.c.id == approval_id)[0])
+        claimed_at = _utc(current.get("claimed_at"))
+        if current["status"] == ANSWERING and claimed_at is not None and now - claimed_at < CLAIM_STALE:
+            text = f"Being answered by {current['claimed_by']} right now; nothing more was done."
             _audit(db, conn, click, action, "already", text, now)
             return Outcome("already", text)
-        if hitl is None:
-            _audit(db, conn, click, action, "failed", "no Airflow API client", now)
-            return Outcome("failed", "lagdoctor cannot reach Airflow's API from here; answer in Airflow.")
-        # Under the row's lock: a second click waits here, then finds the answer above.
-        answer = hitl.respond(row["dag_id"], row["run_id"], row["task_id"], row["map_index"], option,
-                              responder=click.who)
+        if current["status"] == SUPERSEDED:
+            _audit(db, conn, click, action, "superseded", "a newer request replaced it", now)
+            return Outcome("superseded", "Superseded by a newer request for this task; nothing was done.")
+        if current["status"] not in (WAITING, ANSWERING):
+            text = _already(current)
+            _audit(db, conn, click, action, "already", text, now)
+            return Outcome("already", text)
+        conn.execute(sa.update(a).where(a.c.id == approval_id)
+                     .values(status=ANSWERING, claimed_by=click.who, claimed_at=now))
+    # 2. the call, with no transaction open
+    answer = hitl.respond(row["dag_id"], row["run_id"], row["task_id"], row["map_index"], options,
+                          responder=airflow_user or click.who)
+    # 3. record
+    with db.transaction() as conn:
+        outbox.lock_key(db, conn, f"approval:{approval_id}")
         if not answer.answered and not answer.conflict:
+            conn.execute(sa.update(a).where(a.c.id == approval_id, a.c.status == ANSWERING,
+                                            a.c.claimed_by == click.who)
+                         .values(status=WAITING, claimed_by=None, claimed_at=None))
             _audit(db, conn, click, action, "failed", answer.error, now)
             return Outcome("failed", f"Airflow did not take the answer: {answer.error}. Nothing was recorded; "
                                      "try again, or answer in Airflow.")
         if answer.conflict and not answer.chosen_options:
+            conn.execute(sa.update(a).where(a.c.id == approval_id, a.c.status == ANSWERING)
+                         .values(status=WAITING, claimed_by=None, claimed_at=None))
             text = "Already answered in Airflow; nothing more was done."
             _audit(db, conn, click, action, "already", text, now)
             return Outcome("already", text)
-        status = APPROVED if "Approve" in answer.chosen_options else REJECTED
-        # Ours: the Slack user (Airflow may name a service identity); else whom Airflow names.
+        chosen = list(answer.chosen_options)
+        status = APPROVED if any(o == "Approve" or o.startswith("Approve ") for o in chosen) \
+            and REJECT_ALL not in chosen else REJECTED
+        # Ours: the Slack user; Airflow names whom it recorded.
         by = click.who if answer.answered else (answer.responded_by or "someone in Airflow")
+        recorded_as = answer.responded_by or airflow_user
         at = answer.responded_at or now
-        conn.execute(sa.update(a).where(a.c.id == approval_id).values(status=status, answered_by=by, answered_at=at))
+        conn.execute(sa.update(a).where(a.c.id == approval_id).values(
+            status=status, answered_by=by, answered_at=at, airflow_user=recorded_as, chosen=chosen,
+            claimed_by=None, claimed_at=None))
         if answer.conflict:  # answered in the Airflow UI (or by another API client) first
             text = _already({"status": status, "answered_by": by, "answered_at": at}) + " (answered in Airflow)"
             _audit(db, conn, click, action, "already", text, now)
             return Outcome("already", text)
-        verb = ":white_check_mark: *Approved*" if status == APPROVED else ":no_entry_sign: *Rejected*"
-        what = "goes ahead" if status == APPROVED else "is skipped"
-        posted = (f"{verb} by {escape_mrkdwn(click.who)} in Slack: `{escape_mrkdwn(row['task_id'])}` of run "
-                  f"`{escape_mrkdwn(row['run_id'])}` {what}. Airflow records the answer from "
-                  f"{escape_mrkdwn(answer.responded_by or by)}.")
+        posted = _answer_text(click, row, status, approved, recorded_as)
         outbox.queue_message(db, conn, dedupe_key=f"approval:{approval_id}:{status}", text=posted,
                              blocks=[{"type": "section", "text": {"type": "mrkdwn", "text": posted}}],
                              parent_id=row["message_id"], now=now)
-        _audit(db, conn, click, action, "done", f"{status} as {by}", now)
+        _audit(db, conn, click, action, "done", f"{status} as {by} (Airflow: {recorded_as or '-'}): "
+                                                f"{', '.join(chosen)}", now)
     return Outcome("done", None, posted)
+
+
+def _answer_text(click: Click, row: Mapping[str, Any], status: str, approved: list[Mapping[str, Any]],
+                 recorded_as: str | None) -> str:
+    """The thread's line: who answered (Slack and Airflow), and which targets go ahead."""
+    verb = ":white_check_mark: *Approved*" if status == APPROVED else ":no_entry_sign: *Rejected*"
+    if row.get("targets") is None:
+        what = "goes ahead" if status == APPROVED else "is skipped"
+    elif status == APPROVED:
+        offered = [t for t in row["targets"] if t.get("option")]
+        names = ", ".join(f"`{escape_mrkdwn(code_safe(t.get('group_id')))}` on {mrkdwn_value(t.get('cluster'))}"
+                          for t in approved[:10]) + (f" and {len(approved) - 10} more" if len(approved) > 10 else "")
+        rest = len(offered) - len(approved)
+        what = f"goes ahead for {names}" + (f"; the other {rest} are rejected" if rest else "")
+    else:
+        what = "is rejected for every group"
+    return (f"{verb} by {mrkdwn_value(click.who)} in Slack: `{escape_mrkdwn(code_safe(row['task_id']))}` of run "
+            f"`{escape_mrkdwn(code_safe(row['run_id']))}` {what}. Airflow records the answer as "
+            f"{mrkdwn_value(recorded_as or click.who)}.")
 
 
 def _already(row: Mapping[str, Any]) -> str:

@@ -658,6 +658,9 @@ def render_action_result(record: Mapping[str, Any]) -> dict[str, Any]:
     text = render("action_result", **v)
     if record.get("warning") and status in ("dry_run", "awaiting_approval", "executed"):
         text += "\n" + render("action_warning", warning=record["warning"])
+    who = approval_line(record)
+    if who:
+        text += "\n" + who
     if status == "awaiting_approval":
         import re
 
@@ -665,6 +668,21 @@ def render_action_result(record: Mapping[str, Any]) -> dict[str, Any]:
         text += "\n" + render("approval_how_to", pattern=re.escape(str(record.get("group_id", ""))),
                                cluster=one_line_id(record.get("cluster")))
     return {"text": render("action_fallback", **v), "blocks": [_text_section(text)]}
+
+
+def approval_line(record: Mapping[str, Any]) -> str | None:
+    """Who answered the approval this record ran (or was rejected, or blocked) under:
+    the Slack user when answered with Slack's buttons, and the Airflow user Airflow
+    recorded; None when nobody was asked."""
+    approval = record.get("approval")
+    if not isinstance(approval, Mapping) or not (approval.get("by") or approval.get("slack")):
+        return None
+    chosen = approval.get("chosen") or []
+    verb = "Rejected" if record.get("status") == "rejected" or chosen in (["Reject"], ["Reject all"]) else "Approved"
+    airflow = mrkdwn_value(approval.get("by") or approval.get("airflow_user") or "-")
+    if approval.get("slack"):
+        return f":bust_in_silhouette: {verb} by {mrkdwn_value(approval['slack'])} in Slack (Airflow user {airflow})"
+    return f":bust_in_silhouette: {verb} in Airflow by {airflow}"
 
 
 def render_failure(*, dag_id: str, task_id: str, run_id: str, reason: str = "") -> dict[str, Any]:
@@ -702,14 +720,17 @@ def render_quarantine_notice(entries: Sequence[Mapping[str, Any]]) -> dict[str, 
 
 
 def render_approval_request(record: Mapping[str, Any]) -> dict[str, str]:
-    from lagdoctor.notify.templates import APPROVAL_BODY, APPROVAL_SUBJECT
+    from lagdoctor.notify.templates import APPROVAL_BODY, APPROVAL_SUBJECT, escape_markdown, plain_label
 
     message = str(record.get("message", ""))
-    v = {"action": record.get("action"), "group": record.get("group_id"), "topic": record.get("topic"),
-         "cluster": record.get("cluster"), "diagnosis": record.get("diagnosis"), "run_id": record.get("run_id"),
-         "irreversible": record.get("irreversible"), "warning": record.get("warning"),
-         "description": message.removeprefix("needs approval: ")}
-    return {"subject": render_plain(APPROVAL_SUBJECT, **v), "body": render_plain(APPROVAL_BODY, **v)}
+    raw = {"action": record.get("action"), "group": record.get("group_id"), "topic": record.get("topic"),
+           "cluster": record.get("cluster"), "diagnosis": record.get("diagnosis"), "run_id": record.get("run_id"),
+           "warning": record.get("warning"), "description": message.removeprefix("needs approval: ")}
+    flags = {"irreversible": record.get("irreversible")}
+    # The subject is plain text (one line); the body Markdown, every value escaped.
+    return {"subject": render_plain(APPROVAL_SUBJECT, **{k: plain_label(v, 200) for k, v in raw.items()}, **flags),
+            "body": render_plain(APPROVAL_BODY, **{k: escape_markdown(v) if v else v for k, v in raw.items()},
+                                 **flags)}
 
 
 def render_run_header(findings: Sequence[Mapping[str, Any]], *, scope: str, run_id: str,
@@ -749,27 +770,54 @@ def render_run_header(findings: Sequence[Mapping[str, Any]], *, scope: str, run_
     return {"text": text, "blocks": blocks}
 
 
+APPROVAL_LINES_MAX = 20
+
+
 def render_approval_prompt(subject: str, body: str | None, *, approval_id: int | None,
-                           answer_url: str | None) -> dict[str, Any]:
-    """A HITL task waits: its question, Approve / Reject when ``approval_id`` is given
-    (buttons enabled), and where to answer in Airflow."""
+                           answer_url: str | None, targets: Sequence[Mapping[str, Any]] | None = None,
+                           dag_id: str | None = None) -> dict[str, Any]:
+    """A HITL task waits: its question, and where to answer in Airflow. With `targets`
+    (a per-target approval): one line per target, "blocked now: <why>" for those not
+    offered, and, when ``approval_id`` is given (buttons enabled), a button per offered
+    target, "Approve all" and "Reject all". Without: the body's lines and Approve / Reject.
+    Every name goes through mrkdwn_value (one line, escaped)."""
     subject_text = mrkdwn_value(subject)
-    body_text, owner_unknown = owner_unknown_once(body or "")
-    # The form's body is Markdown for the Airflow UI: Slack's bold is one asterisk.
-    lines = [escape_mrkdwn(" ".join(line.replace("**", "*").split()))
-             for line in body_text.splitlines() if line.strip()][:20]
+    owner_unknown = False
+    if targets is not None:
+        lines = []
+        for n, t in enumerate(targets[:APPROVAL_LINES_MAX]):
+            where = (f"`{escape_mrkdwn(code_safe(t.get('group_id')))}` on {mrkdwn_value(t.get('cluster'))}"
+                     f" / `{escape_mrkdwn(code_safe(t.get('topic') or '(all)'))}`")
+            if t.get("option"):
+                number = str(t["option"]).split(":", 1)[0].removeprefix("Approve ")
+                lines.append(f"{number}. {where}: {mrkdwn_value(t.get('does'))}")
+            else:
+                why = (f"*blocked now*: {mrkdwn_value(t.get('blocked'))}" if t.get("blocked")
+                       else "over the form's limit")
+                lines.append(f":no_entry: {where}: {why} (not offered)")
+        if len(targets) > APPROVAL_LINES_MAX:
+            lines.append(f"… and {len(targets) - APPROVAL_LINES_MAX} more: see the form in Airflow.")
+    else:
+        body_text, owner_unknown = owner_unknown_once(body or "")
+        # The form's body is Markdown for the Airflow UI: Slack's bold is one asterisk.
+        lines = [escape_mrkdwn(" ".join(line.replace("**", "*").split()))
+                 for line in body_text.splitlines() if line.strip()][:20]
     text = f":raised_hand: *Approval needed:* {subject_text}" + ("\n" + "\n".join(lines) if lines else "")
-    blocks: list[dict[str, Any]] = [_text_section(text)]
+    blocks: list[dict[str, Any]] = [_text_section(text[:2900])]
     where = report_link(answer_url, "answer in Airflow")
     if approval_id is not None:
-        hint = "Approve / Reject answer the task in Airflow (configured approvers only)" + (f" · or {where}" if where else "")
+        hint = ("Buttons answer the task in Airflow (approvers for this DAG and cluster only)"
+                + (f" · or {where}" if where else ""))
     else:
         hint = f"Answer in Airflow: {where}" if where else "Answer in the Airflow UI (Required actions)."
     blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": hint}]})
     if owner_unknown:
         blocks.append(_owner_note_block())
     if approval_id is not None:
-        from lagdoctor.notify.interactive import approval_buttons
+        from lagdoctor.notify.interactive import approval_buttons, target_buttons
 
-        blocks.append(approval_buttons(approval_id))
+        if targets is None:
+            blocks.append(approval_buttons(approval_id))
+        else:
+            blocks.extend(target_buttons(approval_id, targets))
     return {"text": f"Approval needed: {subject_text}", "blocks": blocks}

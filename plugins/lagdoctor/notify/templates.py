@@ -11,6 +11,7 @@ command inside Slack text (runbook commands are quoted by lagdoctor.runbooks).
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 TEMPLATES: dict[str, str] = {
@@ -68,13 +69,15 @@ TEMPLATES: dict[str, str] = {
     "quarantine_fallback": "lagdoctor moved {{ count }} unreadable snapshot file(s) aside",
 }
 
-# HITL approval: Markdown for the Airflow UI, not Slack; not escaped for mrkdwn.
+# HITL approval: Markdown for the Airflow UI, not Slack. render_approval_request
+# escapes every value for Markdown (escape_markdown) before it gets here; no value sits
+# in a code span (a backslash escape shows there).
 APPROVAL_SUBJECT = "Approve {{ action }} for {{ group }} on {{ topic }} ({{ cluster }})?"
 APPROVAL_BODY = """\
 **{{ description }}**
 
-- diagnosis: `{{ diagnosis }}`
-- run: `{{ run_id }}`
+- diagnosis: {{ diagnosis }}
+- run: {{ run_id }}
 {% if irreversible %}- **irreversible**{% endif %}
 
 {% if warning %}> {{ warning }}{% endif %}
@@ -87,6 +90,32 @@ def escape_mrkdwn(value: object) -> str:
     """Slack's three control characters; Slack asks for exactly these escapes."""
     text = "" if value is None else str(value)
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+_MARKDOWN_PUNCT = re.compile(r"([!-/:-@\[-`{-~])")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+
+
+def visible_controls(text: str) -> str:
+    """Line breaks and other control characters as visible escapes (\\n, \\x07): a name
+    keeps every character, shown, without starting a line of its own."""
+    names = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+    return _CONTROL.sub(lambda m: names.get(m.group(), f"\\x{ord(m.group()):02x}"
+                                              if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}"), text)
+
+
+def escape_markdown(value: object) -> str:
+    """A broker- or user-chosen name as literal text in (CommonMark) Markdown, the Airflow
+    approval form: every ASCII punctuation backslash-escaped (no emphasis, link, code span,
+    list, heading or raw HTML) and line breaks shown as \\n, so a name cannot add a line."""
+    text = "" if value is None else str(value)
+    return _MARKDOWN_PUNCT.sub(r"\\\1", visible_controls(text))
+
+
+def plain_label(value: object, limit: int = 80) -> str:
+    """A name in plain text that must stay one line (an HITL option, a Slack button)."""
+    text = visible_controls("" if value is None else str(value))
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def shell_quote(value: object) -> str:

@@ -96,6 +96,12 @@ class Action:
     def resolve(self, ctx: ActionContext, plan: dict[str, Any]) -> dict[str, Any]:
         return plan
 
+    def blocked_by_finding(self, ctx: ActionContext) -> str | None:
+        """Why the run would block it, already plain from the finding (the group's state at
+        the window's end), so the approval form says "blocked now" instead of asking;
+        resolve() still checks live state. None: nothing known blocks it."""
+        return None
+
     def apply(self, ctx: ActionContext, plan: Mapping[str, Any]) -> Outcome:
         raise NotImplementedError
 

@@ -169,6 +169,15 @@ class SkipPoisonPill(Action):
                "topic. Runs only while the group is EMPTY (stop the consumers first).")
     params = {"dead_letter_topic": str}
 
+    def blocked_by_finding(self, ctx: ActionContext) -> str | None:
+        state = ctx.evidence.get("group_state")
+        if state and state != "EMPTY":
+            members = ctx.evidence.get("group_members")
+            count = "an unknown number of" if members is None else members
+            return (f"group was {state} with {count} member(s) at the window's end, not EMPTY: "
+                    "stop its consumers first, then run the incident again")
+        return None
+
     def prepare(self, ctx: ActionContext) -> dict[str, Any]:
         # EMPTY is this action's proof that nobody consumes. A consumer that assign()s its
         # partitions never joins the group, so its group is always EMPTY: no proof at all,

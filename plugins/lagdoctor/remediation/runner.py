@@ -120,6 +120,9 @@ def preview_action(
         out["does"] = action.describe(action.prepare(ctx))
     except ActionBlocked as exc:
         out["blocked"] = out["blocked"] or one_line(str(exc))
+    if not out["blocked"] and action.changes_state:
+        known = action.blocked_by_finding(ctx)
+        out["blocked"] = one_line(known) if known else None
     return out
 
 
@@ -225,6 +228,13 @@ def run_action(
         if dry_run:
             return record("dry_run", "would " + action.describe(plan), plan)
         # 5. approval
+        if approval and approved is not True:
+            # What the finding already shows would block it: said, not proposed nor "rejected"
+            # (the approval form did not offer it). An approved one goes on to resolve(),
+            # which checks the live state instead.
+            known = action.blocked_by_finding(ctx)
+            if known:
+                return record("blocked", one_line(known), plan, rule="action")
         if approval and approved is None:
             return record("awaiting_approval", "needs approval: " + action.describe(plan), plan)
         if approval and approved is False:

@@ -6,7 +6,10 @@ Not behind Airflow's login: Slack cannot hold an Airflow session. Instead
 every request must carry Slack's v0 signature (HMAC-SHA256 of
 ``v0:{timestamp}:{raw body}`` with the app's signing secret, the timestamp
 within 5 minutes, compared in constant time); anything else is 401, and
-without a signing secret everything is. A request seen before (same
+without a signing secret everything is. The headers and timestamp are checked
+before the secret is looked up, and nothing else is looked up before the
+signature holds. A body over 64 KiB is 413, refused as it streams (never held
+whole); a signed payload of the wrong shape (a JSON field of the wrong type) 400. A request seen before (same
 signature, or the same click) is answered 200 and not acted on again.
 What a click does is lagdoctor.notify.interactive; who answered is shown to
 the clicker alone (chat.postEphemeral) and, once acted on, in the thread.
@@ -77,11 +80,19 @@ def create_app(
         from lagdoctor.state import state_db
 
         now = clock()
+        # Headers and the timestamp window first: a request that cannot be Slack's
+        # costs no connection lookup (the secret lives in the Slack connection).
+        reason = interactive.verify_signature("-", timestamp, body, signature, now=now.timestamp())
+        if reason and reason != "signature mismatch":
+            return refuse(reason)
         secret = interactive.signing_secret()
         reason = interactive.verify_signature(secret, timestamp, body, signature, now=now.timestamp())
         if reason:
             return refuse(reason)
-        click = interactive.Click.from_payload(interactive.payload_from_form(body) or {})
+        try:
+            click = interactive.Click.from_payload(interactive.payload_from_form(body) or {})
+        except (TypeError, ValueError, AttributeError, IndexError, KeyError):
+            click = None  # signed, but not the shape Slack sends: a JSON field of the wrong type
         if click is None or not click.user_id:
             return JSONResponse({"ok": False, "error": "not a block_actions payload"}, status_code=400)
         settings = settings_factory()
@@ -115,14 +126,30 @@ def create_app(
 
     @app.post(ACTIONS_PATH)
     async def actions(request: Request, background: BackgroundTasks) -> JSONResponse:
-        body = await request.body()
-        if len(body) > MAX_BODY:
-            return refuse("body too large")
+        body = await read_at_most(request, MAX_BODY)
+        if body is None:
+            log.warning("Slack request refused: body over %d bytes", MAX_BODY)
+            return JSONResponse({"ok": False, "error": f"body over {MAX_BODY} bytes"}, status_code=413)
         # The database and Airflow's API are blocking calls: off the event loop.
         return await run_in_threadpool(act, body, request.headers.get("X-Slack-Request-Timestamp"),
                                        request.headers.get("X-Slack-Signature"), background)
 
     return app
+
+
+async def read_at_most(request: Request, limit: int) -> bytes | None:
+    """The body, or None as soon as it is over `limit` bytes (a declared Content-Length
+    over it is refused before reading): never more than `limit` bytes held in memory."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _deliver(settings: Settings, now: datetime) -> None:

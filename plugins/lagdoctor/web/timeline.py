@@ -282,7 +282,9 @@ def read_actions(settings, cluster: str, group_id: str, *, limit: int = MAX_ACTI
             found = conn.execute(sa.select(approvals.c.run_id, approvals.c.task_id, approvals.c.status,
                                            approvals.c.answered_by, approvals.c.answered_at)
                                  .where(approvals.c.run_id.in_(asked[:500]),
-                                        approvals.c.status.in_(("approved", "rejected"))))
+                                        approvals.c.status.in_(("approved", "rejected")))
+                                 # oldest try first: a re-run approval's answer replaces the earlier one
+                                 .order_by(approvals.c.try_number, approvals.c.id))
             for run_id, task_id, status, by, at in found:
                 # The approval task sits in the action's group, "remediate_<action>" (orchestration.action_task_id).
                 answers[(run_id, str(task_id).split(".")[0])] = {
