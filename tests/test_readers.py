@@ -258,11 +258,14 @@ def test_work_per_view_and_scrape_does_not_grow_with_stored_runs(tmp_path, opene
     costs_large = _costs(large, oldest_large, opened, new_process)
     assert costs_large == costs_small
     # The index, then only the candidates: the newest sweep, the two incident runs, and the
-    # three folders the index cannot date or parse (the corrupt one has its run.json read).
-    candidates = runindex.refresh(str(large / "findings")).candidates()
-    assert len(candidates) == 6
+    # two folders the index cannot date or parse (the corrupt one has its run.json read);
+    # the half-written folder is incomplete: never a candidate, never opened.
+    index = runindex.refresh(str(large / "findings"))
+    candidates = index.candidates()
+    assert len(candidates) == 5 and "half-written" not in candidates
+    assert [name for name, _ in index.incomplete_runs()] == ["half-written"]
     assert costs_large["page"].count("_runindex.json") == 1
-    assert costs_large["page"].count("findings.jsonl") == 6
+    assert costs_large["page"].count("findings.jsonl") == 5
     assert costs_large["page"].count("run.json") == 1
     assert costs_large["report"] == ["r.html", "run.json"]  # its own run's run.json: who may read it
     assert len(costs_large["scrape"]) <= 1 + 3 * len(candidates)
