@@ -205,7 +205,7 @@ def run_completeness(fs, path: str, sizes: Mapping[str, Any] | None = None) -> C
             return Completeness(False, f"{SUCCESS_FILE} does not match the files: {', '.join(problems)}")
         return Completeness(True)
     if WRITING_FILE in sizes:
-        return Completeness(False, f"the diagnosis did not finish writing it (no {SUCCESS_FILE})")
+        return Completeness(False, f"the diagnosis did not finish writing it: no {SUCCESS_FILE}")
     if FINDINGS_FILE not in sizes:
         return Completeness(False)
     if PARTITION_STATUS_FILE not in sizes:
