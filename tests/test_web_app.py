@@ -16,7 +16,8 @@ from lagdoctor.settings import Settings
 from lagdoctor.web.app import create_app
 from lagdoctor.web.auth import dag_run_reader
 from tests.fixtures.web import (  # noqa: F401  (fixtures)
-    INCIDENT_DAG, SWEEP_DAG, XSS_GROUP, lag_app, lag_client, lag_data_root,
+    INCIDENT_DAG, SWEEP_DAG, XSS_GROUP, api_severities, exported_severities, lag_app, lag_client, lag_data_root,
+    shown_severities,
 )
 
 
@@ -259,20 +260,8 @@ def _severities(client, root) -> tuple[dict, dict, dict]:
     """{group: severity} as the page's cards, the API and the exporter each say it."""
     from lagdoctor.metrics import render_metrics
 
-    html = client.get("/").text
-    page = {htmllib.unescape(g): s
-            for s, g in re.findall(r'<article class="card (\w+)[^"]*" id="[^"]*" data-group="([^"]+)"', html)}
-    page.update({htmllib.unescape(g): "ok"
-                 for g in re.findall(r'<details class="healthy" id="[^"]*" data-group="([^"]+)"', html)})
-    api: dict = {}
-    rank = {"ok": 0, "warning": 1, "critical": 2}
-    for f in client.get("/api/findings").json()["findings"]:
-        if rank[f["severity"]] >= rank.get(api.get(f["group_id"]), -1):
-            api[f["group_id"]] = f["severity"]
-    exported = {m.group(1): ("ok", "warning", "critical")[int(float(m.group(2)))]
-                for m in re.finditer(r'^lagdoctor_group_severity\{cluster_name="[^"]*",group="([^"]*)"\} (\S+)$',
-                                     render_metrics(str(root / "findings")), re.M)}
-    return page, api, exported
+    return (shown_severities(client.get("/").text), api_severities(client.get("/api/findings").json()),
+            exported_severities(render_metrics(str(root / "findings"))))
 
 
 def _healthy_copy(findings: list[dict]) -> list[dict]:
