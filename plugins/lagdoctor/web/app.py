@@ -7,6 +7,7 @@
                                 "incomplete_runs" (+ "incomplete_runs_text") for run folders
                                 skipped as incomplete (lagdoctor.runindex.run_completeness)
     GET /group/{cluster}/{group} one group: its current findings, charts, and incident timeline
+    GET /group?cluster=&group=  the same, for any group id (links.group_path picks the form)
     GET /reports/{run}/{file}   an incident report written by lagdoctor.web.report
 
 All are read-only and go through ``auth.dag_run_reader``: the caller
@@ -38,6 +39,7 @@ from lagdoctor.web.links import URL_PREFIX  # one mount point for the app and th
 log = logging.getLogger(__name__)
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}$")
+MAX_NAME = 32767  # a Kafka protocol string's limit: no group id is longer
 _NO_STORE = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin"}
 
 
@@ -201,6 +203,16 @@ def create_app(
     @app.get("/group/{cluster}/{group_id:path}", response_class=HTMLResponse, include_in_schema=False)
     def group_page(request: Request, cluster: str, group_id: str,
                    can_read: DagReadCheck = Depends(dag_run_reader)) -> HTMLResponse:
+        return group_view_page(request, cluster, group_id, can_read)
+
+    @app.get("/group", response_class=HTMLResponse, include_in_schema=False)
+    def group_page_by_query(request: Request, cluster: str = Query(..., max_length=MAX_NAME),
+                            group: str = Query(..., min_length=1, max_length=MAX_NAME),
+                            can_read: DagReadCheck = Depends(dag_run_reader)) -> HTMLResponse:
+        # Any group id a broker accepts (a newline, '/', '?', '#'): links.group_path's other form.
+        return group_view_page(request, cluster, group, can_read)
+
+    def group_view_page(request: Request, cluster: str, group_id: str, can_read: DagReadCheck) -> HTMLResponse:
         from lagdoctor.web.data import current_index, incomplete_runs, incomplete_text, latest_states, read_shortfalls
         from lagdoctor.web.html import CONTENT_SECURITY_POLICY, render
         from lagdoctor.web.timeline import MAX_RUNS, group_timeline, problems_text, read_actions
