@@ -335,7 +335,8 @@ def test_first_message_and_updates_link_the_run_the_group_view_and_the_report(mo
     monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example.com/")
     f = {**_tansu("orders eu"), "report_url": "https://airflow.example.com/lagdoctor/reports/r1/a.html"}
     run = "https://airflow.example.com/dags/kafka_lag_incident/runs/manual__2026-11-21T10%3A00%3A00%2B00%3A00"
-    group = "https://airflow.example.com/lagdoctor/group/prod/orders%20eu"
+    # a space is not a plain name: the query form, its & escaped as Slack asks
+    group = "https://airflow.example.com/lagdoctor/group?cluster=prod&amp;group=orders%20eu"
     for msg in (render_incident(f, None, run_id="manual__2026-11-21T10:00:00+00:00", dag_id="kafka_lag_incident"),
                 render_update(f, ["pattern plateau → spiky"], run_id="manual__2026-11-21T10:00:00+00:00",
                               dag_id="kafka_lag_incident")):
