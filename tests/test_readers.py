@@ -353,3 +353,54 @@ def test_recording_a_run_a_scrape_already_folded_reads_no_older_run(tmp_path, op
     assert opened.count("run.json") <= 2 and opened.count("findings.jsonl") <= 2
     stored = json.loads((root / runindex.INDEX_FILE).read_text())
     assert "with-a-new-group" in stored["runs"]
+
+
+# -- one rule for a complete run (issue 17) ---------------------------------------------------------
+
+F = json.dumps(_finding("prod", "g", "t", "critical", 5_000, T0)) + "\n"
+S = json.dumps(_status("prod", "g", "t", 0, 5_000)) + "\n"
+
+
+def _marker(findings_bytes=len(F), status=True) -> str:
+    outputs = {"findings.jsonl": {"rows": 1, "bytes": findings_bytes}}
+    if status:
+        outputs["partition_status.jsonl"] = {"rows": 1, "bytes": len(S)}
+    return json.dumps({"outputs": outputs})
+
+
+@pytest.mark.parametrize(("files", "complete", "reason"), [
+    # written before the marker existed: both contract outputs whole -> history keeps answering
+    ({"findings.jsonl": F, "partition_status.jsonl": S, "run.json": "{}"}, True, ""),
+    ({"findings.jsonl": F}, False, "no _SUCCESS and no partition_status.jsonl"),
+    ({"_WRITING": "{}", "findings.jsonl": F, "partition_status.jsonl": S}, False,
+     "the diagnosis did not finish writing it: no _SUCCESS"),
+    ({"_WRITING": "{}"}, False, "the diagnosis did not finish writing it: no _SUCCESS"),
+    ({"_SUCCESS": _marker(), "findings.jsonl": F, "partition_status.jsonl": S}, True, ""),
+    ({"_SUCCESS": _marker(), "findings.jsonl": F}, False,
+     "_SUCCESS does not match the files: partition_status.jsonl missing"),
+    ({"_SUCCESS": _marker(9), "findings.jsonl": F, "partition_status.jsonl": S}, False,
+     f"_SUCCESS does not match the files: findings.jsonl is {len(F)} bytes, not 9"),
+    ({"_SUCCESS": _marker(status=False), "findings.jsonl": F, "partition_status.jsonl": S}, False,
+     "_SUCCESS does not match the files: partition_status.jsonl"),
+    ({"_SUCCESS": "not json", "findings.jsonl": F, "partition_status.jsonl": S}, False, None),
+    ({"plans.json": "[]"}, False, ""),  # no run folder at all: ignored, as before
+])
+def test_one_rule_says_which_run_folders_are_complete(tmp_path, new_process, files, complete, reason):
+    root = tmp_path / "findings"
+    folder = root / "the-run"
+    folder.mkdir(parents=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    fs, base = runindex.filesystem(str(folder))
+    state = runindex.run_completeness(fs, base)
+    assert state.complete is complete
+    if reason is None:
+        assert state.reason.startswith("_SUCCESS unreadable (")
+    else:
+        assert state.reason == reason
+    index = runindex.refresh(str(root))
+    assert index.incomplete_runs() == ([("the-run", state.reason)] if state.reason else [])
+    if complete or state.reason:  # (a folder that is no run stays a candidate each reader ignores, as before)
+        assert ("the-run" in index.candidates()) is complete
+    assert [r.run_key for r in data.list_runs(str(root))] == (["the-run"] if complete else [])
+    assert_same_as_full_read(root)

@@ -303,19 +303,30 @@ _CACHE_MAX = 2 * MAX_RUNS
 
 
 def read_run(run: Run) -> RunData:
+    """One run folder's files, parsed; ValueError (one line) when it is not complete (a
+    retried diagnosis rewriting a run the index folded earlier: runindex.run_completeness)."""
     from lagdoctor.contracts import FINDINGS_FILE, PARTITION_STATUS_FILE
+    from lagdoctor.runindex import SUCCESS_FILE, WRITING_FILE, run_completeness
 
     fs, _ = _fs(run.path)
+    fs.invalidate_cache(run.path)
+    try:
+        listed = {e["name"].rstrip("/").rsplit("/", 1)[-1]: e for e in fs.ls(run.path, detail=True)}
+    except FileNotFoundError:
+        raise ValueError(f"run folder {run.path} is gone") from None
     stamp = tuple(
-        (info.get("size"), str(info.get("mtime") or info.get("LastModified") or ""))
-        for info in (fs.info(f"{run.path}/{n}") if fs.exists(f"{run.path}/{n}") else {}
-                     for n in (FINDINGS_FILE, PARTITION_STATUS_FILE, PLANS_FILE, RUN_FILE))
+        (n, listed[n].get("size"), str(listed[n].get("mtime") or listed[n].get("LastModified") or ""))
+        for n in (FINDINGS_FILE, PARTITION_STATUS_FILE, PLANS_FILE, RUN_FILE, SUCCESS_FILE, WRITING_FILE)
+        if n in listed
     )
     cache_key = (run.path, stamp)
     with _CACHE_LOCK:
         cached = _CACHE.get(cache_key)
     if cached is not None:
         return RunData(run, cached.findings, cached.status_rows, cached.plans)
+    state = run_completeness(fs, run.path, {n: e.get("size") for n, e in listed.items()})
+    if not state.complete:
+        raise ValueError(f"run folder {run.path} is incomplete: {state.reason or 'no diagnosis output'}")
     findings = _read_json_lines(fs, f"{run.path}/{FINDINGS_FILE}")
     status_rows = _read_json_lines(fs, f"{run.path}/{PARTITION_STATUS_FILE}")
     plans: dict[tuple[Key, str], dict[str, Any]] = {}
