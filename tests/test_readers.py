@@ -404,3 +404,15 @@ def test_one_rule_says_which_run_folders_are_complete(tmp_path, new_process, fil
         assert ("the-run" in index.candidates()) is complete
     assert [r.run_key for r in data.list_runs(str(root))] == (["the-run"] if complete else [])
     assert_same_as_full_read(root)
+
+
+def test_an_index_stored_before_the_rule_judges_its_half_written_folders_again(tmp_path, new_process):
+    root = tmp_path / "findings"
+    seed_history(root, 20, vanishing=False)
+    runindex.refresh(str(root))
+    stored = json.loads((root / runindex.INDEX_FILE).read_text())
+    assert "half-written" in stored["provisional"] and "half-written" in stored["incomplete"]
+    del stored["incomplete"]  # as the index of an older lagdoctor left it
+    (root / runindex.INDEX_FILE).write_text(json.dumps(stored))
+    new_process()
+    assert [name for name, _ in runindex.refresh(str(root)).incomplete_runs()] == ["half-written"]

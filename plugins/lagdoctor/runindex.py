@@ -381,6 +381,8 @@ class RunIndex:
             return cls()
         index = cls(runs=dict(data.get("runs") or {}), provisional=dict(data.get("provisional") or {}),
                      skipped=dict(data.get("skipped") or {}), incomplete=dict(data.get("incomplete") or {}))
+        if "incomplete" not in data:
+            index.provisional = {}  # stored before the completeness rule: read them again to judge them
         for run_key, rec in list(index.runs.items()):
             at = parse_time((rec.get("meta") or {}).get("planned_at")) if isinstance(rec, dict) else None
             if at is None:
