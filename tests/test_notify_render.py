@@ -351,3 +351,23 @@ def test_no_base_url_no_links(monkeypatch):
     monkeypatch.setattr("lagdoctor.web.links.airflow_base_url", lambda environ=None: None)
     text = _all_text(render_incident(_tansu("a"), None, run_id="r1", dag_id="kafka_lag_incident"))
     assert "Airflow run" not in text and "group view" not in text
+
+
+@pytest.mark.parametrize("group_id", ["a`b'c & <d>", "line\nbreak", "two  spaces"])
+def test_the_slack_message_s_command_pasted_into_bash_names_the_exact_group(group_id):
+    """The runbook's `kafka-consumer-groups.sh ... --group` step as the posted message carries
+    it: the code span holds no backtick or line break, and bash reads the exact group id from it."""
+    import html
+    import subprocess
+    from pathlib import Path
+
+    from lagdoctor.runbooks import plan_for_finding
+
+    f = finding(group_id=group_id, diagnosis="slow_consumer", partitions=[])
+    plan = plan_for_finding(f, Path(__file__).resolve().parent.parent / "runbooks")
+    msg = render_incident(f, plan)
+    (section,) = [b["text"]["text"] for b in msg["blocks"] if b.get("text") and "--describe --group" in b["text"]["text"]]
+    span = re.search(r"`(kafka-consumer-groups\.sh --describe --group [^`\n]*)`", section).group(1)
+    word = html.unescape(span).split("--group ", 1)[1]  # what Slack shows and a person copies
+    out = subprocess.run(["bash", "-c", f'set -- {word}\nprintf %s "$1"'], capture_output=True, check=True)
+    assert out.stdout.decode("utf-8") == group_id
