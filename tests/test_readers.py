@@ -381,7 +381,7 @@ def _marker(findings_bytes=len(F), status=True) -> str:
     ({"_SUCCESS": _marker(9), "findings.jsonl": F, "partition_status.jsonl": S}, False,
      f"_SUCCESS does not match the files: findings.jsonl is {len(F)} bytes, not 9"),
     ({"_SUCCESS": _marker(status=False), "findings.jsonl": F, "partition_status.jsonl": S}, False,
-     "_SUCCESS does not match the files: partition_status.jsonl"),
+     "_SUCCESS does not match the files: partition_status.jsonl not named"),
     ({"_SUCCESS": "not json", "findings.jsonl": F, "partition_status.jsonl": S}, False, None),
     ({"plans.json": "[]"}, False, ""),  # no run folder at all: ignored, as before
 ])
@@ -394,6 +394,7 @@ def test_one_rule_says_which_run_folders_are_complete(tmp_path, new_process, fil
     fs, base = runindex.filesystem(str(folder))
     state = runindex.run_completeness(fs, base)
     assert state.complete is complete
+    assert state.legacy is (complete and "_SUCCESS" not in files)
     if reason is None:
         assert state.reason.startswith("_SUCCESS unreadable (")
     else:

@@ -154,10 +154,6 @@ class Completeness:
     reason: str = ""
     legacy: bool = False  # complete by the rule for folders written before the marker existed
 
-    @property
-    def is_run(self) -> bool:
-        return self.complete or bool(self.reason)
-
 
 def folder_sizes(fs, path: str) -> dict[str, Any] | None:
     """{file name: size} of a folder's files (one listing); None when the folder is gone."""
@@ -192,7 +188,7 @@ def run_completeness(fs, path: str, sizes: Mapping[str, Any] | None = None) -> C
         try:
             with fs.open(f"{path}/{SUCCESS_FILE}", "rt", encoding="utf-8") as fh:
                 outputs = json.load(fh)["outputs"]
-            problems = [name for name in CONTRACT_OUTPUTS if name not in outputs]
+            problems = [f"{name} not named" for name in CONTRACT_OUTPUTS if name not in outputs]
             for name, stats in outputs.items():
                 if name not in sizes:
                     problems.append(f"{name} missing")
