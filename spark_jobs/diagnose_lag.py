@@ -17,6 +17,8 @@ snapshot_ts in the footers' statistics of the input, and with
 --window-minutes older folders are never opened. A file that cannot be read
 is moved to <store>/_quarantine/ (with --quarantine), listed in
 quarantined.jsonl and named once on stderr; the rest is diagnosed.
+The outputs are written last, after every row is collected, and then
+_SUCCESS (rows and bytes of each output): a folder without it is incomplete.
 Exit codes: 0 outputs written (empty input -> empty outputs), 2 bad
 arguments or missing path, 3 a missing column in every file or an
 unreadable input, 1 any other failure. Failures print one line on stderr.
@@ -84,7 +86,7 @@ def main(argv=None) -> int:
 
     from lagdoctor.diagnosis.classify import findings
     from lagdoctor.diagnosis.features import group_features, group_series, partition_features
-    from lagdoctor.diagnosis.output import print_error_line, write_findings, write_partition_status, write_quarantined
+    from lagdoctor.diagnosis.output import print_error_line, write_outputs
     from lagdoctor.diagnosis.session import right_size_shuffle, start_spark
     from lagdoctor.diagnosis.snapshots import read_snapshot_store, resolve_window, scope_snapshots, select_window
     from lagdoctor.diagnosis.status_job import partition_status
@@ -108,9 +110,7 @@ def main(argv=None) -> int:
         # (a window from footers is the whole input's: scoped rows may hold nothing in it,
         # and then the transforms below give empty outputs without a scan to check first)
         if window is None:
-            write_findings(None, args.output)
-            write_partition_status(None, args.output)
-            write_quarantined(read.quarantined, args.output)
+            write_outputs(None, None, read.quarantined, args.output, now=datetime.now(timezone.utc).isoformat())
             return EXIT_OK
         start, end = window
         in_window = select_window(snapshots, start, end)
@@ -119,10 +119,8 @@ def main(argv=None) -> int:
         group_feats = group_features(group_series(in_window, partitions), thresholds).cache()
         found = findings(partitions, group_feats, thresholds, start, end)
         status = partition_status(partitions, group_feats, int(end.timestamp() * 1000), thresholds)
-        # load
-        write_findings(found, args.output)
-        write_partition_status(status, args.output)
-        write_quarantined(read.quarantined, args.output)
+        # load: the outputs, then _SUCCESS last (a reader skips the folder until then)
+        write_outputs(found, status, read.quarantined, args.output, now=datetime.now(timezone.utc).isoformat())
         return EXIT_OK
     except SnapshotInputError as exc:
         return fail(EXIT_BAD_INPUT, str(exc))

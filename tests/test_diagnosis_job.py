@@ -3,6 +3,7 @@ each costs a JVM start (about 20-40 s on two cores)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -24,9 +25,14 @@ def test_job_writes_findings_and_status_for_every_group(tmp_path):
     out = tmp_path / "out"
     proc = run_job(store, out)
     assert proc.returncode == 0, proc.stderr
-    # no temp files left; nothing quarantined
-    assert sorted(os.listdir(out)) == ["findings.jsonl", "partition_status.jsonl", "quarantined.jsonl"]
+    # no temp files left, no _WRITING; nothing quarantined; _SUCCESS names each output's rows and bytes
+    assert sorted(os.listdir(out)) == ["_SUCCESS", "findings.jsonl", "partition_status.jsonl", "quarantined.jsonl"]
     assert (out / "quarantined.jsonl").read_text() == ""
+    marker = json.loads((out / "_SUCCESS").read_text())
+    assert marker["outputs"] == {name: {"rows": len((out / name).read_text().splitlines()),
+                                        "bytes": (out / name).stat().st_size}
+                                 for name in ("findings.jsonl", "partition_status.jsonl", "quarantined.jsonl")}
+    assert marker["outputs"]["findings.jsonl"]["rows"] > 0
 
     findings = read_jsonl(out / "findings.jsonl")
     for f in findings:

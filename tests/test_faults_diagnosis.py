@@ -90,7 +90,7 @@ def first_run(faulty_store, tmp_path_factory):
 def test_bad_files_are_quarantined_and_the_rest_diagnosed(faulty_store, first_run):
     proc, out = first_run
     assert proc.returncode == 0, proc.stderr
-    assert sorted(os.listdir(out)) == ["findings.jsonl", "partition_status.jsonl", "quarantined.jsonl"]
+    assert sorted(os.listdir(out)) == ["_SUCCESS", "findings.jsonl", "partition_status.jsonl", "quarantined.jsonl"]
 
     corrupt, typed = str(faulty_store / DAY / "snapshot-corrupt.parquet"), str(faulty_store / DAY / "snapshot-typed.parquet")
     quarantined = read_jsonl(out / "quarantined.jsonl")
@@ -156,3 +156,74 @@ def test_a_scoped_rerun_moves_nothing_more_and_writes_only_the_asked_groups(faul
     # an incident run writes verdicts only for the groups it was asked about (full match: not audit-log)
     assert {f["group_id"] for f in read_jsonl(out / "findings.jsonl")} == {"orders-processor", "payments"}
     assert {s["group_id"] for s in read_jsonl(out / "partition_status.jsonl")} == {"orders-processor", "payments"}
+
+
+# A diagnosis killed with SIGKILL just after findings.jsonl appeared: the driver's own
+# writer kills its process right after that file's rename, under a real spark-submit.
+KILL_AFTER_FINDINGS = """\
+import os, runpy, signal, sys
+
+import lagdoctor.diagnosis.output as output
+
+real_write_text = output.write_text
+
+
+def write_text(out, name, text):
+    path = real_write_text(out, name, text)
+    if name == "findings.jsonl":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return path
+
+
+output.write_text = write_text
+sys.argv[0] = {job!r}
+runpy.run_path({job!r}, run_name="__main__")
+"""
+
+
+def test_a_diagnosis_killed_mid_write_leaves_the_last_complete_run_on_page_api_and_exporter(
+        faulty_store, first_run, tmp_path):
+    import html
+    import shutil
+
+    from fastapi.testclient import TestClient
+
+    from lagdoctor.diagnosis.submit import default_job_script
+    from lagdoctor.metrics import render_metrics
+    from lagdoctor.settings import Settings
+    from lagdoctor.web.app import create_app
+    from lagdoctor.web.auth import dag_run_reader
+    from tests.fixtures.web import api_severities, exported_severities, shown_severities
+
+    proc, out = first_run
+    assert proc.returncode == 0, proc.stderr
+    findings_root = tmp_path / "lagdoctor" / "findings"
+    previous = findings_root / "kafka_lag_health_sweep__scheduled__previous-0123456789"
+    shutil.copytree(out, previous)  # the complete run before: its verdicts must stay
+    (previous / "run.json").write_text(json.dumps({"dag_id": "kafka_lag_health_sweep", "run_id": "previous",
+                                                   "planned_at": "2026-11-21T14:30:00+00:00"}))
+    verdicts = api_severities({"findings": read_jsonl(previous / "findings.jsonl")})
+    assert verdicts["orders-processor"] == "critical" and len(verdicts) == 3
+
+    killed = findings_root / "kafka_lag_health_sweep__scheduled__killed-0123456789"
+    wrapper = tmp_path / "diagnose_then_sigkill.py"
+    wrapper.write_text(KILL_AFTER_FINDINGS.format(job=default_job_script()))
+    # thresholds no lag reaches: this run's findings would call every group healthy, ok
+    proc = run_job(faulty_store, killed, "--warning-lag", "1000000000000", "--critical-lag", "10000000000000",
+                   "--groups", "orders-.*", job_script=str(wrapper))
+    assert proc.returncode != 0
+    assert sorted(os.listdir(killed)) == ["_WRITING", "findings.jsonl"]
+    assert [(f["group_id"], f["severity"]) for f in read_jsonl(killed / "findings.jsonl")] == [
+        ("orders-processor", "ok")]
+
+    app = create_app(lambda: Settings(data_root=str(tmp_path / "lagdoctor")))
+    app.dependency_overrides[dag_run_reader] = lambda: (lambda dag_id: True)
+    with TestClient(app) as client:
+        page = client.get("/").text
+        body = client.get("/api/findings").json()
+    shown, api = shown_severities(page), api_severities(body)
+    exported = exported_severities(render_metrics(str(findings_root)))
+    assert shown == api == exported == verdicts
+    assert {f["run_key"] for f in body["findings"]} == {previous.name}
+    note = f"1 incomplete run skipped: {killed} (the diagnosis did not finish writing it: no _SUCCESS)"
+    assert body["incomplete_runs_text"] == note and note in html.unescape(page)

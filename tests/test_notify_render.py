@@ -369,7 +369,8 @@ def test_first_message_and_updates_link_the_run_the_group_view_and_the_report(mo
     monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example.com/")
     f = {**_tansu("orders eu"), "report_url": "https://airflow.example.com/lagdoctor/reports/r1/a.html"}
     run = "https://airflow.example.com/dags/kafka_lag_incident/runs/manual__2026-11-21T10%3A00%3A00%2B00%3A00"
-    group = "https://airflow.example.com/lagdoctor/group/prod/orders%20eu"
+    # a space is not a plain name: the query form, its & escaped as Slack asks
+    group = "https://airflow.example.com/lagdoctor/group?cluster=prod&amp;group=orders%20eu"
     for msg in (render_incident(f, None, run_id="manual__2026-11-21T10:00:00+00:00", dag_id="kafka_lag_incident"),
                 render_update(f, ["pattern plateau → spiky"], run_id="manual__2026-11-21T10:00:00+00:00",
                               dag_id="kafka_lag_incident")):
@@ -384,3 +385,23 @@ def test_no_base_url_no_links(monkeypatch):
     monkeypatch.setattr("lagdoctor.web.links.airflow_base_url", lambda environ=None: None)
     text = _all_text(render_incident(_tansu("a"), None, run_id="r1", dag_id="kafka_lag_incident"))
     assert "Airflow run" not in text and "group view" not in text
+
+
+@pytest.mark.parametrize("group_id", ["a`b'c & <d>", "line\nbreak", "two  spaces"])
+def test_the_slack_message_s_command_pasted_into_bash_names_the_exact_group(group_id):
+    """The runbook's `kafka-consumer-groups.sh ... --group` step as the posted message carries
+    it: the code span holds no backtick or line break, and bash reads the exact group id from it."""
+    import html
+    import subprocess
+    from pathlib import Path
+
+    from lagdoctor.runbooks import plan_for_finding
+
+    f = finding(group_id=group_id, diagnosis="slow_consumer", partitions=[])
+    plan = plan_for_finding(f, Path(__file__).resolve().parent.parent / "runbooks")
+    msg = render_incident(f, plan)
+    (section,) = [b["text"]["text"] for b in msg["blocks"] if b.get("text") and "--describe --group" in b["text"]["text"]]
+    span = re.search(r"`(kafka-consumer-groups\.sh --describe --group [^`\n]*)`", section).group(1)
+    word = html.unescape(span).split("--group ", 1)[1]  # what Slack shows and a person copies
+    out = subprocess.run(["bash", "-c", f'set -- {word}\nprintf %s "$1"'], capture_output=True, check=True)
+    assert out.stdout.decode("utf-8") == group_id

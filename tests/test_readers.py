@@ -258,11 +258,14 @@ def test_work_per_view_and_scrape_does_not_grow_with_stored_runs(tmp_path, opene
     costs_large = _costs(large, oldest_large, opened, new_process)
     assert costs_large == costs_small
     # The index, then only the candidates: the newest sweep, the two incident runs, and the
-    # three folders the index cannot date or parse (the corrupt one has its run.json read).
-    candidates = runindex.refresh(str(large / "findings")).candidates()
-    assert len(candidates) == 6
+    # two folders the index cannot date or parse (the corrupt one has its run.json read);
+    # the half-written folder is incomplete: never a candidate, never opened.
+    index = runindex.refresh(str(large / "findings"))
+    candidates = index.candidates()
+    assert len(candidates) == 5 and "half-written" not in candidates
+    assert [name for name, _ in index.incomplete_runs()] == ["half-written"]
     assert costs_large["page"].count("_runindex.json") == 1
-    assert costs_large["page"].count("findings.jsonl") == 6
+    assert costs_large["page"].count("findings.jsonl") == 5
     assert costs_large["page"].count("run.json") == 1
     assert costs_large["report"] == ["r.html", "run.json"]  # its own run's run.json: who may read it
     assert len(costs_large["scrape"]) <= 1 + 3 * len(candidates)
@@ -350,3 +353,67 @@ def test_recording_a_run_a_scrape_already_folded_reads_no_older_run(tmp_path, op
     assert opened.count("run.json") <= 2 and opened.count("findings.jsonl") <= 2
     stored = json.loads((root / runindex.INDEX_FILE).read_text())
     assert "with-a-new-group" in stored["runs"]
+
+
+# -- one rule for a complete run (issue 17) ---------------------------------------------------------
+
+F = json.dumps(_finding("prod", "g", "t", "critical", 5_000, T0)) + "\n"
+S = json.dumps(_status("prod", "g", "t", 0, 5_000)) + "\n"
+
+
+def _marker(findings_bytes=len(F), status=True) -> str:
+    outputs = {"findings.jsonl": {"rows": 1, "bytes": findings_bytes}}
+    if status:
+        outputs["partition_status.jsonl"] = {"rows": 1, "bytes": len(S)}
+    return json.dumps({"outputs": outputs})
+
+
+@pytest.mark.parametrize(("files", "complete", "reason"), [
+    # written before the marker existed: both contract outputs whole -> history keeps answering
+    ({"findings.jsonl": F, "partition_status.jsonl": S, "run.json": "{}"}, True, ""),
+    ({"findings.jsonl": F}, False, "no _SUCCESS and no partition_status.jsonl"),
+    ({"_WRITING": "{}", "findings.jsonl": F, "partition_status.jsonl": S}, False,
+     "the diagnosis did not finish writing it: no _SUCCESS"),
+    ({"_WRITING": "{}"}, False, "the diagnosis did not finish writing it: no _SUCCESS"),
+    ({"_SUCCESS": _marker(), "findings.jsonl": F, "partition_status.jsonl": S}, True, ""),
+    ({"_SUCCESS": _marker(), "findings.jsonl": F}, False,
+     "_SUCCESS does not match the files: partition_status.jsonl missing"),
+    ({"_SUCCESS": _marker(9), "findings.jsonl": F, "partition_status.jsonl": S}, False,
+     f"_SUCCESS does not match the files: findings.jsonl is {len(F)} bytes, not 9"),
+    ({"_SUCCESS": _marker(status=False), "findings.jsonl": F, "partition_status.jsonl": S}, False,
+     "_SUCCESS does not match the files: partition_status.jsonl not named"),
+    ({"_SUCCESS": "not json", "findings.jsonl": F, "partition_status.jsonl": S}, False, None),
+    ({"plans.json": "[]"}, False, ""),  # no run folder at all: ignored, as before
+])
+def test_one_rule_says_which_run_folders_are_complete(tmp_path, new_process, files, complete, reason):
+    root = tmp_path / "findings"
+    folder = root / "the-run"
+    folder.mkdir(parents=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    fs, base = runindex.filesystem(str(folder))
+    state = runindex.run_completeness(fs, base)
+    assert state.complete is complete
+    assert state.legacy is (complete and "_SUCCESS" not in files)
+    if reason is None:
+        assert state.reason.startswith("_SUCCESS unreadable (")
+    else:
+        assert state.reason == reason
+    index = runindex.refresh(str(root))
+    assert index.incomplete_runs() == ([("the-run", state.reason)] if state.reason else [])
+    if complete or state.reason:  # (a folder that is no run stays a candidate each reader ignores, as before)
+        assert ("the-run" in index.candidates()) is complete
+    assert [r.run_key for r in data.list_runs(str(root))] == (["the-run"] if complete else [])
+    assert_same_as_full_read(root)
+
+
+def test_an_index_stored_before_the_rule_judges_its_half_written_folders_again(tmp_path, new_process):
+    root = tmp_path / "findings"
+    seed_history(root, 20, vanishing=False)
+    runindex.refresh(str(root))
+    stored = json.loads((root / runindex.INDEX_FILE).read_text())
+    assert "half-written" in stored["provisional"] and "half-written" in stored["incomplete"]
+    del stored["incomplete"]  # as the index of an older lagdoctor left it
+    (root / runindex.INDEX_FILE).write_text(json.dumps(stored))
+    new_process()
+    assert [name for name, _ in runindex.refresh(str(root)).incomplete_runs()] == ["half-written"]

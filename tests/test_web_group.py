@@ -179,14 +179,46 @@ def test_page_links_each_group_to_its_view_and_the_view_back(history):
     with client_for(history.root) as client:
         page = client.get("/").text
         assert '<a class="group" href="/group/prod/orders-processor"' in page
-        evil = f"/group/staging/{quote(XSS_GROUP, safe='')}"
-        assert f'<a class="group" href="{evil}"' in page
+        evil = f"/group?cluster=staging&group={quote(XSS_GROUP, safe='')}"
+        assert f'<a class="group" href="{htmllib.escape(evil)}"' in page
         r = client.get(evil)
         assert r.status_code == 200 and XSS_GROUP not in r.text and "&lt;script&gt;" in r.text
         assert '<a class="back" href="/">all groups</a>' in client.get("/group/prod/billing").text
 
 
-def test_a_group_id_with_a_slash_has_a_view(history):
+@pytest.mark.parametrize("group_id", [
+    "team/ledger\nblue",  # a newline and a slash: the issue's 404
+    "a?b#c%2Fd e&group=x", "ünï/cødé", "..", "trailing\r\n",
+])
+def test_any_group_id_a_broker_accepts_has_a_working_link_from_the_page(history, group_id):
+    from lagdoctor.orchestration import run_key
+
+    root = history.root
+    f = {**_findings(root, run_key(SWEEP_RUN_ID))[1], "group_id": group_id}
+    write_run(root / "findings", "odd-name-run", [f], [], dag_id=SWEEP_DAG, run_id="scheduled__odd",
+              planned_at=END + timedelta(minutes=1))
+    with client_for(root) as client:
+        page = client.get("/").text
+        hrefs = [htmllib.unescape(h) for h in re.findall(r'<a class="group" href="([^"]+)"', page)]
+        (href,) = [h for h in hrefs if h.startswith("/group?") and "script" not in h]  # not the XSS group's
+        r = client.get(href)
+        assert r.status_code == 200, href
+        shown = htmllib.unescape(re.search(r'<h1><span class="group">(.*?)</span>', r.text, re.S).group(1))
+        assert shown == group_id and "Rebalance loop" in r.text
+        # a plain id keeps the readable path form
+        assert "/group/prod/orders-processor" in hrefs
+
+
+def test_links_built_for_slack_and_reports_take_the_same_form():
+    from lagdoctor.web.links import group_url
+
+    env = {"AIRFLOW__API__BASE_URL": "https://airflow.example.com/"}
+    assert group_url("prod", "orders-processor", env) == "https://airflow.example.com/lagdoctor/group/prod/orders-processor"
+    assert group_url("prod", "team/ledger\nblue", env) == (
+        "https://airflow.example.com/lagdoctor/group?cluster=prod&group=team%2Fledger%0Ablue")
+
+
+def test_an_older_path_link_to_a_group_id_with_a_slash_still_answers(history):
     from lagdoctor.orchestration import run_key
 
     root = history.root
@@ -194,8 +226,8 @@ def test_a_group_id_with_a_slash_has_a_view(history):
     write_run(root / "findings", "slash-run", [f], [], dag_id=SWEEP_DAG, run_id="scheduled__slash",
               planned_at=END + timedelta(minutes=1))
     with client_for(root) as client:
-        assert 'href="/group/prod/team%2Fledger"' in client.get("/").text
-        r = client.get("/group/prod/team%2Fledger")
+        assert 'href="/group?cluster=prod&amp;group=team%2Fledger"' in client.get("/").text
+        r = client.get("/group/prod/team%2Fledger")  # the form Slack messages sent before carry
     assert r.status_code == 200 and "team/ledger" in r.text and "Rebalance loop" in r.text
 
 

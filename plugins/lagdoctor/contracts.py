@@ -158,6 +158,12 @@ PARTITION_STATUS_FIELDS: Final[tuple[str, ...]] = (
 )
 FINDINGS_FILE: Final[str] = "findings.jsonl"
 PARTITION_STATUS_FILE: Final[str] = "partition_status.jsonl"
+QUARANTINED_FILE: Final[str] = "quarantined.jsonl"  # files the job moved aside (not a contract output)
+# Added to contract 2 (issue 17): the job writes SUCCESS_FILE last, once every output is in place
+# ({"outputs": {name: {"rows", "bytes"}}, "finished_at"}), and WRITING_FILE before its first
+# output (removed after SUCCESS_FILE). lagdoctor.runindex.run_completeness reads them.
+SUCCESS_FILE: Final[str] = "_SUCCESS"
+WRITING_FILE: Final[str] = "_WRITING"
 
 # Contract 3: Burrow statuses, least to most bad (a group's status is its
 # worst partition's).

@@ -12,8 +12,10 @@ A (cluster, group, topic) that the newest sweep of its cluster did not collect
 newer than the run holding the key's verdict) is not current: its series are
 dropped, and `lagdoctor_not_collected_since_timestamp_seconds` says since when
 (so no alert rule keeps firing on an 8-day-old verdict).
-Folders that cannot be read (half written, bad JSON) are skipped and logged;
-the run before them keeps answering. Only the run index's candidate folders
+Only complete run folders are read (lagdoctor.runindex.run_completeness, the
+rule the lag page uses too: the job's _SUCCESS marker, written last); folders
+that are incomplete (being written, or the job was killed) or cannot be read
+(bad JSON) are skipped and logged; the run before them keeps answering. Only the run index's candidate folders
 are read (lagdoctor.runindex): the same samples as from every folder, for a
 listing of the root per scrape.
 
@@ -209,11 +211,14 @@ def _read_jsonl(fs, path: str) -> list[dict[str, Any]]:
 
 def _read_run(fs, folder: Mapping[str, Any], files: Mapping[str, Mapping[str, Any]]) -> DiagnosisRun | None:
     from lagdoctor.contracts import FINDINGS_FILE, PARTITION_STATUS_FILE
+    from lagdoctor.runindex import run_completeness
 
     path = folder["name"].rstrip("/")
     key = path.rsplit("/", 1)[-1]
-    if FINDINGS_FILE not in files or PARTITION_STATUS_FILE not in files:
-        log.info("metrics: %s has no complete diagnosis output yet; skipped", path)
+    state = run_completeness(fs, path, {name: info.get("size") for name, info in files.items()})
+    if not state.complete:
+        if state.reason:
+            log.info("metrics: %s is incomplete (%s); skipped", path, state.reason)
         return None
     try:
         findings = _read_jsonl(fs, f"{path}/{FINDINGS_FILE}")

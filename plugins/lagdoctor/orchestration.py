@@ -615,9 +615,15 @@ def _read_jsonl(path: str) -> list[dict[str, Any]]:
 
 
 def read_findings(output: str) -> list[dict[str, Any]]:
-    """The run's findings, each with its partitions' status rows as evidence."""
+    """The run's findings, each with its partitions' status rows as evidence; ValueError (one
+    line) when the folder is not a complete run (lagdoctor.runindex.run_completeness)."""
     from lagdoctor.contracts import FINDINGS_FILE, PARTITION_STATUS_FILE
     from lagdoctor.notify.render import with_partition_status
+    from lagdoctor.runindex import filesystem, run_completeness
+
+    state = run_completeness(*filesystem(output))
+    if not state.complete:
+        raise ValueError(f"diagnosis output {output} is incomplete: {state.reason or 'no findings'}")
 
     status_rows = _read_jsonl(join(output, PARTITION_STATUS_FILE))
     by_key: dict[tuple[str, str, str], list[dict[str, Any]]] = {}

@@ -35,6 +35,12 @@ more than MAX_FOLD new folders at once, the newest MAX_FOLD (by folder time,
 else by name) are read; the rest are read BACKFILL_RUNS per refresh, newest
 first, and until then ``not_read`` counts them (the page says so).
 
+Only complete run folders are read (``run_completeness``, the one rule every
+reader uses: this index, the lag page and its API, the group view's timeline,
+the reports and the exporter). A folder the job is writing, or one it was
+killed while writing, is never folded and never a candidate; ``incomplete``
+names it with why, and the page and API say "N incomplete run(s) skipped".
+
 Known limit: two writers rewriting the index at the same moment can lose one
 update; a lost new folder is folded by the next refresh, a lost re-fold (a plan
 retried in place) only if the run is still among the newest RECHECK_RUNS.
@@ -57,7 +63,12 @@ VERSION = 1
 RUN_FILE = "run.json"  # written by orchestration.plan_findings
 FINDINGS_FILE = "findings.jsonl"  # contract 2 (lagdoctor.contracts)
 PARTITION_STATUS_FILE = "partition_status.jsonl"
-WATCHED = (FINDINGS_FILE, PARTITION_STATUS_FILE, RUN_FILE)
+SUCCESS_FILE = "_SUCCESS"  # the job's completion marker, written last (lagdoctor.diagnosis.output)
+WRITING_FILE = "_WRITING"  # written before the job's first output, removed after _SUCCESS
+QUARANTINED_FILE = "quarantined.jsonl"
+CONTRACT_OUTPUTS = (FINDINGS_FILE, PARTITION_STATUS_FILE)
+# Every file the completeness rule or a fold looks at: a change to any of them re-reads the folder.
+WATCHED = (FINDINGS_FILE, PARTITION_STATUS_FILE, RUN_FILE, SUCCESS_FILE, WRITING_FILE, QUARANTINED_FILE)
 MAX_FOLD = 500  # run folders read in one refresh, at most (first use, or a key's older runs)
 BACKFILL_RUNS = 25  # folders left unread by a first use, read per later refresh
 RECHECK_RUNS = 6  # newest runs compared on each refresh: a plan retry lands within minutes
@@ -134,6 +145,70 @@ def _name(entry: Mapping[str, Any]) -> str:
     return str(entry["name"]).rstrip("/").rsplit("/", 1)[-1]
 
 
+@dataclass(frozen=True)
+class Completeness:
+    """Whether a run folder may be read: ``complete``, else ``reason`` (one line) when it
+    is a run folder that is not complete; neither for a folder that is no run at all."""
+
+    complete: bool
+    reason: str = ""
+    legacy: bool = False  # complete by the rule for folders written before the marker existed
+
+
+def folder_sizes(fs, path: str) -> dict[str, Any] | None:
+    """{file name: size} of a folder's files (one listing); None when the folder is gone."""
+    try:
+        fs.invalidate_cache(path)
+        entries = fs.ls(path, detail=True)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return {_name(e): e.get("size") for e in entries if e.get("type") != "directory"}
+
+
+def run_completeness(fs, path: str, sizes: Mapping[str, Any] | None = None) -> Completeness:
+    """The one rule for "may this run folder be read" (every reader calls it).
+
+    ``sizes``: {file name: size} of the folder's files when the caller listed it
+    already (it must name every file of WATCHED that is there), else one listing.
+
+    - ``_SUCCESS`` there: complete when it parses and every output it names is
+      there with the bytes it names (a retried job removes it before rewriting).
+    - else ``_WRITING`` there: incomplete (the job is writing, or was killed).
+    - else a folder written before the marker existed: complete when both
+      outputs of contract 2 are there (each was written whole, by rename), so
+      older history keeps answering; incomplete when findings.jsonl is there
+      alone (a job killed between the two).
+    - a folder with none of these is no run folder (ignored, as before).
+    """
+    if sizes is None:
+        sizes = folder_sizes(fs, path)
+        if sizes is None:
+            return Completeness(False)
+    if SUCCESS_FILE in sizes:
+        try:
+            with fs.open(f"{path}/{SUCCESS_FILE}", "rt", encoding="utf-8") as fh:
+                outputs = json.load(fh)["outputs"]
+            problems = [f"{name} not named" for name in CONTRACT_OUTPUTS if name not in outputs]
+            for name, stats in outputs.items():
+                if name not in sizes:
+                    problems.append(f"{name} missing")
+                elif isinstance(sizes[name], int) and isinstance(stats.get("bytes"), int) and \
+                        sizes[name] != stats["bytes"]:
+                    problems.append(f"{name} is {sizes[name]} bytes, not {stats['bytes']}")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            return Completeness(False, f"{SUCCESS_FILE} unreadable ({' '.join(str(exc).split())[:120]})")
+        if problems:
+            return Completeness(False, f"{SUCCESS_FILE} does not match the files: {', '.join(problems)}")
+        return Completeness(True)
+    if WRITING_FILE in sizes:
+        return Completeness(False, f"the diagnosis did not finish writing it: no {SUCCESS_FILE}")
+    if FINDINGS_FILE not in sizes:
+        return Completeness(False)
+    if PARTITION_STATUS_FILE not in sizes:
+        return Completeness(False, f"no {SUCCESS_FILE} and no {PARTITION_STATUS_FILE}")
+    return Completeness(True, legacy=True)
+
+
 def folder_signature(fs, path: str) -> list[list[Any]] | None:
     """Sizes and times of a folder's run files (one listing); None when the folder is gone."""
     try:
@@ -159,8 +234,9 @@ def _keys(fs, path: str) -> set[Key]:
 
 
 def read_folder(fs, path: str, signature: list[list[Any]]) -> FoldedRun | None:
-    """A complete, readable run folder's run.json and keys; None for a provisional one."""
-    if {s[0] for s in signature} != set(WATCHED):
+    """A complete (``run_completeness``), readable run folder's run.json and keys; None for a provisional one."""
+    sizes = {s[0]: s[1] for s in signature}
+    if RUN_FILE not in sizes or not run_completeness(fs, path, sizes).complete:
         return None
     try:
         with fs.open(f"{path}/{RUN_FILE}", "rt", encoding="utf-8") as fh:
@@ -179,6 +255,8 @@ class RunIndex:
     latest: dict[Slot, list[str | None]] = field(default_factory=dict)  # -> [in findings, in status]
     provisional: dict[str, list[list[Any]]] = field(default_factory=dict)  # run_key -> signature
     skipped: dict[str, float] = field(default_factory=dict)  # run_key -> folder time (0 unknown): not read yet
+    # Provisional folders that are incomplete (run_completeness): run_key -> {"reason", "dag_id"}.
+    incomplete: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Not stored: the last listing (name -> entry) and each run's (planned_at, run_key) order.
     folders: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False)
     order: dict[str, tuple[datetime, str]] = field(default_factory=dict, compare=False)
@@ -190,7 +268,13 @@ class RunIndex:
         names = {r for pointers in self.latest.values() for r in pointers if r}
         names.update(r for r, rec in self.runs.items() if has_overrides(rec["meta"]))
         names.update(self.provisional)
-        return sorted(n for n in names if n in self.folders)
+        return sorted(n for n in names if n in self.folders and n not in self.incomplete)
+
+    def incomplete_runs(self, can_read_dag=lambda dag_id: True) -> list[tuple[str, str]]:
+        """(run_key, why) of each incomplete run folder the caller may see (by its run.json's
+        dag_id; none: whoever may read every DAG), by name."""
+        return sorted((name, str(rec.get("reason") or "")) for name, rec in self.incomplete.items()
+                      if name in self.folders and can_read_dag(rec.get("dag_id")))
 
     def meta(self, run_key: str) -> dict[str, Any] | None:
         """run.json of a folded run (None for a provisional folder)."""
@@ -216,6 +300,7 @@ class RunIndex:
         self.order[run_key] = (run.at, run_key)
         self.provisional.pop(run_key, None)
         self.skipped.pop(run_key, None)
+        self.incomplete.pop(run_key, None)
         if has_overrides(run.meta):
             return
         dag = run.meta.get("dag_id")
@@ -284,14 +369,16 @@ class RunIndex:
     def to_json(self) -> dict[str, Any]:
         return {"version": VERSION, "runs": self.runs,
                 "latest": [[*slot, *pointers] for slot, pointers in self.latest.items()],
-                "provisional": self.provisional, "skipped": self.skipped}
+                "provisional": self.provisional, "skipped": self.skipped, "incomplete": self.incomplete}
 
     @classmethod
     def from_json(cls, data: Any) -> "RunIndex":
         if not isinstance(data, dict) or data.get("version") != VERSION:
             return cls()
         index = cls(runs=dict(data.get("runs") or {}), provisional=dict(data.get("provisional") or {}),
-                     skipped=dict(data.get("skipped") or {}))
+                     skipped=dict(data.get("skipped") or {}), incomplete=dict(data.get("incomplete") or {}))
+        if "incomplete" not in data:
+            index.provisional = {}  # stored before the completeness rule: read them again to judge them
         for run_key, rec in list(index.runs.items()):
             at = parse_time((rec.get("meta") or {}).get("planned_at")) if isinstance(rec, dict) else None
             if at is None:
@@ -400,6 +487,7 @@ def _update(fs, base: str, index: RunIndex, force: set[str]) -> bool:
         lost += index.remove(run_key)
         index.provisional.pop(run_key, None)
         index.skipped.pop(run_key, None)
+        index.incomplete.pop(run_key, None)
     for run_key in stale:
         lost += index.remove(run_key)
     changed |= bool(gone or stale)
@@ -439,13 +527,33 @@ def _update(fs, base: str, index: RunIndex, force: set[str]) -> bool:
         changed = True
         if sig is None:
             index.provisional.pop(run_key, None)
+            index.incomplete.pop(run_key, None)
             continue  # removed meanwhile
         run = read_folder(fs, f"{base}/{run_key}", sig)
         if run is None:
             index.provisional[run_key] = sig
+            _judge(fs, f"{base}/{run_key}", run_key, sig, index)
         else:
             index.add(run_key, run, sig)
     return changed
+
+
+def _judge(fs, path: str, run_key: str, signature: list[list[Any]], index: RunIndex) -> None:
+    """Record whether a provisional folder is an incomplete run (and whose, by its run.json if any)."""
+    state = run_completeness(fs, path, {s[0]: s[1] for s in signature})
+    if not state.reason:
+        index.incomplete.pop(run_key, None)
+        return
+    dag_id = None
+    if any(s[0] == RUN_FILE for s in signature):
+        try:
+            with fs.open(f"{path}/{RUN_FILE}", "rt", encoding="utf-8") as fh:
+                meta = json.load(fh)
+            dag_id = meta.get("dag_id") if isinstance(meta, dict) else None
+        except (OSError, ValueError):
+            pass
+    index.incomplete[run_key] = {"reason": state.reason, "dag_id": dag_id}
+    log.info("run index: %s skipped: incomplete (%s)", path, state.reason)
 
 
 def record_run(run_dir: str) -> None:

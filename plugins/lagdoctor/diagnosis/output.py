@@ -3,6 +3,12 @@
 A temporary file next to the target, then a rename: readers (the Airflow
 plugin, the Slack task) never see half a file. Local paths use os.replace;
 URIs go through fsspec (s3a:// is spelled s3:// there).
+
+A run folder is complete only once ``_SUCCESS`` is in it (``write_outputs``):
+``_WRITING`` goes in first and any older ``_SUCCESS`` (a retried task writing
+into the same folder) is removed, then the outputs, then ``_SUCCESS`` naming
+each output's rows and bytes, last. A job killed anywhere in between leaves a
+folder every reader skips (lagdoctor.runindex.run_completeness).
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ import math
 import os
 import uuid
 from typing import Any, Iterable
+
+from lagdoctor.contracts import QUARANTINED_FILE  # noqa: F401  (kept importable from here)
 
 
 def _clean(value: Any) -> Any:
@@ -34,9 +42,13 @@ def _fsspec_url(path: str) -> str:
 
 def write_jsonl(records: Iterable[dict], output: str, filename: str) -> str:
     """Write records as JSON Lines to output/filename atomically; returns the path."""
+    return write_text(output, filename, "".join(to_json_line(r) + "\n" for r in records))
+
+
+def write_text(output: str, filename: str, text: str) -> str:
+    """Write text to output/filename atomically (temporary name, then rename); returns the path."""
     from lagdoctor.diagnosis.snapshots import is_local_path, local_path
 
-    text = "".join(to_json_line(r) + "\n" for r in records)
     if is_local_path(output):
         directory = local_path(output)
         os.makedirs(directory, exist_ok=True)
@@ -69,6 +81,69 @@ def write_jsonl(records: Iterable[dict], output: str, filename: str) -> str:
     return f"{output.rstrip('/')}/{filename}"
 
 
+def remove_file(output: str, filename: str) -> None:
+    """Remove output/filename if it is there."""
+    from lagdoctor.diagnosis.snapshots import is_local_path, local_path
+
+    if is_local_path(output):
+        try:
+            os.remove(os.path.join(local_path(output), filename))
+        except FileNotFoundError:
+            pass
+        return
+    import fsspec
+
+    fs, base = fsspec.core.url_to_fs(_fsspec_url(output))
+    path = f"{base.rstrip('/')}/{filename}"
+    if fs.exists(path):
+        fs.rm(path)
+
+
+def _stats(text: str) -> dict[str, int]:
+    return {"rows": text.count("\n"), "bytes": len(text.encode("utf-8"))}
+
+
+def begin_outputs(output: str, *, now: str) -> None:
+    """Mark the folder as being written, then drop an older completion marker (a retry):
+    from here until ``finish_outputs`` every reader skips the folder."""
+    from lagdoctor.contracts import SUCCESS_FILE, WRITING_FILE
+
+    write_text(output, WRITING_FILE, json.dumps({"started_at": now}) + "\n")
+    remove_file(output, SUCCESS_FILE)
+
+
+def finish_outputs(output: str, written: dict[str, dict[str, int]], *, now: str) -> str:
+    """The completion marker, written last: each output's rows and bytes (readers check the bytes)."""
+    from lagdoctor.contracts import SUCCESS_FILE, WRITING_FILE
+
+    path = write_text(output, SUCCESS_FILE, json.dumps({"outputs": written, "finished_at": now}, sort_keys=True) + "\n")
+    remove_file(output, WRITING_FILE)
+    return path
+
+
+def write_outputs(findings_df, status_df, quarantined: Iterable[dict], output: str, *, now: str) -> dict[str, dict[str, int]]:
+    """Every output of a run, then the marker that says they are complete; returns the marker's outputs.
+
+    The rows are collected before the first file is written, so the folder is
+    incomplete only for the few milliseconds the writes take.
+    """
+    from lagdoctor.contracts import FINDINGS_FILE, PARTITION_STATUS_FILE, QUARANTINED_FILE
+
+    texts = {
+        FINDINGS_FILE: "".join(to_json_line(r) + "\n" for r in findings_records(findings_df)),
+        PARTITION_STATUS_FILE: "".join(to_json_line(r) + "\n" for r in status_records(status_df)),
+        QUARANTINED_FILE: "".join(to_json_line({k: r[k] for k in ("path", "moved_to", "reason")}) + "\n"
+                                  for r in quarantined),
+    }
+    begin_outputs(output, now=now)
+    written = {}
+    for name, text in texts.items():
+        write_text(output, name, text)
+        written[name] = _stats(text)
+    finish_outputs(output, written, now=now)
+    return written
+
+
 def dataframe_records(df, order_by: Iterable[str] = ()) -> list[dict]:
     """Collect a DataFrame as plain dicts (nested structs -> dicts).
 
@@ -79,25 +154,33 @@ def dataframe_records(df, order_by: Iterable[str] = ()) -> list[dict]:
     return ordered.toArrow().to_pylist()
 
 
-def write_findings(findings_df, output: str) -> str:
-    """findings.jsonl, ordered by cluster, group, topic, then the contract's diagnosis order."""
-    from lagdoctor.contracts import DIAGNOSES, FINDINGS_FILE
+def findings_records(findings_df) -> list[dict]:
+    """findings.jsonl's rows, ordered by cluster, group, topic, then the contract's diagnosis order."""
+    from lagdoctor.contracts import DIAGNOSES
 
     records = [] if findings_df is None else dataframe_records(findings_df)
     rank = {d: i for i, d in enumerate(DIAGNOSES)}
     records.sort(key=lambda r: (r["cluster"], r["group_id"], r["topic"], rank.get(r["diagnosis"], 99)))
-    return write_jsonl(records, output, FINDINGS_FILE)
+    return records
+
+
+def status_records(status_df) -> list[dict]:
+    records = [] if status_df is None else dataframe_records(status_df)
+    records.sort(key=lambda r: (r["cluster"], r["group_id"], r["topic"], r["partition"]))
+    return records
+
+
+def write_findings(findings_df, output: str) -> str:
+    """findings.jsonl alone (no completion marker: the job writes through ``write_outputs``)."""
+    from lagdoctor.contracts import FINDINGS_FILE
+
+    return write_jsonl(findings_records(findings_df), output, FINDINGS_FILE)
 
 
 def write_partition_status(status_df, output: str) -> str:
     from lagdoctor.contracts import PARTITION_STATUS_FILE
 
-    records = [] if status_df is None else dataframe_records(status_df)
-    records.sort(key=lambda r: (r["cluster"], r["group_id"], r["topic"], r["partition"]))
-    return write_jsonl(records, output, PARTITION_STATUS_FILE)
-
-
-QUARANTINED_FILE = "quarantined.jsonl"
+    return write_jsonl(status_records(status_df), output, PARTITION_STATUS_FILE)
 
 
 def write_quarantined(records: Iterable[dict], output: str) -> str:

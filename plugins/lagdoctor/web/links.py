@@ -11,6 +11,7 @@ None, so callers render no link rather than a broken one.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from urllib.parse import quote, urlencode
 
@@ -51,12 +52,34 @@ def run_url(dag_id: str, run_id: str, environ: Mapping[str, str] | None = None) 
     return f"{base}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
 
 
+# Names that travel as path segments unchanged (Kafka's legal topic characters); "." and ".."
+# would be resolved away by browsers.
+_PATH_SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def _path_safe(name: str) -> bool:
+    return bool(_PATH_SAFE_NAME.fullmatch(name)) and name not in (".", "..")
+
+
+def group_path(cluster: str, group_id: str) -> str:
+    """The group view's path under the app's mount point, for any group id a broker accepts.
+
+    Plain names: /group/<cluster>/<group>. Anything else (a newline, '/', '?', '#', '%',
+    spaces, unicode, an empty cluster): /group?cluster=...&group=..., which carries any
+    text exactly (a path segment cannot hold a newline: the route would not match it).
+    """
+    cluster = cluster or ""
+    if _path_safe(cluster) and _path_safe(group_id):
+        return f"/group/{cluster}/{group_id}"
+    return "/group?" + urlencode({"cluster": cluster, "group": group_id}, quote_via=quote, safe="")
+
+
 def group_url(cluster: str, group_id: str, environ: Mapping[str, str] | None = None) -> str | None:
     """The lag page's view of one consumer group (its incident timeline across runs)."""
     base = airflow_base_url(environ)
     if not base or not group_id:
         return None
-    return f"{base}{URL_PREFIX}/group/{quote(cluster or '', safe='')}/{quote(group_id, safe='')}"
+    return f"{base}{URL_PREFIX}{group_path(cluster, group_id)}"
 
 
 def page_url(query: str | None = None, severity: str | None = None,

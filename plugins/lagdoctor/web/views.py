@@ -57,7 +57,9 @@ def display_summary(summary: str) -> str:
 
 def group_href(page_root: str, cluster: str, group_id: str) -> str:
     """The group view under the app's mount point (links.group_url's shape, relative to the UI)."""
-    return f"{page_root.rstrip('/')}/group/{quote(cluster or '', safe='')}/{quote(group_id, safe='')}"
+    from lagdoctor.web.links import group_path
+
+    return f"{page_root.rstrip('/')}{group_path(cluster, group_id)}"
 
 
 def group_matcher(pattern: str | None) -> Callable[[str], bool] | None:
