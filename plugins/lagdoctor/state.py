@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import threading
 import time
 from contextlib import contextmanager
@@ -185,7 +186,7 @@ slack_approvals = sa.Table(
     sa.Column("task_id", sa.String(250), nullable=False),
     sa.Column("map_index", sa.Integer, nullable=False),
     sa.Column("try_number", sa.Integer, nullable=False, default=1),
-    sa.Column("nonce", sa.String(64), nullable=False),  # secrets.token_hex, carried in the buttons
+    sa.Column("nonce", sa.String(64), nullable=False, default=lambda: secrets.token_hex(16)),  # in the buttons
     sa.Column("subject", sa.Text, nullable=False),
     sa.Column("targets", sa.JSON, nullable=True),  # [{key, option, cluster, group_id, topic, blocked}]
     sa.Column("status", sa.String(16), nullable=False),

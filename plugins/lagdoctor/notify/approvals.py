@@ -16,7 +16,6 @@ own HITL API.
 from __future__ import annotations
 
 import logging
-import secrets
 from datetime import datetime
 from typing import Any, Mapping
 
@@ -67,8 +66,7 @@ def post_approval_request(*, dag_id: str, run_id: str, task_id: str, map_index: 
         outbox.lock_key(db, conn, f"approval-request:{dag_id}:{run_id}:{task_id}:{map_index}")
         run = conn.execute(sa.select(run_threads.c.data).where(run_threads.c.run_key == run_id)).first()
         root = run.data.get("root_message_id") if run is not None and isinstance(run.data, dict) else None
-        db.insert_ignore(conn, a, {**ti, "try_number": int(try_number), "nonce": secrets.token_hex(16),
-                                   "subject": subject[:2000], "targets": kept,
+        db.insert_ignore(conn, a, {**ti, "try_number": int(try_number), "subject": subject[:2000], "targets": kept,
                                    "status": interactive.WAITING, "message_id": root, "created_at": at},
                          ("dag_id", "run_id", "task_id", "map_index", "try_number"))
         row = conn.execute(sa.select(a).where(*(getattr(a.c, k) == v for k, v in ti.items()),
