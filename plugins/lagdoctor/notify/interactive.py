@@ -14,8 +14,9 @@ Buttons carry only ids: an approval's row id and its random nonce
 a reply; the signing secret is read per request and never logged.
 
 Who may click what: Approve / Reject only the Slack users (U…) and user
-groups (S…) LAGDOCTOR_SLACK_APPROVERS names for the approval's DAG and every
-cluster its answer touches (see `approver_rules`), and only when the answer can
+groups (S…) LAGDOCTOR_SLACK_APPROVERS names for the approval's DAG and the
+cluster of every target it offers (any answer completes the task and rejects
+what it does not approve; see `approver_rules`), and only when the answer can
 be recorded in Airflow as that person (airflow_api: HITLClient.acts_as);
 Acknowledge and Snooze anyone who sees the message (Slack only delivers clicks
 from the channel's members).
