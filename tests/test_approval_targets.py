@@ -10,7 +10,7 @@ import pytest
 from markdown_it import MarkdownIt
 
 from lagdoctor.orchestration import (REJECT_ALL, RemediationBlocked, approval_form, approval_needed,
-                                     approved_targets, remediate)
+                                     approved_targets, not_offered_targets, remediate)
 from tests.fixtures.k8s import k8s_server  # noqa: F401
 from tests.fixtures.slack import slack_connection, slack_server  # noqa: F401
 from tests.test_remediation import T0, audit, finding, k8s, settings, write_plans  # noqa: F401
@@ -149,3 +149,81 @@ def test_a_target_not_offered_because_blocked_is_recorded_blocked_not_rejected(s
     with pytest.raises(RemediationBlocked):
         remediate("skip_poison_pill", plans, "manual__1", dry_run=False, approved_keys=set(), settings=settings)
     assert [r["status"] for r in audit(settings)] == ["blocked"]
+
+
+def test_a_reapproval_after_a_rejection_in_the_same_run_is_acted_on_once(settings, k8s, slack_connection, tmp_path,
+                                                                          monkeypatch):
+    """Try 1 of `approve` ended "Reject all"; approve and run cleared, try 2 says yes: it restarts, once."""
+    monkeypatch.setenv("LAGDOCTOR_REMEDIATION_CONFIG", two_groups_config(k8s.url))
+    plans = write_plans(tmp_path, [(finding("crashed_consumer"), "restart_consumers")])
+    form = approval_form("restart_consumers", plans, now=T0)
+    rejected = {"by": "oncall", "at": "2026-11-21T10:01:00+00:00", "chosen": [REJECT_ALL], "try": 1}
+    for _ in range(2):  # run, and its retry: rejected, once
+        assert remediate("restart_consumers", plans, "manual__1", dry_run=False, settings=settings,
+                         approved_keys=approved_targets(form, [REJECT_ALL]), approval_by=rejected) == {"rejected": 1}
+    assert k8s.writes() == []
+
+    yes = {"by": "oncall", "at": "2026-11-21T10:07:00+00:00", "chosen": [form["options"][0]], "try": 2}
+    keys = approved_targets(form, [form["options"][0]])
+    for _ in range(2):  # the re-approved run, and a retry of it: executed, never twice
+        assert remediate("restart_consumers", plans, "manual__1", dry_run=False, settings=settings,
+                         approved_keys=keys, approval_by=yes) == {"executed": 1}
+    assert len(k8s.writes()) == 1
+    assert [(r["status"], r["approval"]["try"]) for r in audit(settings)] == [
+        ("rejected", 1), ("started", 2), ("executed", 2)]
+    # A late retry of the run under the first answer does not undo or repeat anything.
+    assert remediate("restart_consumers", plans, "manual__1", dry_run=False, settings=settings,
+                     approved_keys=set(), approval_by=rejected) == {"executed": 1}
+    assert len(k8s.writes()) == 1
+
+
+def test_the_approval_answer_names_its_try():
+    from datetime import datetime, timezone
+
+    from lagdoctor.remediation.approval import approval_meta
+
+    answer = {"chosen_options": ["Approve 1: x"], "responded_by_user": {"id": "1", "name": "oncall"},
+              "responded_at": datetime(2026, 11, 21, 10, 7, tzinfo=timezone.utc), "approval_try": 2}
+    assert approval_meta(answer) == {"by": "oncall", "at": "2026-11-21T10:07:00+00:00",
+                                     "chosen": ["Approve 1: x"], "try": 2}
+
+
+@pytest.mark.parametrize("asked", [True, False], ids=["others-offered", "nobody-asked"])
+@pytest.mark.parametrize("cleared", [False, True], ids=["still-blocked", "guard-cleared-by-run-time"])
+def test_a_target_shown_blocked_now_is_recorded_blocked_with_the_forms_reason_and_fails_the_run(
+        settings, k8s, slack_connection, tmp_path, monkeypatch, asked, cleared):
+    k8s.add_deployment("shop", "billing-consumer", replicas=2)
+    deny = ["billing"] if asked else ["billing", "orders"]
+    monkeypatch.setenv("LAGDOCTOR_REMEDIATION_CONFIG", two_groups_config(k8s.url, deny_groups=deny))
+    plans = write_plans(tmp_path, [(finding("crashed_consumer"), "restart_consumers"),
+                                   (finding("crashed_consumer", group="billing"), "restart_consumers")])
+    form = approval_form("restart_consumers", plans, now=T0)
+    not_offered = not_offered_targets(form)
+    assert sorted(not_offered.values()) == sorted(f"deny_list: group matches deny pattern '{g}'" for g in deny)
+    if cleared:  # the deny list was emptied between the question and the run
+        monkeypatch.setenv("LAGDOCTOR_REMEDIATION_CONFIG", two_groups_config(k8s.url))
+    keys = approved_targets(form, form["options"][:1]) if asked else None
+    by = {"by": "oncall", "at": "2026-11-21T10:01:00+00:00", "chosen": form["options"][:1], "try": 1} if asked else None
+    with pytest.raises(RemediationBlocked) as raised:
+        remediate("restart_consumers", plans, "manual__1", dry_run=False, settings=settings, approved_keys=keys,
+                  approval_by=by, not_offered=not_offered)
+    assert "group billing on prod: not offered for approval, blocked when asked: deny_list: group matches deny " \
+           "pattern 'billing'" in str(raised.value)
+    by_group = {r["group_id"]: r for r in audit(settings)}
+    assert by_group["billing"]["status"] == "blocked" and by_group["billing"]["rule"] == "not_offered"
+    assert "rejected" not in {r["status"] for r in audit(settings)}
+    assert [w.path for w in k8s.writes() if "billing" in w.path] == []
+    if asked:  # the ticked one ran
+        assert by_group["orders"]["status"] == "executed" and raised.value.changed
+    else:
+        assert by_group["orders"]["status"] == "blocked" and not raised.value.changed
+
+
+def test_a_target_over_the_forms_limit_is_not_called_rejected_by_a_human():
+    from lagdoctor.orchestration import APPROVAL_OPTIONS_MAX
+
+    form = {"targets": [{"key": "a", "option": "Approve 1: a", "blocked": None},
+                        {"key": "b", "option": None, "blocked": None}]}
+    assert not_offered_targets(form) == {"b": f"over the form's {APPROVAL_OPTIONS_MAX} choices: ask again in "
+                                               "another run"}
+    assert not_offered_targets(None) == {}

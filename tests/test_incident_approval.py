@@ -133,7 +133,8 @@ def test_when_the_guard_blocks_every_target_nobody_is_asked_and_the_run_fails(
     assert ran.state == TaskInstanceState.FAILED
     assert run.state == DagRunState.FAILED
     assert ran.xcom_pull(task_ids=ran.task_id, key="blocked") == (
-        f"restart_consumers blocked for 1 of 1 group(s), not run: group {group} on kafka_default: {reason}")
+        f"restart_consumers blocked for 1 of 1 group(s), not run: group {group} on kafka_default: "
+        f"not offered for approval, blocked when asked: {reason}")
     assert [r for r in k8s_server.requests if r.method == "PATCH"] == []
     assert any(reason in json.dumps(m) for m in slack_connection.messages)
 

@@ -153,3 +153,28 @@ def test_an_incident_whose_workload_fell_short_is_never_reported_as_diagnosed():
                                 "per partition (over 45 s))")
     # the healthy group was diagnosed "healthy" as designed, but on a tenth of its traffic: not a pass either
     assert lines[5][0].split()[:2] == ["SHORT", "audit-archiver"]
+
+
+def test_the_demo_shows_the_newest_complete_run_never_one_killed_mid_write(tmp_path):
+    """A diagnosis killed just after findings.jsonl appeared (run.json there, _WRITING left) is not the result."""
+    import json
+
+    from lagdoctor.lab.demo import latest_complete_findings
+
+    root = tmp_path / "findings"
+    for name, planned, verdict, files in (("run-old", "2026-11-21T10:00:00+00:00", "crashed_consumer",
+                                           ("partition_status.jsonl",)),
+                                          ("run-killed", "2026-11-21T10:05:00+00:00", "healthy", ("_WRITING",))):
+        folder = root / name
+        folder.mkdir(parents=True)
+        (folder / "run.json").write_text(json.dumps({"planned_at": planned, "dag_id": "kafka_lag_health_sweep"}))
+        (folder / "findings.jsonl").write_text(json.dumps({"group_id": "mailer", "diagnosis": verdict}) + "\n")
+        for extra in files:
+            (folder / extra).write_text("")
+    run_dir, findings, skipped = latest_complete_findings(str(root))
+    assert run_dir == root / "run-old"
+    assert [f["diagnosis"] for f in findings] == ["crashed_consumer"]
+    assert skipped.startswith("1 incomplete run skipped: ") and "run-killed" in skipped
+
+    (root / "run-old" / "partition_status.jsonl").unlink()  # killed between its two outputs: nothing complete
+    assert latest_complete_findings(str(root))[0] is None

@@ -282,7 +282,8 @@ def test_a_signed_approve_answers_airflow_and_says_who_in_the_thread(app_url, cl
                                                                      waiting_approval):
     header, buttons = waiting_approval
     assert set(buttons) == {"Approve", "Reject"}
-    assert buttons["Approve"].isdigit()  # an id, nothing else
+    approval_id, _, nonce = buttons["Approve"].partition(".")  # the row's id and nonce, nothing else
+    assert approval_id.isdigit() and len(nonce) == 32 and int(nonce, 16) >= 0
 
     response = click(app_url, clock, interactive.APPROVE, buttons["Approve"], APPROVER, "alice")
 
@@ -440,7 +441,7 @@ def test_reject_all_answers_with_reject_all(app_url, clock, slack, airflow_api, 
 
 def test_approvers_are_scoped_by_dag_and_cluster(app_url, clock, slack, airflow_api, env, monkeypatch):
     monkeypatch.setenv("LAGDOCTOR_SLACK_APPROVERS", json.dumps([
-        {"dags": [DAG], "clusters": ["prod"], "approvers": [APPROVER]},
+        {"dags": [DAG], "clusters": ["prod"], "approvers": [APPROVER, OTHER_APPROVER]},
         {"dags": [DAG], "clusters": ["eu-*"], "approvers": [OTHER_APPROVER, "S0ONCALL"]},
         {"dags": ["some_other_dag"], "clusters": ["*"], "approvers": [STRANGER]},
     ]))
@@ -461,10 +462,57 @@ def test_approvers_are_scoped_by_dag_and_cluster(app_url, clock, slack, airflow_
         rows = conn.execute(sa.select(slack_interactions)).mappings().all()
     assert [r["outcome"] for r in rows] == ["refused"] * 4
     assert "not an approver for DAG kafka_lag_incident on eu-1" in rows[1]["detail"]
-    # Their own cluster: fine (a member of the eu group, through the group).
+    # Their own cluster alone is not enough: approving eu-1's target would reject prod's.
     response = click(app_url, clock, interactive.APPROVE, buttons["Approve 2 only"], GROUP_MEMBER)
+    assert response.json()["outcome"] == "refused"
+    assert response.json()["text"] == ("Approving only these would reject the other groups on prod, which you are "
+                                       "not an approver for (LAGDOCTOR_SLACK_APPROVERS): answer in Airflow; "
+                                       "nothing was done.")
+    assert wait_for(lambda: ephemerals(slack, GROUP_MEMBER)) == [response.json()["text"]]
+    assert airflow_api.requests == []
+    with StateDB.from_settings(env).engine.connect() as conn:
+        last = conn.execute(sa.select(slack_interactions).order_by(slack_interactions.c.id.desc())).mappings().first()
+    assert (last["user_id"], last["outcome"]) == (GROUP_MEMBER, "refused")
+    # An approver for both clusters may approve one alone (the other is rejected).
+    response = click(app_url, clock, interactive.APPROVE, buttons["Approve 2 only"], OTHER_APPROVER)
     assert response.json()["outcome"] == "done"
     assert airflow_api.patches == [{"chosen_options": ["Approve 2: orders-2 on eu-1 / orders"]}]
+
+
+def test_a_button_whose_id_names_another_approval_is_refused_and_changes_nothing(app_url, clock, slack,
+                                                                                 airflow_api, env):
+    from lagdoctor.state import slack_approvals as a
+
+    db = StateDB.from_settings(env)
+    old = buttons_of(ask(env, slack, targets("prod", "prod")).body)
+    old_id = int(old["Reject all"].partition(".")[0])
+    with db.transaction() as conn:  # retention emptied the table
+        conn.execute(sa.delete(a))
+    ask(env, slack, targets("prod", "prod"))
+    with db.engine.connect() as conn:
+        (current,) = conn.execute(sa.select(a)).mappings().all()
+    assert current["id"] != old_id  # never reused (SQLite: AUTOINCREMENT)
+    # A recreated database: the current approval has the old message's id.
+    with db.transaction() as conn:
+        conn.execute(sa.update(a).where(a.c.id == current["id"]).values(id=old_id))
+
+    for button, action in (("Approve 1 only", interactive.APPROVE), ("Reject all", interactive.REJECT)):
+        response = click(app_url, clock, action, old[button], APPROVER)
+        assert (response.json()["outcome"], response.json()["text"]) == (
+            "unknown_target", "This button no longer matches a waiting approval; nothing was done. Answer in Airflow.")
+    # A value from before buttons carried a nonce: the id alone.
+    assert click(app_url, clock, interactive.REJECT, str(old_id), APPROVER).json()["outcome"] == "unknown_target"
+    assert len(wait_for(lambda: len(ephemerals(slack, APPROVER)) == 3 and ephemerals(slack, APPROVER))) == 3
+    assert airflow_api.requests == []
+    with db.engine.connect() as conn:
+        assert conn.execute(sa.select(a.c.status)).scalar_one() == interactive.WAITING
+        rows = conn.execute(sa.select(slack_interactions)).mappings().all()
+    assert [r["outcome"] for r in rows] == ["unknown_target"] * 3
+    old_nonce = old["Reject all"].partition(".")[2]
+    assert all(old_nonce not in json.dumps(dict(r), default=str) for r in rows)  # the audit keeps no nonce
+    # The current approval's own button still works.
+    response = click(app_url, clock, interactive.APPROVE, f"{old_id}.{current['nonce']}:1", APPROVER)
+    assert response.json()["outcome"] == "done"
 
 
 def test_the_service_identity_never_answers_for_an_unmapped_slack_user(app_url, clock, slack, airflow_api,
@@ -553,7 +601,7 @@ class SlowHITL:
 def test_no_write_lock_is_held_while_airflow_is_called(env, slack, waiting_approval):
     _header, buttons = waiting_approval
     db = StateDB.from_settings(env)
-    hitl = SlowHITL(db, int(buttons["Approve"]))
+    hitl = SlowHITL(db, interactive.parse_approval_ref(buttons["Approve"])[0])
     outcome = interactive.handle_click(
         interactive.Click(user_id=APPROVER, user_name="alice", action_id=interactive.APPROVE,
                           value=buttons["Approve"]), db=db, now=T0, hitl=hitl)

@@ -977,6 +977,13 @@ def approved_targets(form: Mapping[str, Any] | None, chosen: list[str] | None) -
     return {t["key"] for t in form.get("targets") or [] if t.get("option") and t["option"] in chosen}
 
 
+def not_offered_targets(form: Mapping[str, Any] | None) -> dict[str, str]:
+    """Target key -> why the form did not offer it (blocked when asked, or over its limit)."""
+    return {t["key"]: (t.get("blocked") or f"over the form's {APPROVAL_OPTIONS_MAX} choices: ask again in "
+                                          "another run")
+            for t in (form or {}).get("targets") or [] if not t.get("option")}
+
+
 def remediate(
     action: str,
     plans_path: str,
@@ -987,6 +994,7 @@ def remediate(
     settings: Settings | None = None,
     approval_by: Mapping[str, Any] | None = None,
     approved_keys: set[str] | None = None,
+    not_offered: Mapping[str, str] | None = None,
 ) -> dict[str, int]:
     """Run one registered action for every finding that wants it; report each in its thread.
 
@@ -994,6 +1002,8 @@ def remediate(
     and posts how to act: the sweep proposes, it never waits for a human.
     `approved_keys` (a per-target answer, see `approved_targets`): each target is
     approved only when its key is in it; the others are recorded `rejected`.
+    `not_offered` (`not_offered_targets` of the form): a target the form showed blocked
+    is recorded `blocked` with the form's reason and fails the run, whatever the answer.
     """
     from lagdoctor.notify.incidents import delivery_batch, post_action_result
     from lagdoctor.remediation import RemediationFailed, run_action
@@ -1006,13 +1016,14 @@ def remediate(
                      for planned in item["plan"]["actions"] if planned["action"] == action]
     with delivery_batch():
         for item, planned in planned_items:
+            target_key = approval_target_key(item["finding"])
             if approved_keys is not None:
-                approved = approval_target_key(item["finding"]) in approved_keys
+                approved = target_key in approved_keys
             try:
                 record = run_action(
                     action, item["finding"], run_id=run_id, dry_run=dry_run, approved=approved,
                     params=planned.get("params") or {}, guardrails=planned.get("guardrails") or {},
-                    settings=settings, approval_by=approval_by,
+                    settings=settings, approval_by=approval_by, not_offered=(not_offered or {}).get(target_key),
                 )
             except RemediationFailed as exc:
                 # One group's failure must not stop the action for the others;

@@ -353,7 +353,9 @@ class TargetApprovalOperator(HITLOperator):
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         self._load_form(context)
-        return super().execute_complete(context, event)
+        result = super().execute_complete(context, event)
+        # Which try answered: `run` must tell a re-run approval's answer from the earlier one's.
+        return {**result, "approval_try": int(context["ti"].try_number)} if isinstance(result, dict) else result
 
 
 def _remediation_group(action: str, branches, *, approvals: bool) -> None:
@@ -375,6 +377,8 @@ def _remediation_group(action: str, branches, *, approvals: bool) -> None:
             # approved=None where approval is needed and nobody was asked: the runner
             # records it blocked (the gate found every target blocked) or awaiting_approval.
             keys = orchestration.approved_targets(form, approval.get("chosen_options")) if approval else None
+            # Targets the form did not offer (blocked when asked): recorded blocked, never "rejected".
+            not_offered = orchestration.not_offered_targets(form)
             by = approval_meta(approval)
             if by is not None:
                 from lagdoctor.notify.approvals import slack_answer
@@ -383,7 +387,7 @@ def _remediation_group(action: str, branches, *, approvals: bool) -> None:
             try:
                 return orchestration.remediate(
                     action, summary["plans"], _run_id(), dry_run=bool(ctx["params"]["dry_run"]),
-                    approved=None, approved_keys=keys, approval_by=by,
+                    approved=None, approved_keys=keys, approval_by=by, not_offered=not_offered,
                 )
             except orchestration.RemediationBlocked as exc:
                 # Blocked is not done: never green. Where a human asked for it (the incident
@@ -404,12 +408,13 @@ def _remediation_group(action: str, branches, *, approvals: bool) -> None:
             summary = get_current_context()["ti"].xcom_pull(task_ids=PLAN_TASK_ID)
             dry_run = bool(_params()["dry_run"])
             # The guard is evaluated here, before anybody is asked: a target it blocks is
-            # not offered, and with every target blocked nobody is asked at all.
-            if orchestration.approval_needed(action, summary["plans"], dry_run=dry_run):
-                ti = get_current_context()["ti"]
-                ti.xcom_push(key=APPROVAL_FORM_KEY, value=orchestration.approval_form(action, summary["plans"]))
-                return f"{group_id}.approve"
-            return f"{group_id}.run"
+            # not offered, and with every target blocked nobody is asked at all. The form
+            # goes to `run` either way: what it showed blocked is recorded blocked there.
+            if dry_run:
+                return f"{group_id}.run"
+            form = orchestration.approval_form(action, summary["plans"])
+            get_current_context()["ti"].xcom_push(key=APPROVAL_FORM_KEY, value=form)
+            return f"{group_id}.approve" if any(t["option"] for t in form["targets"]) else f"{group_id}.run"
 
         approve = TargetApprovalOperator(
             task_id="approve",

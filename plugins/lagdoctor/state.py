@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import threading
 import time
 from contextlib import contextmanager
@@ -168,20 +169,24 @@ slack_interactions = sa.Table(
 )
 
 # An approval a HITL task waits for, posted to Slack with a button per target; the
-# buttons carry only `id` (and the target's number). One row per try of the task: a
-# cleared and re-run task asks again, and the older rows' buttons answer "superseded".
+# buttons carry `id`, the row's random `nonce` (an id alone could name another row: a
+# pruned or recreated database restarts ids) and the target's number. One row per try
+# of the task: a cleared and re-run task asks again, and the older rows' buttons answer
+# "superseded".
 # `status` waiting | answering (claimed by a click whose call to Airflow is under way,
 # no transaction held across it) | approved | rejected | superseded; `answered_by` is
 # the Slack user, `airflow_user` whom Airflow recorded. (Table name new in issue 17:
-# the first table, "slack_approvals", had one row per task instance.)
+# the first table, "slack_approvals", had one row per task instance; the second,
+# "slack_approval_requests", had no nonce.) AUTOINCREMENT: SQLite never reuses an id.
 slack_approvals = sa.Table(
-    "slack_approval_requests", metadata,
+    "slack_approval_prompts", metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("dag_id", sa.String(250), nullable=False),
     sa.Column("run_id", sa.String(250), nullable=False),
     sa.Column("task_id", sa.String(250), nullable=False),
     sa.Column("map_index", sa.Integer, nullable=False),
     sa.Column("try_number", sa.Integer, nullable=False, default=1),
+    sa.Column("nonce", sa.String(64), nullable=False, default=lambda: secrets.token_hex(16)),  # in the buttons
     sa.Column("subject", sa.Text, nullable=False),
     sa.Column("targets", sa.JSON, nullable=True),  # [{key, option, cluster, group_id, topic, blocked}]
     sa.Column("status", sa.String(16), nullable=False),
@@ -193,7 +198,8 @@ slack_approvals = sa.Table(
     sa.Column("chosen", sa.JSON, nullable=True),
     sa.Column("answered_at", sa.DateTime(timezone=True), nullable=True),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-    sa.UniqueConstraint("dag_id", "run_id", "task_id", "map_index", "try_number", name="uq_slack_approval_try"),
+    sa.UniqueConstraint("dag_id", "run_id", "task_id", "map_index", "try_number", name="uq_slack_approval_prompt_try"),
+    sqlite_autoincrement=True,
 )
 
 # Acknowledge / Snooze per incident thread (IncidentKey.digest()); `root_message_id`

@@ -161,6 +161,22 @@ def surge(incidents: list[Incident]) -> str:
     return f"{SURGE_GROUP}'s producer surged to {SURGE_RATE:g} msg/s per partition"
 
 
+def latest_complete_findings(findings_root: str) -> tuple[Path | None, list[dict[str, Any]], str]:
+    """The newest complete run's folder (None when there is none), its findings, and a line naming the
+    incomplete runs skipped ("" for none): the readers' one completeness rule, so a
+    diagnosis killed mid-write is never shown as the result."""
+    from lagdoctor.contracts import FINDINGS_FILE
+    from lagdoctor.web.data import incomplete_text, list_runs
+
+    skipped: list = []
+    runs = list_runs(findings_root, skipped=skipped)
+    if not runs:
+        return None, [], incomplete_text(skipped)
+    run_dir = Path(runs[0].path)
+    text = (run_dir / FINDINGS_FILE).read_text()
+    return run_dir, [json.loads(line) for line in text.splitlines() if line.strip()], incomplete_text(skipped)
+
+
 class Demo:
     def __init__(self, workdir: Path, sample_seconds: float, interval_s: float, surge_after_s: float,
                  crash_after_s: float) -> None:
@@ -309,12 +325,12 @@ class Demo:
         from lagdoctor.settings import Settings
 
         settings = Settings(data_root=str(self.data_root))
-        runs = sorted(Path(settings.findings_root).glob("*/run.json"), key=lambda p: p.stat().st_mtime)
-        if not runs:
-            say("no findings were written")
+        run_dir, findings, skipped = latest_complete_findings(settings.findings_root)
+        if skipped:
+            say(skipped)
+        if run_dir is None:
+            say("no complete run of findings was written")
             return 1
-        run_dir = runs[-1].parent
-        findings = [json.loads(l) for l in (run_dir / "findings.jsonl").read_text().splitlines() if l.strip()]
         print()
         print(render_findings_table(findings))
         checks = played_against_found(self.incidents, findings, self.shortfalls)

@@ -5,7 +5,7 @@ The DAG's ApprovalOperator calls the notifier when its task starts to wait::
     ApprovalOperator(task_id="approve", ..., notifiers=[SlackApprovalNotifier()])
 
 It records the waiting task instance, one row per try (``slack_approvals``: the
-buttons carry only that row's id and a target's number) and posts the question
+buttons carry that row's id, its random nonce and a target's number) and posts the question
 in the run's Slack thread: one line per target (blocked ones say why), with a
 button per target, "Approve all" and "Reject all" when buttons are enabled (a
 public base URL and a signing secret), else with a link to the task's page in
@@ -76,7 +76,8 @@ def post_approval_request(*, dag_id: str, run_id: str, task_id: str, map_index: 
                                         a.c.try_number < int(try_number),
                                         a.c.status.in_((interactive.WAITING, interactive.ANSWERING)))
                      .values(status=interactive.SUPERSEDED))
-        msg = render.render_approval_prompt(subject, body, approval_id=row["id"] if buttons else None,
+        msg = render.render_approval_prompt(subject, body,
+                                            approval_id=interactive.approval_ref(row) if buttons else None,
                                             answer_url=required_actions_url(dag_id, run_id, task_id, map_index),
                                             targets=kept, dag_id=dag_id)
         message_id = outbox.queue_message(db, conn, dedupe_key=f"approval:{row['id']}:request", text=msg["text"],

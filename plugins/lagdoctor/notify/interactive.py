@@ -9,13 +9,14 @@ parses the HTTP request):
     handle_click(click, ...)     act once, audit, post who did what in the thread
     quiet_reason(conn, state, finding, now)   the coordinator asks before an update reply
 
-Buttons carry only ids: an approval's row id (``slack_approvals``) or an
-incident key's digest. Nothing secret is ever put in a block, a log line or
+Buttons carry only ids: an approval's row id and its random nonce
+(``slack_approvals``, see `approval_ref`) or an incident key's digest. Nothing secret is ever put in a block, a log line or
 a reply; the signing secret is read per request and never logged.
 
 Who may click what: Approve / Reject only the Slack users (U…) and user
-groups (S…) LAGDOCTOR_SLACK_APPROVERS names for the approval's DAG and every
-cluster its answer touches (see `approver_rules`), and only when the answer can
+groups (S…) LAGDOCTOR_SLACK_APPROVERS names for the approval's DAG and the
+cluster of every target it offers (any answer completes the task and rejects
+what it does not approve; see `approver_rules`), and only when the answer can
 be recorded in Airflow as that person (airflow_api: HITLClient.acts_as);
 Acknowledge and Snooze anyone who sees the message (Slack only delivers clicks
 from the channel's members).
@@ -55,6 +56,7 @@ ANSWERING, SUPERSEDED = "answering", "superseded"
 REJECT_ALL, APPROVE_ALL = "Reject all", "all"  # orchestration.REJECT_ALL; a button value's suffix
 CLAIM_STALE = timedelta(minutes=2)  # a claim whose click died mid-call (Airflow's call times out in 10 s)
 TARGET_BUTTONS_MAX = 20
+STALE_BUTTON = "This button no longer matches a waiting approval; nothing was done. Answer in Airflow."
 
 
 # ---------------------------------------------------------------- configuration
@@ -214,22 +216,44 @@ def incident_buttons(key_digest: str) -> dict[str, Any]:
     ]}
 
 
-def approval_buttons(approval_id: int) -> dict[str, Any]:
+def approval_ref(row: Mapping[str, Any]) -> str:
+    """What an approval's buttons carry: "<row id>.<nonce>". The id finds the row, the nonce
+    proves the button was posted for that row and not for an earlier one with the same id."""
+    return f"{int(row['id'])}.{row['nonce']}"
+
+
+def parse_approval_ref(value: str) -> tuple[int, str]:
+    """(row id, nonce) from a button value "<id>.<nonce>[:<target>]"; (-1, "") when malformed."""
+    ref = value.partition(":")[0]
+    id_text, _, nonce = ref.partition(".")
+    try:
+        return int(id_text), nonce
+    except ValueError:
+        return -1, ""
+
+
+def shown_value(value: str) -> str:
+    """A button value for a log line or the audit: an approval's nonce left out."""
+    ref, sep, which = value.partition(":")
+    return ref.partition(".")[0] + sep + which
+
+
+def approval_buttons(approval_id: str | int) -> dict[str, Any]:
     value = str(approval_id)
     confirm = {"title": {"type": "plain_text", "text": "Approve?"},
                "text": {"type": "plain_text", "text": "Airflow runs the action once you approve."},
                "confirm": {"type": "plain_text", "text": "Approve"},
                "deny": {"type": "plain_text", "text": "Cancel"}}
-    return {"type": "actions", "block_id": f"lagdoctor_approval_{value}", "elements": [
+    return {"type": "actions", "block_id": f"lagdoctor_approval_{value.partition('.')[0]}", "elements": [
         _button("Approve", APPROVE, value, "primary", confirm),
         _button("Reject", REJECT, value, "danger"),
     ]}
 
 
-def target_buttons(approval_id: int, targets: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def target_buttons(approval_id: str | int, targets: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """A per-target approval: "Approve n" for each target offered (a click approves that
     one alone, the others are rejected), "Approve all" (when every one has its own
-    button) and "Reject all". Values carry the row id and the target's number only."""
+    button) and "Reject all". Values carry the row's approval_ref and the target's number only."""
     offered = [t for t in targets if t.get("option")]
     numbers = [str(t["option"]).split(":", 1)[0].removeprefix("Approve ") for t in offered]
     confirm = {"title": {"type": "plain_text", "text": "Approve?"},
@@ -242,7 +266,8 @@ def target_buttons(approval_id: int, targets: Iterable[Mapping[str, Any]]) -> li
     if 1 < len(offered) <= TARGET_BUTTONS_MAX:
         elements.append(_button(f"Approve all {len(offered)}", APPROVE, f"{approval_id}:{APPROVE_ALL}", None, confirm))
     elements.append(_button(REJECT_ALL, REJECT, str(approval_id), "danger"))
-    return [{"type": "actions", "block_id": f"lagdoctor_approval_{approval_id}", "elements": elements}]
+    return [{"type": "actions", "block_id": f"lagdoctor_approval_{str(approval_id).partition('.')[0]}",
+             "elements": elements}]
 
 
 # ---------------------------------------------------------------- acknowledge / snooze, read by the coordinator
@@ -346,7 +371,7 @@ def _audit(db, conn, click: Click, action: str, outcome: str, detail: str | None
 
     conn.execute(sa.insert(slack_interactions).values(
         at=now, user_id=click.user_id[:64], user_name=click.user_name[:255] or None, action=action[:64],
-        target=click.value[:255], outcome=outcome, detail=(detail or None) and detail[:1000]))
+        target=shown_value(click.value)[:255], outcome=outcome, detail=(detail or None) and detail[:1000]))
 
 
 def _is_approver(click: Click, environ: Mapping[str, str] | None,
@@ -485,10 +510,7 @@ def _approval_click(click: Click, *, db, now: datetime, hitl: Any,
     from lagdoctor.state import slack_approvals as a
 
     action = "approve" if click.action_id == APPROVE else "reject"
-    try:
-        approval_id = int(click.value.partition(":")[0])
-    except ValueError:
-        approval_id = -1
+    approval_id, nonce = parse_approval_ref(click.value)
 
     def audited(outcome: str, detail: str | None, text: str | None, posted: str | None = None) -> Outcome:
         with db.transaction() as conn:
@@ -503,16 +525,29 @@ def _approval_click(click: Click, *, db, now: datetime, hitl: Any,
             a.c.dag_id == found["dag_id"], a.c.run_id == found["run_id"], a.c.task_id == found["task_id"],
             a.c.map_index == found["map_index"], a.c.try_number > found["try_number"]).limit(1)).first() is not None
     row = dict(found) if found is not None else None
-    if row is None:
-        return audited("unknown_target", "no such approval", "lagdoctor knows no such approval; nothing was done.")
+    # The id alone may name another, current approval (ids restart in a recreated database):
+    # the button must carry this row's nonce. Nothing about the row is said otherwise.
+    if row is None or not nonce or not hmac.compare_digest(str(row.get("nonce") or "").encode(), nonce.encode()):
+        log.warning("Slack: %s by %s with a button matching no waiting approval", action, click.who)
+        return audited("unknown_target", "no approval matches this button (id or nonce)", STALE_BUTTON)
     if newer:
         row["status"] = SUPERSEDED
     picked = _chosen(click, row)
-    # Who may answer: approvers of this DAG for every cluster the answer touches
-    # (a rejection touches them all). Slack's user-group lookups happen here, outside any transaction.
-    touched = picked[1] if picked and picked[1] else [t for t in (row.get("targets") or []) if t.get("option")]
-    clusters = sorted({str(t.get("cluster") or "") for t in touched}) or ["*"]
+    # Who may answer: approvers of this DAG for every cluster the answer touches. Any answer
+    # completes the task, and so rejects every offered target not approved: it touches them all.
+    # Slack's user-group lookups happen here, outside any transaction.
+    offered = [t for t in (row.get("targets") or []) if t.get("option")]
+    clusters = sorted({str(t.get("cluster") or "") for t in offered}) or ["*"]
     if not _is_approver(click, environ, group_members, dag_id=row["dag_id"], clusters=clusters):
+        mine = sorted({str(t.get("cluster") or "") for t in (picked[1] if picked else [])})
+        if mine and _is_approver(click, environ, group_members, dag_id=row["dag_id"], clusters=mine):
+            others = [c for c in clusters if c not in mine]
+            log.warning("Slack: %s refused for %s (would reject targets on %s, not theirs)", action, click.who,
+                        ", ".join(others))
+            return audited("refused", f"would reject targets on {', '.join(others)}, not an approver there "
+                                      f"({APPROVERS_ENV})",
+                           f"Approving only these would reject the other groups on {', '.join(others)}, which you "
+                           f"are not an approver for ({APPROVERS_ENV}): answer in Airflow; nothing was done.")
         log.warning("Slack: %s refused for %s (not an approver for %s on %s)", action, click.who, row["dag_id"],
                     ", ".join(clusters))
         return audited("refused", f"not an approver for DAG {row['dag_id']} on {', '.join(clusters)} "
@@ -524,7 +559,7 @@ def _approval_click(click: Click, *, db, now: datetime, hitl: Any,
                        "Superseded by a newer request for this task (it was cleared and runs again): "
                        "answer the newest message; nothing was done.")
     if picked is None:
-        return audited("unknown_target", f"no such choice {click.value!r}",
+        return audited("unknown_target", f"no such choice {shown_value(click.value)!r}",
                        "lagdoctor knows no such choice for this approval; nothing was done.")
     if hitl is None:
         return audited("failed", "no Airflow API client",

@@ -773,12 +773,13 @@ def render_run_header(findings: Sequence[Mapping[str, Any]], *, scope: str, run_
 APPROVAL_LINES_MAX = 20
 
 
-def render_approval_prompt(subject: str, body: str | None, *, approval_id: int | None,
+def render_approval_prompt(subject: str, body: str | None, *, approval_id: str | int | None,
                            answer_url: str | None, targets: Sequence[Mapping[str, Any]] | None = None,
                            dag_id: str | None = None) -> dict[str, Any]:
     """A HITL task waits: its question, and where to answer in Airflow. With `targets`
     (a per-target approval): one line per target, "blocked now: <why>" for those not
-    offered, and, when ``approval_id`` is given (buttons enabled), a button per offered
+    offered, and, when ``approval_id`` is given (buttons enabled: the row's
+    interactive.approval_ref, id and nonce), a button per offered
     target, "Approve all" and "Reject all". Without: the body's lines and Approve / Reject.
     Every name goes through mrkdwn_value (one line, escaped)."""
     subject_text = mrkdwn_value(subject)

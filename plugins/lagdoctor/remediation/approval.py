@@ -41,4 +41,6 @@ def approval_meta(result: Mapping[str, Any] | None) -> dict[str, Any] | None:
         return None
     return {"by": None if who is None else str(who),
             "at": at.isoformat() if hasattr(at, "isoformat") else (None if at is None else str(at)),
-            "chosen": list(result.get("chosen_options") or [])}
+            "chosen": list(result.get("chosen_options") or []),
+            # which try of the approval task answered: a re-run approval is a new answer
+            **({"try": int(result["approval_try"])} if isinstance(result.get("approval_try"), int) else {})}

@@ -3,7 +3,10 @@
 Order of checks for a call (a DAG task calls this; nothing else runs actions):
 
   1. idempotency   a final record for (run, incident, action, dry_run) is returned as is:
-                   a retried task neither acts nor logs twice.
+                   a retried task neither acts nor logs twice. A ``rejected`` or
+                   ``blocked`` one is final only for the approval answer it was
+                   decided under (`approval_token`): a re-run approval that says yes
+                   is acted on; ``executed``/``noop`` stay final whatever the answer.
   2. guardrails    deny/allow lists, cooldown, hourly cap (guardrails.py),
                    also in dry runs so a dry run says what a real run would meet.
   3. prepare       what the action would do (pure).
@@ -67,6 +70,33 @@ def idempotency_key(run_id: str, finding: Mapping[str, Any], action: str) -> str
     incident = [finding.get(k, "") for k in ("cluster", "group_id", "topic", "diagnosis")]
     raw = json.dumps([run_id, incident, action], separators=(",", ":"))
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+
+# Outcomes that hold only for the approval answer they were decided under.
+APPROVAL_BOUND = frozenset({"rejected", "blocked"})
+
+
+def approval_token(approval: Mapping[str, Any] | None) -> str | None:
+    """Which answer of the approval task a record was decided under: the task's try and
+    when it was answered (None: nobody answered)."""
+    if not approval:
+        return None
+    return json.dumps([approval.get("try"), approval.get("at")])
+
+
+def _decided(records: list[dict[str, Any]], token: str | None) -> tuple[dict[str, Any] | None,
+                                                                        dict[str, Any] | None]:
+    """(the final record a call under approval `token` returns, else the `started` attempt it
+    resumes) from one key's records, oldest first. A rejected/blocked record from another
+    answer ends its attempt but is not this call's answer."""
+    for r in reversed(records):
+        status = r.get("status")
+        if status in FINAL_STATUSES and (status not in APPROVAL_BOUND
+                                         or approval_token(r.get("approval")) == token):
+            return r, None
+    last_final = max((i for i, r in enumerate(records) if r.get("status") in FINAL_STATUSES), default=-1)
+    started = next((r for r in reversed(records[last_final + 1:]) if r.get("status") == "started"), None)
+    return None, started
 
 
 def lease_key(target: str) -> str:
@@ -140,11 +170,14 @@ def run_action(
     now: datetime | None = None,
     kafka_config: Mapping[str, Any] | None = None,
     approval_by: Mapping[str, Any] | None = None,
+    not_offered: str | None = None,
 ) -> dict[str, Any]:
     """Run (or dry-run) one registered action for one finding; returns its audit record.
 
-    `approval_by` ({"by", "at", "chosen"}: who answered the approval in Airflow)
-    goes into the record as `approval`.
+    `approval_by` ({"by", "at", "chosen", "try"}: who answered the approval task's
+    try in Airflow) goes into the record as `approval`. `not_offered`: why the
+    approval form did not offer this target (blocked when asked): it is recorded
+    `blocked` with that reason, never acted on nor called rejected.
 
     ``params``/``guardrails`` come from the runbook's plan; ``kafka_config``
     overrides the cluster connection's client config (tests); ``now`` defaults
@@ -197,11 +230,14 @@ def run_action(
                                 history=history, now=now, target=target)
 
     # 1. idempotency
-    earlier = [r for r in audit.for_key(key) if r.get("dry_run") == dry_run]
-    for r in reversed(earlier):
-        if r.get("status") in FINAL_STATUSES:
-            return r
-    started = next((r for r in reversed(earlier) if r.get("status") == "started"), None)
+    token = approval_token(approval_by)
+    final, started = _decided([r for r in audit.for_key(key) if r.get("dry_run") == dry_run], token)
+    if final is not None:
+        return final
+    if not_offered is not None and action.changes_state and not dry_run:
+        # Nobody could approve it: blocked for the form's reason, even when the guard has cleared since.
+        return record("blocked", "not offered for approval, blocked when asked: " + one_line(not_offered),
+                      rule="not_offered")
 
     claimed = False
     holder = f"{key}|{run_id}"[:255]  # the lease says which run, and which of its actions, acts
@@ -251,13 +287,11 @@ def run_action(
                 reason = _lease_reason(audit, other or "", target, run_id, conn=conn)
                 return record("blocked", f"lease: {reason}", plan, conn=conn, rule="lease")
             claimed = True
-            mine = [r for r in audit.for_key(key, conn=conn) if not r.get("dry_run")]
-            final = next((r for r in reversed(mine) if r.get("status") in FINAL_STATUSES), None)
+            final, own = _decided([r for r in audit.for_key(key, conn=conn) if not r.get("dry_run")], token)
             if final is not None:  # the same run finished meanwhile (a duplicate attempt)
                 audit.db.release_lease(lease_key(target), holder, conn=conn)
                 claimed = False
                 return final
-            own = next((r for r in reversed(mine) if r.get("status") == "started"), None)
             if own is not None:
                 plan = own["plan"]  # resume this run's plan, never a new one
             else:

@@ -114,7 +114,8 @@ def create_app(
         outcome = interactive.handle_click(
             click, db=db, now=now, hitl=hitl,
             group_members=slack.group_members if slack is not None else (lambda _g: ()))
-        log.info("Slack click %s by %s on %s: %s", click.action_id, click.who, click.value, outcome.outcome)
+        log.info("Slack click %s by %s on %s: %s", click.action_id, click.who,
+                 interactive.shown_value(click.value), outcome.outcome)
         if outcome.ephemeral and slack is not None and click.channel_id:
             try:
                 slack.ephemeral(click.channel_id, click.user_id, outcome.ephemeral)
