@@ -450,6 +450,51 @@ def test_seeds_partition_status(seeds_snapshots):
     assert rows[1]["produce_rate"] == pytest.approx(12_000) and rows[1]["consume_rate"] == pytest.approx(800)
 
 
+# The case study in ../shared/seeds/001_*, replayed from its own final numbers: `kafka-consumer-groups.sh
+# --describe` at the peak (partition, current offset, log end offset, owner, host), partition 1 consuming
+# 800 msg/s while 12,000 arrive, and every partition's lag growing from zero.
+CASE_STUDY = (
+    (0, 8_412_901, 8_901_234, "consumer-1-abc123", "10.0.1.14"),
+    (1, 8_100_442, 12_543_210, "consumer-2-def456", "10.0.1.15"),
+    (2, 9_023_011, 9_187_443, "consumer-3-ghi789", "10.0.1.16"),
+)
+
+
+def _case_study_rows(others_arrive, steps=13):
+    """Lag rises linearly from 0 on all three partitions to the case study's final lags. Partition 1 nets
+    11,200 msg/s, so the climb takes 4,442,768 / 11,200 = 397 s; the other two fall behind at the rate that
+    brings them to their final lag in that time while `others_arrive` msg/s arrive on each."""
+    rise = (12_543_210 - 8_100_442) / (12_000 - 800)
+    rows = []
+    for k in range(steps + 1):
+        t, back = rise * k / steps, rise * (steps - k) / steps
+        for p, committed, leo, member, host in CASE_STUDY:
+            produce = 12_000 if p == 1 else others_arrive
+            end = round(leo - produce * back)
+            lag = round((leo - committed) * k / steps)
+            rows.append(snap(t, p, end, end - lag, member=member, host=host, members=3, group="user-events-consumer",
+                             topic="user-events", cluster="prod"))
+    return rows
+
+
+@pytest.mark.xfail(strict=True, reason="issue 18: the case study is called slow_consumer")
+@pytest.mark.parametrize("others_arrive", [12_000, 4_000], ids=["same-load-everywhere", "quieter-partitions"])
+def test_the_seed_case_study_is_one_slow_owner_whatever_the_others_do(frame, others_arrive):
+    """The seed's lesson: one partition with most of the lag and its owner far below its arrival rate is
+    a partition imbalance (one consumer's problem), not overall throughput, even while the other two fall
+    behind a little too."""
+    found = run_findings(frame(_case_study_rows(others_arrive)))
+    assert [(f["diagnosis"], f["partitions"]) for f in found] == [("partition_imbalance", [1])]
+    (f,) = found
+    assert (f["severity"], f["pattern"]) == ("critical", "steady_climb")
+    assert f["summary"] == ("partition 1 holds 87% of the lag (4,442,768); owner consumer-2-def456 on 10.0.1.15 "
+                            "consumes 800 msg/s while 12,000 arrive")
+    ev = f["evidence"]
+    assert (ev["owner_member_id"], ev["owner_host"]) == ("consumer-2-def456", "10.0.1.15")
+    assert ev["lag_start"] == 0 and ev["lag"] == 488_333 + 4_442_768 + 164_432
+    assert ev["lag_share"] == pytest.approx(0.8719, abs=1e-4)
+
+
 # -- patterns --------------------------------------------------------------------------------
 
 
