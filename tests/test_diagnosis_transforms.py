@@ -477,7 +477,6 @@ def _case_study_rows(others_arrive, steps=13):
     return rows
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18: the case study is called slow_consumer")
 @pytest.mark.parametrize("others_arrive", [12_000, 4_000], ids=["same-load-everywhere", "quieter-partitions"])
 def test_the_seed_case_study_is_one_slow_owner_whatever_the_others_do(frame, others_arrive):
     """The seed's lesson: one partition with most of the lag and its owner far below its arrival rate is
