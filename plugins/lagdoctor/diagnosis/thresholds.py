@@ -44,7 +44,7 @@ class Thresholds:
     # "Before" is the baseline: the time before a partition's lag first passed this
     # share of its window maximum, when it spans at least `baseline_min_seconds`
     # (else the first third). A surge's onset can fall anywhere in the window.
-    baseline_lag_share: float = 0.1
+    baseline_lag_share: float = 0.02
     baseline_min_seconds: float = 60.0
 
     # slow_consumer: share of partitions consuming below their produce rate,
