@@ -69,7 +69,8 @@ Cases that sharpen the causes (issue 10; each measured by bench/accuracy_bench.p
                          partitions with traffic                                 producer_surge: scaling consumers
                                                                                  does not help a hot key
 12  diurnal traffic      consumers fell behind already in the baseline           a rate swinging 3x in the window
-                         (its consume < surge_keepup_ratio x its produce),       is not a surge: a slow consumer
+                         (its consume < surge_keepup_ratio x its produce) and    is not a surge: a slow consumer
+                         do not now consume surge_ceiling_ratio x its produce,
                          or they keep up in the last third (late consume >=      stays 6, a group that keeps up
                          (1 - slow_rate_slack) x late produce)                   stays healthy (5 needs neither)
 13  uneven slow          the partitions outside the hot set are mostly slow      lag unevenly spread over slow
@@ -410,7 +411,9 @@ def findings(
         & (lag >= th.warning_lag)
     )
     widespread = c("surging_count") > th.surge_partition_fraction * c("busy_count")
-    kept_up_before = c("baseline_consume_sum") >= th.surge_keepup_ratio * c("baseline_produce_sum")
+    # kept up in the baseline, or they now consume well above its rate (so they could have)
+    kept_up_before = (c("baseline_consume_sum") >= th.surge_keepup_ratio * c("baseline_produce_sum")) | (
+        c("late_consume_sum") >= th.surge_ceiling_ratio * c("baseline_produce_sum"))
     outpaced = c("late_consume_sum") < (1.0 - th.slow_rate_slack) * c("late_produce_sum")
     surge = (
         ~crashed & ~loop & surging & widespread & kept_up_before & outpaced & growing & (lag >= th.warning_lag)

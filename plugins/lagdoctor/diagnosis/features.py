@@ -135,6 +135,7 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
             "prev_leo": F.lag("log_end_offset").over(w),
             "prev_com": F.lag("committed_offset").over(w),
             "prev_lag": F.lag("lag").over(w),
+            "prev_leo_for_stuck": F.lag("log_end_offset").over(w),
             "lag_max_p": F.max("lag").over(wall),
             "next_com": F.lead("committed_offset").over(w),
             "prev_lso": F.lag("last_stable_offset").over(w),
@@ -192,6 +193,8 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
             "run_t": F.coalesce(F.last("adv_t", ignorenulls=True).over(wprev), F.col("s_first")),
             "run_unsettled": F.coalesce(
                 F.last(F.when(F.col("dcom") > 0, F.col("unsettled_cum")), ignorenulls=True).over(wprev), F.lit(0)),
+            # the baseline without its last interval, which may hold the rise's first seconds
+            "base_row": ~F.col("risen") & ~F.coalesce(F.lead("risen").over(w), F.lit(False)),
         }
     )
     # A stuck episode (a staircase's step): the commit stood still for stall_min_seconds and
@@ -205,7 +208,9 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         & (F.col("rn") - 1 - F.col("run_rn") >= th.stall_min_snapshots)
         & (F.col("unsettled_cum") - F.col("unsettled") - F.col("run_unsettled") == 0)
         & (F.col("prev_lag") > 0)
-        & (F.col("lag") >= 0.5 * F.col("prev_lag")),
+        & (F.col("lag") >= 0.5 * F.col("prev_lag"))
+        # it moved on without passing what already waited: a batch commit passes it
+        & (committed < F.col("prev_leo_for_stuck")),
     )
     # The Burrow evaluator's input, without the whole history: the newest
     # `status_window` snapshots (broker offsets, current lag) plus the first
@@ -257,9 +262,9 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         _ratio(F.sum(F.when(F.col("x") <= 1.0 / 3.0, F.col("dcom"))),
                F.sum(F.when(F.col("x") <= 1.0 / 3.0, F.col("dt")))).alias("early_consume_rate"),
         F.count(F.when(F.col("late") & (F.col("dcom") > 0), 1)).alias("late_advances"),
-        F.sum(F.when(~F.col("risen"), F.col("dleo"))).alias("base_produced"),
-        F.sum(F.when(~F.col("risen"), F.col("dcom"))).alias("base_consumed"),
-        F.sum(F.when(~F.col("risen"), F.col("dt"))).alias("base_seconds"),
+        F.sum(F.when(F.col("base_row"), F.col("dleo"))).alias("base_produced"),
+        F.sum(F.when(F.col("base_row"), F.col("dcom"))).alias("base_consumed"),
+        F.sum(F.when(F.col("base_row"), F.col("dt"))).alias("base_seconds"),
         F.count(F.when(F.col("stuck_episode"), 1)).alias("stuck_episodes_done"),
         # the run the window ends in has no unsettled row after its start
         (F.max("unsettled_cum") - F.coalesce(F.max(F.when(F.col("dcom") > 0, F.col("unsettled_cum"))), F.lit(0))

@@ -41,6 +41,9 @@ class Thresholds:
     surge_partition_ratio: float = 1.5
     surge_partition_fraction: float = 0.5
     surge_keepup_ratio: float = 0.9
+    # ... or they now consume at least this many times the baseline's produce rate
+    # (a ceiling well above the old load: they could keep up with it).
+    surge_ceiling_ratio: float = 1.2
     # "Before" is the baseline: the time before a partition's lag first passed this
     # share of its window maximum, when it spans at least `baseline_min_seconds`
     # (else the first third). A surge's onset can fall anywhere in the window.

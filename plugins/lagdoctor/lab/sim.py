@@ -252,7 +252,8 @@ class _Group:
                     drain = pause / (float(cap.sum() / self.base.sum()) - 1.0)
                     self._rebalance(times, t, pause, active, state)
                     churn_at.append(t)
-                    t += pause + 1.15 * drain + rng.uniform(20, 60)
+                    # not closer than the classic loop's (5-minute sweeps must still tell them apart)
+                    t += max(pause + 1.15 * drain + rng.uniform(20, 60), rng.uniform(330, 450))
                     pause *= growth
                     continue
                 pause = rng.uniform(45, 90)
@@ -292,7 +293,7 @@ class _Group:
             # fall behind slowly
             hot = int(rng.integers(0, n))
             self.labels_partitions = [hot]
-            cap[hot] = self.base[hot] * rng.uniform(0.03, 0.3)
+            cap[hot] = self.base[hot] * rng.uniform(0.06, 0.3)  # below 5% is near-frozen: stalled (rule 3)
             # at about their peak load: bursts they cannot absorb leave a little lag each time
             others = np.arange(n) != hot
             cap[others] = self.base[others] * float(mult.max()) * rng.uniform(0.97, 1.01, n - 1)
