@@ -265,6 +265,9 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         F.sum(F.when(F.col("base_row"), F.col("dleo"))).alias("base_produced"),
         F.sum(F.when(F.col("base_row"), F.col("dcom"))).alias("base_consumed"),
         F.sum(F.when(F.col("base_row"), F.col("dt"))).alias("base_seconds"),
+        F.sum(F.when(~F.col("risen"), F.col("dleo"))).alias("base_all_produced"),
+        F.sum(F.when(~F.col("risen"), F.col("dcom"))).alias("base_all_consumed"),
+        F.sum(F.when(~F.col("risen"), F.col("dt"))).alias("base_all_seconds"),
         F.count(F.when(F.col("stuck_episode"), 1)).alias("stuck_episodes_done"),
         # the run the window ends in has no unsettled row after its start
         (F.max("unsettled_cum") - F.coalesce(F.max(F.when(F.col("dcom") > 0, F.col("unsettled_cum"))), F.lit(0))
@@ -301,11 +304,16 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
             "late_consume_rate": F.coalesce(_ratio(F.col("late_consumed"), F.col("late_seconds")), F.lit(0.0)),
             # the rates before the lag began to grow (a surge can start anywhere in the window);
             # the first third when the lag grew from the start
+            # (without its last interval when what is left still spans baseline_min_seconds)
             "baseline_produce_rate": F.when(F.col("base_seconds") >= th.baseline_min_seconds,
                                             _ratio(F.col("base_produced"), F.col("base_seconds")))
+            .when(F.col("base_all_seconds") >= th.baseline_min_seconds,
+                  _ratio(F.col("base_all_produced"), F.col("base_all_seconds")))
             .otherwise(F.col("early_produce_rate")),
             "baseline_consume_rate": F.when(F.col("base_seconds") >= th.baseline_min_seconds,
                                             _ratio(F.col("base_consumed"), F.col("base_seconds")))
+            .when(F.col("base_all_seconds") >= th.baseline_min_seconds,
+                  _ratio(F.col("base_all_consumed"), F.col("base_all_seconds")))
             .otherwise(F.col("early_consume_rate")),
             "frozen_seconds": F.col("t_last") - F.col("last_adv_t"),
             "time_lag_seconds": time_lag,
@@ -392,7 +400,8 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
                       "late_seconds", "late_advances", "last_adv_t", "tl_t_at", "tl_record_t", "tl_first", "tl_last",
                       "lag_known_end", "lag_null_at_end", "fc_ls_first", "fc_ls_t_first", "fc_ls_t_last",
                       "lso_since_t", "lso_frozen_snapshots", "max_lso_gap_seconds", "tl_record_after",
-                      "base_produced", "base_consumed", "base_seconds", "stuck_episodes_done", "open_run_unsettled")
+                      "base_produced", "base_consumed", "base_seconds",
+                      "base_all_produced", "base_all_consumed", "base_all_seconds", "stuck_episodes_done", "open_run_unsettled")
 
 
 def _inactive(state, members):
