@@ -313,7 +313,7 @@ class _Group:
             self.freeze = np.zeros((ticks, n), dtype=bool)
             t = rng.uniform(0.03, 0.1) * self.window
             while t < self.window * 0.9:
-                step = rng.uniform(260, 400)
+                step = rng.uniform(260, 400) + 3 * self.interval  # long enough to show at the cadence
                 self.freeze[np.ix_(np.flatnonzero((times >= t) & (times < t + step)), stuck)] = True
                 t += step + rng.uniform(500, 800)
         elif sc.startswith("mixed_"):
