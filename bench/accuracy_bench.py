@@ -7,7 +7,8 @@
 Writes lagdoctor.lab.sim's conditions (every scenario under every condition:
 sweep cadence, diurnal traffic, hot keys, multi-topic groups, 1 to 128
 partitions, 1 and 50k msg/s, 15 s to 5 min cadences with missed sweeps, mixed
-causes) for each seed, runs the job's own transforms (partition_features,
+causes, and the seeds' shapes: the case study, surges with the onset early or
+late, a staircase of stuck records, growing and level waves) for each seed, runs the job's own transforms (partition_features,
 group_features, findings, as spark_jobs/diagnose_lag.py does) on local[2], and
 prints per-diagnosis accuracy (exact set per (group, topic)), false alarms,
 pattern agreement, a per-condition breakdown and the time-lag error against

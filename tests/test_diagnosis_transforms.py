@@ -397,6 +397,42 @@ def test_a_producer_surge_says_the_consumers_fall_behind_the_new_rate(frame):
     assert float(consumed.replace(",", "")) < float(produced.replace(",", ""))
     assert "keep up" not in f["summary"]
 
+def test_a_surge_early_in_the_window_is_a_surge_not_a_slow_consumer(frame):
+    """Consumers that kept up at 20 msg/s a partition; at minute 1 of 12, inside the first third, producers
+    jump to 100 on every partition and the consumers top out at 30, above the old rate: the baseline is the
+    minute before the lag began to grow, not the first third (which already holds the surge)."""
+    rows = []
+    for k in range(25):  # every 30 s
+        t, after = 30 * k, max(0, 30 * k - 60)
+        for p in range(3):
+            rows.append(snap(t, p, 20 * (t - after) + 100 * after, 20 * (t - after) + 30 * after, group="clicks"))
+    (f,) = run_findings(frame(rows))
+    assert (f["diagnosis"], f["pattern"]) == ("producer_surge", "steady_climb")
+    assert f["summary"].startswith("produce rate rose 5.0x (60 -> 300 msg/s) while consumers went from 60 to 90 msg/s")
+
+
+def test_a_staircase_of_stuck_records_is_a_stalled_consumer(frame):
+    """The seeds' staircase (0 -> 1000 -> 1000 -> 2000): partition 1's consumer is stuck on a record for 4 minutes,
+    gets past it and keeps up at its load (the backlog stays), then sticks again. It moves at the window's end,
+    so no single freeze shows: the repeated steps are a stalled consumer, not a slow one or an imbalance."""
+    stuck = [(120, 360), (720, 960)]
+
+    def consumed(t):  # 100 msg/s except while stuck
+        return 100 * (t - sum(max(0, min(t, b) - a) for a, b in stuck))
+
+    rows = []
+    for k in range(49):  # every 30 s for 24 minutes
+        t = 30 * k
+        rows.append(snap(t, 0, 100 * t + 5_000, 100 * t + 4_980, member="consumer-1-aaa", group="orders"))
+        rows.append(snap(t, 1, 100 * t + 5_000, consumed(t) + 5_000, member="consumer-2-bbb", host="10.0.0.2",
+                         group="orders"))
+    (f,) = run_findings(frame(rows))
+    assert (f["diagnosis"], f["partitions"], f["pattern"]) == ("stalled_consumer", [1], "staircase")
+    assert f["evidence"]["stuck_episodes"] == 2
+    assert f["summary"] == ("partition 1 stopped committing 2 times in the window, each time leaving its backlog behind "
+                            "(a stuck record, then the next): lag 48,000; owner consumer-2-bbb on 10.0.0.2")
+
+
 # -- the seeds' incident --------------------------------------------------------------------
 
 
@@ -450,6 +486,50 @@ def test_seeds_partition_status(seeds_snapshots):
     assert rows[1]["produce_rate"] == pytest.approx(12_000) and rows[1]["consume_rate"] == pytest.approx(800)
 
 
+# The case study in ../shared/seeds/001_*, replayed from its own final numbers: `kafka-consumer-groups.sh
+# --describe` at the peak (partition, current offset, log end offset, owner, host), partition 1 consuming
+# 800 msg/s while 12,000 arrive, and every partition's lag growing from zero.
+CASE_STUDY = (
+    (0, 8_412_901, 8_901_234, "consumer-1-abc123", "10.0.1.14"),
+    (1, 8_100_442, 12_543_210, "consumer-2-def456", "10.0.1.15"),
+    (2, 9_023_011, 9_187_443, "consumer-3-ghi789", "10.0.1.16"),
+)
+
+
+def _case_study_rows(others_arrive, steps=13):
+    """Lag rises linearly from 0 on all three partitions to the case study's final lags. Partition 1 nets
+    11,200 msg/s, so the climb takes 4,442,768 / 11,200 = 397 s; the other two fall behind at the rate that
+    brings them to their final lag in that time while `others_arrive` msg/s arrive on each."""
+    rise = (12_543_210 - 8_100_442) / (12_000 - 800)
+    rows = []
+    for k in range(steps + 1):
+        t, back = rise * k / steps, rise * (steps - k) / steps
+        for p, committed, leo, member, host in CASE_STUDY:
+            produce = 12_000 if p == 1 else others_arrive
+            end = round(leo - produce * back)
+            lag = round((leo - committed) * k / steps)
+            rows.append(snap(t, p, end, end - lag, member=member, host=host, members=3, group="user-events-consumer",
+                             topic="user-events", cluster="prod"))
+    return rows
+
+
+@pytest.mark.parametrize("others_arrive", [12_000, 4_000], ids=["same-load-everywhere", "quieter-partitions"])
+def test_the_seed_case_study_is_one_slow_owner_whatever_the_others_do(frame, others_arrive):
+    """The seed's lesson: one partition with most of the lag and its owner far below its arrival rate is
+    a partition imbalance (one consumer's problem), not overall throughput, even while the other two fall
+    behind a little too."""
+    found = run_findings(frame(_case_study_rows(others_arrive)))
+    assert [(f["diagnosis"], f["partitions"]) for f in found] == [("partition_imbalance", [1])]
+    (f,) = found
+    assert (f["severity"], f["pattern"]) == ("critical", "steady_climb")
+    assert f["summary"] == ("partition 1 holds 87% of the lag (4,442,768); owner consumer-2-def456 on 10.0.1.15 "
+                            "consumes 800 msg/s while 12,000 arrive")
+    ev = f["evidence"]
+    assert (ev["owner_member_id"], ev["owner_host"]) == ("consumer-2-def456", "10.0.1.15")
+    assert ev["lag_start"] == 0 and ev["lag"] == 488_333 + 4_442_768 + 164_432
+    assert ev["lag_share"] == pytest.approx(0.8719, abs=1e-4)
+
+
 # -- patterns --------------------------------------------------------------------------------
 
 
@@ -473,7 +553,9 @@ def _shape(name, n=60):
             lag = top * max(0.0, (x - 0.55) / 0.45) ** 1.5
         elif name == "spiky":
             lag = top if k % 15 in (7, 8) else 1_000
-        elif name == "roller_coaster":
+        elif name == "roller_coaster":  # the seeds' 0 -> 5000 -> 0 -> 8000 -> 0 -> 12000: each wave higher
+            lag = top * (0.3 + 0.7 * x) * math.sin(math.pi * (k % 20) / 20)
+        elif name == "level_waves":  # waves whose peaks stay level: a sawtooth by the seeds, not a roller coaster
             lag = top * (0.6 + 0.4 * math.sin(2 * math.pi * x * 3))
         out.append(int(lag))
     return out
@@ -487,6 +569,17 @@ def test_pattern_from_lag_shape(frame, pattern):
 
     rows = [snap(30 * k, 0, 30_000 * k + 5_000_000, 30_000 * k + 5_000_000 - lag) for k, lag in
             enumerate(_shape(pattern))]
+    (row,) = lag_pattern(group_features(group_series(frame(rows)))).select("pattern").collect()
+    assert row["pattern"] == pattern
+
+
+@pytest.mark.parametrize("shape, pattern", [("level_waves", "sawtooth"), ("roller_coaster", "roller_coaster")])
+def test_a_roller_coaster_has_growing_peaks_and_level_waves_are_a_sawtooth(frame, shape, pattern):
+    from lagdoctor.diagnosis.features import group_features, group_series
+    from lagdoctor.diagnosis.patterns import lag_pattern
+
+    rows = [snap(30 * k, 0, 30_000 * k + 5_000_000, 30_000 * k + 5_000_000 - lag) for k, lag in
+            enumerate(_shape(shape))]
     (row,) = lag_pattern(group_features(group_series(frame(rows)))).select("pattern").collect()
     assert row["pattern"] == pattern
 

@@ -174,7 +174,8 @@ def test_conditions_cover_rates_partitions_cadences_diurnal_and_mixed_causes():
     for (group, _), rows in _by_group_topic(table.filter(pc.equal(table["partition"], 0))).items():
         if group.startswith("cadence_15s_5min"):
             stamps = sorted(r["snapshot_ts"] for r in rows)
-            steps.append(sorted((b - a).total_seconds() for a, b in zip(stamps, stamps[1:]))[len(stamps) // 2])
+            gaps = sorted((b - a).total_seconds() for a, b in zip(stamps, stamps[1:]))
+            steps.append(gaps[len(gaps) // 2])  # the median step (missed sweeps can leave a group 2 snapshots)
     assert min(steps) < 20 and max(steps) > 220
     # diurnal: the topic's produce rate swings about 3x within the window
     rows = _by_group_topic(table, "log_end_offset")
@@ -257,3 +258,95 @@ def test_classifier_accuracy_on_an_unseen_seed(spark, tmp_path):
     assert patterns >= 0.9, report
     # the exact path: where the collector recorded the committed record's time, time lag is the truth
     assert max(result["time_lag_errors"][("in", "record")]) < 0.01, report
+
+
+def _series(table, lab, column):
+    """{partition: [(t, value), ...]} of one labelled group/topic, oldest first."""
+    out = collections.defaultdict(list)
+    for r in _by_group_topic(table, column)[(lab["group_id"], lab["topic"])]:
+        out[r["partition"]].append((r["snapshot_ts"].timestamp(), r[column]))
+    return {p: sorted(v) for p, v in out.items()}
+
+
+def test_seeds_case_study_shape_one_owner_far_below_holds_most_of_a_lag_grown_from_zero():
+    from lagdoctor.lab.sim import condition_table
+
+    table, labels = condition_table(seed=27, conditions=["seeds"], n_groups_per_case=4)
+    cases = [lab for lab in labels if lab["scenario"] == "partition_imbalance_case_study"]
+    assert len(cases) == 4
+    for lab in cases:
+        lag, leo = _series(table, lab, "lag"), _series(table, lab, "log_end_offset")
+        committed = _series(table, lab, "committed_offset")
+        (hot,) = lab["partitions"]
+        ends = {p: s[-1][1] for p, s in lag.items()}
+        assert ends[hot] >= 0.8 * sum(ends.values())
+        for p, s in lag.items():  # lag grows from (about) zero, the others' a little or not at all
+            assert s[0][1] <= 0.02 * ends[hot] and s[-1][1] <= ends[hot]
+        assert lag[hot][-1][1] > 100 * max(lag[hot][0][1], 1)
+        produced = leo[hot][-1][1] - leo[hot][0][1]
+        consumed = committed[hot][-1][1] - committed[hot][0][1]
+        assert consumed < 0.5 * produced
+
+
+def test_seeds_surges_rise_3_to_10x_on_every_partition_past_consumers_that_had_kept_up():
+    from lagdoctor.lab.sim import condition_table
+
+    table, labels = condition_table(seed=28, conditions=["seeds"], n_groups_per_case=4)
+    surges = [lab for lab in labels if lab["scenario"] in ("producer_surge_early", "producer_surge_late")]
+    assert {lab["scenario"] for lab in surges} == {"producer_surge_early", "producer_surge_late"}
+    for lab in surges:
+        leo, committed = _series(table, lab, "log_end_offset"), _series(table, lab, "committed_offset")
+        lag = _series(table, lab, "lag")
+        for p in leo:
+            pts, com = leo[p], committed[p]
+            rate = lambda s, a, b: (s[b][1] - s[a][1]) / max(s[b][0] - s[a][0], 1)  # noqa: E731
+            n = len(pts)
+            # the first points, before the onset (lag still small): consumers keep up
+            first = 2 if lab["scenario"] == "producer_surge_early" else n // 3
+            before = rate(pts, 0, first)
+            assert lag[p][first][1] <= 0.05 * max(lag[p][-1][1], 1)
+            assert rate(pts, n - n // 4 - 1, n - 1) >= 2.0 * before  # the load rose several times
+            # the consumers now top out above the old rate, below the new one
+            assert before < rate(com, n - n // 4 - 1, n - 1) < rate(pts, n - n // 4 - 1, n - 1)
+
+
+def test_seeds_staircase_partitions_stop_again_and_again_and_keep_each_steps_backlog():
+    from lagdoctor.lab.sim import condition_table
+
+    table, labels = condition_table(seed=29, conditions=["seeds"], n_groups_per_case=3)
+    stairs = [lab for lab in labels if lab["scenario"] == "stalled_consumer_staircase"]
+    assert stairs
+    for lab in stairs:
+        committed, lag = _series(table, lab, "committed_offset"), _series(table, lab, "lag")
+        for p in lab["partitions"]:
+            runs, start = [], 0
+            pts = committed[p]
+            for i in range(1, len(pts) + 1):
+                if i == len(pts) or pts[i][1] != pts[start][1]:
+                    if pts[i - 1][0] - pts[start][0] >= 150:
+                        runs.append((start, i - 1))
+                    start = i
+            assert len(runs) >= 2, (lab["group_id"], p)
+            for a, b in runs[:-1]:  # after each step the backlog stays
+                assert lag[p][b + 1][1] >= 0.5 * lag[p][b][1]
+
+
+def test_roller_coaster_peaks_grow_and_batch_commits_peaks_stay_level():
+    from lagdoctor.lab.sim import condition_table
+
+    table, labels = condition_table(seed=30, conditions=["seeds"], n_groups_per_case=3)
+    for lab in labels:
+        if lab["scenario"] not in ("rebalance_loop_roller_coaster", "healthy_batch_committer"):
+            continue
+        total = collections.defaultdict(int)
+        for series in _series(table, lab, "lag").values():
+            for t, v in series:
+                total[t] += v
+        pts = sorted(total.items())
+        third = (pts[-1][0] - pts[0][0]) / 3
+        peaks = [max(v for t, v in pts if pts[0][0] + k * third <= t <= pts[0][0] + (k + 1) * third)
+                 for k in range(3)]
+        if lab["scenario"] == "rebalance_loop_roller_coaster":
+            assert peaks[0] < peaks[1] < peaks[2] and peaks[0] <= 0.6 * peaks[2], peaks
+        else:
+            assert min(peaks) >= 0.6 * max(peaks), peaks

@@ -13,15 +13,21 @@ every rule that holds yields a finding, none -> one `healthy` finding:
                          offset has not advanced for stall_min_seconds and        the gap rule keeps batch
                          stall_min_snapshots and > stall_gap_factor x its         committers healthy
                          longest earlier commit gap, or advances at less than
-                         near_frozen_ratio of what arrives
+                         near_frozen_ratio of what arrives, or it stood still     a staircase of stuck records (the
+                         that long >= stuck_episodes_min times while owned,       seeds' 0 -> 1000 -> 1000 -> 2000):
+                         settled and with data waiting, each time leaving at      a batch commit clears its backlog,
+                         least half its backlog when it moved on (22)             getting past a stuck record does not
  4  partition_imbalance  not 1; >= 2 partitions; the smallest set holding         hot key or one slow owner;
                          imbalance_share of the lag is at most                    stalled partitions belong to 3;
                          imbalance_max_partition_fraction of them and has a       a draining one is recovering
-                         partition that is not stalled and still falls behind     (an absorbed burst)
-                         (late consume < (1 - imbalance_behind_slack) x late
-                         produce); not 13; lag >= warning_lag
- 5  producer_surge       not 1, 2; late produce rate >= surge_ratio x early;      consumers outpaced by new load
-                         lag growing and >= warning_lag; neither 11 nor 12
+                         partition that is not stalled and still falls behind     (an absorbed burst); one owner far
+                         (late consume < (1 - imbalance_behind_slack) x late      below its load is one consumer's
+                         produce); not 13, unless such a hot partition's owner    problem whatever the others do (the
+                         consumes < imbalance_far_below_ratio x what arrives      seeds' case study: 800 of 12,000
+                         there; lag >= warning_lag                                msg/s, 87% of the lag)
+ 5  producer_surge       not 1, 2; late produce rate >= surge_ratio x the         consumers that kept up, outpaced by
+                         baseline (the rate before the lag began to grow, 23);    new load (the onset can be anywhere
+                         lag growing and >= warning_lag; neither 11 nor 12        in the window)
  6  slow_consumer        not 1, 2, 4, 5; produce steady; most non-stalled         capacity below a steady load
                          partitions consume below produce; lag climbs steadily
                          (growing, R^2 >= steady_r2) and >= warning_lag
@@ -59,17 +65,19 @@ Cases that sharpen the causes (issue 10; each measured by bench/accuracy_bench.p
 
  #  case                 holds when                                              so
 11  hot key              the produce rate rose (late >= surge_partition_ratio x  a rise on a few partitions is
-                         early) on at most surge_partition_fraction of the       partition_imbalance (4), never
+                         baseline) on at most surge_partition_fraction of the    partition_imbalance (4), never
                          partitions with traffic                                 producer_surge: scaling consumers
                                                                                  does not help a hot key
-12  diurnal traffic      consumers fell behind already in the first third        a rate swinging 3x in the window
-                         (early consume < surge_keepup_ratio x early produce),   is not a surge: a slow consumer
+12  diurnal traffic      consumers fell behind already in the baseline           a rate swinging 3x in the window
+                         (its consume < surge_keepup_ratio x its produce) and    is not a surge: a slow consumer
+                         do not now consume surge_ceiling_ratio x its produce,
                          or they keep up in the last third (late consume >=      stays 6, a group that keeps up
                          (1 - slow_rate_slack) x late produce)                   stays healthy (5 needs neither)
 13  uneven slow          the partitions outside the hot set are mostly slow      lag unevenly spread over slow
-                         too (slow >= slow_partition_fraction of them), or the   partitions is 6, not 4; a partition
-                         hot partition consumes >= (1 - imbalance_behind_slack)  a loop's pauses left behind drains
-                         x its late produce                                      near its load: 2 only, not 4
+                         too (slow >= slow_partition_fraction of them) and no    partitions is 6, not 4; a partition
+                         hot owner is far below its load (4), or the hot         a loop's pauses left behind drains
+                         partition consumes >= (1 - imbalance_behind_slack) x    near its load: 2 only, not 4
+                         its late produce
 14  sweep cadence        3 samples 10 s apart every 5 minutes: rebalances show   2 still holds: owner ids change
                          as owner-id changes between sweeps, rarely as a state   between sweeps; the pattern of
                                                                                  steps blurs into steady_climb
@@ -77,6 +85,16 @@ Cases that sharpen the causes (issue 10; each measured by bench/accuracy_bench.p
                          with a missed sweep)                                    surge from "0 -> N msg/s"
 16  mixed causes         rules hold independently (stalled partitions and a      one finding per rule that holds
                          rebalance loop; a slow owner and a loop)                (the truth is a set)
+
+Cases from the seeds (issue 18; ../shared/seeds: the seven patterns, the case study):
+
+ #  case                 holds when                                              so
+22  stuck staircase      see 3: commit runs of stall length that leave their     3, not 4 or 6: the lag a stuck
+                         backlog, again and again; a run during a rebalance      partition piles up step by step is
+                         (unowned or rebalancing) or with lag 0 is not one       a stuck record's, not a slow owner's
+23  baseline             a partition's rows before its lag first passed          "before" for 5, 11 and 12 is when the
+                         baseline_lag_share of its window maximum, when they     consumers still kept up, wherever
+                         span baseline_min_seconds (else the first third)        the rise starts
 
 A forecast that changes severity (forecast.py):
 
@@ -157,6 +175,7 @@ _FOCUS_FIELDS = (
     "last_stable_offset_end",
     "transaction_open_seconds",
     "blocked_by_transaction",
+    "stuck_episodes",
 )
 
 
@@ -187,10 +206,13 @@ def partition_rollup(partition_feats, thresholds: Thresholds = Thresholds()):
     )
     focus = F.struct(*[F.col(c) for c in _FOCUS_FIELDS], F.col("lag_share"))
     # this partition's own load rose (rule 5: a surge is topic-wide, a few is a hot key)
+    # (against its baseline: the load before its lag began to grow, wherever the rise starts)
     rose = F.when(
-        F.col("early_produce_rate") > 0,
-        F.col("late_produce_rate") >= th.surge_partition_ratio * F.col("early_produce_rate"),
-    ).when(F.col("early_produce_rate") == 0, F.col("late_produce_rate") > 0)
+        F.col("baseline_produce_rate") > 0,
+        F.col("late_produce_rate") >= th.surge_partition_ratio * F.col("baseline_produce_rate"),
+    ).when(F.col("baseline_produce_rate") == 0, F.col("late_produce_rate") > 0)
+    # the owner consumes a small share of what arrives: imbalance whatever the others do (rule 4)
+    far_below = behind & (F.col("late_consume_rate") < th.imbalance_far_below_ratio * F.col("late_produce_rate"))
     # max_by over (lag, -partition): the worst partition, ties to the lowest number
     order = F.struct(F.col("lag_end"), -F.col("partition"))
     return p.groupBy(*GROUP_KEY).agg(
@@ -202,6 +224,9 @@ def partition_rollup(partition_feats, thresholds: Thresholds = Thresholds()):
         F.sum("early_consume_rate").alias("early_consume_sum"),
         F.sum("late_produce_rate").alias("late_produce_sum"),
         F.sum("late_consume_rate").alias("late_consume_sum"),
+        F.sum("baseline_produce_rate").alias("baseline_produce_sum"),
+        F.sum("baseline_consume_rate").alias("baseline_consume_sum"),
+        F.count(F.when(F.col("in_hot") & far_below, 1)).alias("far_hot_count"),
         F.count(F.when((F.col("early_produce_rate") > 0) | (F.col("late_produce_rate") > 0), 1)).alias(
             "busy_count"
         ),
@@ -360,9 +385,11 @@ def findings(
     lag = F.when(c("data_complete"), c("lag_end")).otherwise(F.coalesce(c("partition_lag_sum"), c("lag_end")))
     growing = (c("lag_growth") > 0) & (c("lag_growth") >= th.growth_fraction * lag)
     inactive = c("group_state").isin(list(INACTIVE_GROUP_STATES)) | (F.coalesce(c("group_members"), F.lit(-1)) == 0)
-    surge_ratio = F.try_divide(c("late_produce_rate"), c("early_produce_rate"))
-    surging = F.when(c("early_produce_rate") > 0, surge_ratio >= th.surge_ratio).otherwise(
-        c("late_produce_rate") > 0
+    # a rise over the baseline (the load before the lag began to grow), not over the first third:
+    # a surge that starts early in the window leaves no first third without it
+    surge_ratio = F.try_divide(c("late_produce_sum"), c("baseline_produce_sum"))
+    surging = F.when(c("baseline_produce_sum") > 0, surge_ratio >= th.surge_ratio).otherwise(
+        c("late_produce_sum") > 0
     )
     max_hot = F.greatest(F.lit(1), F.floor(c("partition_count") * th.imbalance_max_partition_fraction))
     nonstalled = c("partition_count") - c("stalled_count")
@@ -377,12 +404,16 @@ def findings(
         & (c("partition_count") >= 2)
         & (c("hot_count") <= max_hot)
         & (F.size("hot_partitions") >= 1)
-        # the others keep up: most of them are not slow (else it is 6, with uneven lag)
-        & (c("slow_outside_hot") < th.slow_partition_fraction * (c("partition_count") - c("hot_count")))
+        # the others keep up: most of them are not slow (else it is 6, with uneven lag), unless a hot
+        # partition's owner consumes far below what arrives there: then it is this whatever the others do
+        & ((c("slow_outside_hot") < th.slow_partition_fraction * (c("partition_count") - c("hot_count")))
+           | (c("far_hot_count") >= 1))
         & (lag >= th.warning_lag)
     )
     widespread = c("surging_count") > th.surge_partition_fraction * c("busy_count")
-    kept_up_before = c("early_consume_sum") >= th.surge_keepup_ratio * c("early_produce_sum")
+    # kept up in the baseline, or they now consume well above its rate (so they could have)
+    kept_up_before = (c("baseline_consume_sum") >= th.surge_keepup_ratio * c("baseline_produce_sum")) | (
+        c("late_consume_sum") >= th.surge_ceiling_ratio * c("baseline_produce_sum"))
     outpaced = c("late_consume_sum") < (1.0 - th.slow_rate_slack) * c("late_produce_sum")
     surge = (
         ~crashed & ~loop & surging & widespread & kept_up_before & outpaced & growing & (lag >= th.warning_lag)
@@ -481,6 +512,17 @@ def findings(
                         _num(ws["log_end_offset_end"] - ws["last_stable_offset_end"]),
                         _owner_text(ws),
                     ),
+                ).when(
+                    # a staircase: stuck again and again, moving on in between
+                    (ws["stuck_episodes"] >= th.stuck_episodes_min) & (ws["frozen_seconds"] < th.stall_min_seconds),
+                    F.format_string(
+                        "%s stopped committing %d times in the window, each time leaving its backlog behind "
+                        "(a stuck record, then the next): lag %s; owner %s",
+                        _partitions_text(c("stalled_partitions")),
+                        ws["stuck_episodes"],
+                        _num(ws["lag_end"]),
+                        _owner_text(ws),
+                    ),
                 ).otherwise(
                     F.format_string(
                         "%s stopped committing: no progress for %s while lag grew to %s; owner %s",
@@ -522,9 +564,9 @@ def findings(
                     "produce rate rose %sx (%s -> %s msg/s) while consumers went from %s to %s msg/s; "
                     "lag went from %s to %s",
                     _num(F.coalesce(c("surge_ratio"), F.lit(0.0))),
-                    _num(c("early_produce_rate")),
-                    _num(c("late_produce_rate")),
-                    _num(c("early_consume_sum")),
+                    _num(c("baseline_produce_sum")),
+                    _num(c("late_produce_sum")),
+                    _num(c("baseline_consume_sum")),
                     _num(c("late_consume_sum")),
                     F.format_number(c("lag_start"), 0),  # a count: "0", not _num's "0.0"
                     _num(lag),
@@ -611,6 +653,9 @@ def findings(
         F.round(c("early_produce_rate"), 3).alias("early_produce_rate"),
         F.round(c("late_produce_rate"), 3).alias("late_produce_rate"),
         F.round(c("surge_ratio"), 3).alias("surge_ratio"),
+        F.round(c("baseline_produce_sum"), 3).alias("baseline_produce_rate"),
+        F.round(c("baseline_consume_sum"), 3).alias("baseline_consume_rate"),
+        f["stuck_episodes"].alias("stuck_episodes"),
         F.round(f["time_lag_seconds"], 3).alias("time_lag_seconds"),
         f["time_lag_lower_bound"].alias("time_lag_lower_bound"),
         f["time_lag_source"].alias("time_lag_source"),

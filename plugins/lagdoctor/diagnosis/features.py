@@ -61,7 +61,11 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     Columns: the key, snapshots, t_first/t_last (epoch s), lag_start, lag_end,
     committed_end, log_end_offset_end, log_start_offset_end, produce_rate,
     consume_rate, late_produce_rate, late_consume_rate, early_produce_rate,
-    early_consume_rate (first third), member_id, client_id,
+    early_consume_rate (first third), baseline_produce_rate and
+    baseline_consume_rate (before the lag first passed baseline_lag_share of
+    its maximum, when that spans baseline_min_seconds; else the first third),
+    stuck_episodes (commit runs of a stuck record that left their backlog
+    behind: the steps of a staircase), member_id, client_id,
     host (owner at the end), time_lag_seconds, time_lag_lower_bound,
     time_lag_source, committed_record (the record at the committed offset at
     the last snapshot, when the collector read it), retention_ms,
@@ -97,6 +101,13 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     # layer 1's outputs. No "following" frames: Spark recomputes those for
     # every row (O(n^2) per partition).
     committed = F.col("committed_offset")
+    # A row that cannot show a stuck consumer: the group is rebalancing, nobody owns the
+    # partition while members are live, or nothing waits (lag 0 or unknown).
+    unsettled = (
+        F.col("group_state").isin(list(REBALANCING_GROUP_STATES))
+        | (F.col("member_id").isNull() & (F.coalesce(F.col("group_members"), F.lit(0)) > 0))
+        | ~F.coalesce(F.col("lag") > 0, F.lit(False))
+    )
     rows = snapshots.select(
         _partition_hash().alias("pk"),
         F.col("snapshot_ts").cast("double").alias("t"),
@@ -109,6 +120,7 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         *(name for name, _ in timelag.RECORD_COLUMNS),
         *(name for name, _ in forecast.INPUT_COLUMNS),
         "read_error",
+        unsettled.cast("int").alias("unsettled"),
     )
     # The series restarts where the log end offset last fell below the last
     # known one (same window spec: the sort below is shared, not repeated).
@@ -122,6 +134,9 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
             "prev_t": F.lag("t").over(w),
             "prev_leo": F.lag("log_end_offset").over(w),
             "prev_com": F.lag("committed_offset").over(w),
+            "prev_lag": F.lag("lag").over(w),
+            "prev_leo_for_stuck": F.lag("log_end_offset").over(w),
+            "lag_max_p": F.max("lag").over(wall),
             "next_com": F.lead("committed_offset").over(w),
             "prev_lso": F.lag("last_stable_offset").over(w),
             "lso_last": F.last("last_stable_offset", ignorenulls=True).over(wall),
@@ -144,6 +159,11 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
             # (a null next to a run ends it: at worst one row more for the evaluator)
             "run_start": committed.isNotNull() & (F.col("prev_com").isNull() | (committed != F.col("prev_com"))),
             "run_end": committed.isNotNull() & (F.col("next_com").isNull() | (committed != F.col("next_com"))),
+            # the lag has passed baseline_lag_share of its maximum (at this row or before): the
+            # rows before are the baseline, the load the consumer kept up with before it fell behind
+            "risen": F.coalesce(F.max(F.col("lag") > th.baseline_lag_share * F.col("lag_max_p")).over(
+                w.rowsBetween(Window.unboundedPreceding, 0)), F.lit(False)),
+            "unsettled_cum": F.sum("unsettled").over(w.rowsBetween(Window.unboundedPreceding, 0)),
         }
     )
     rows = rows.withColumns(
@@ -167,7 +187,30 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
                 F.col("t") - F.coalesce(F.last("lso_adv_t", ignorenulls=True).over(wprev), F.col("s_first")),
             ),
             "runs_after": F.sum("starts").over(wall) - F.sum("starts").over(w.rowsBetween(Window.unboundedPreceding, 0)),
+            # the commit run that this advance ends: since the previous advance (or the first row)
+            "run_rn": F.coalesce(F.last(F.when(F.col("dcom") > 0, F.col("rn")), ignorenulls=True).over(wprev),
+                                 F.lit(1)),
+            "run_t": F.coalesce(F.last("adv_t", ignorenulls=True).over(wprev), F.col("s_first")),
+            "run_unsettled": F.coalesce(
+                F.last(F.when(F.col("dcom") > 0, F.col("unsettled_cum")), ignorenulls=True).over(wprev), F.lit(0)),
+            # the baseline without its last interval, which may hold the rise's first seconds
+            "base_row": ~F.col("risen") & ~F.coalesce(F.lead("risen").over(w), F.lit(False)),
         }
+    )
+    # A stuck episode (a staircase's step): the commit stood still for stall_min_seconds and
+    # stall_min_snapshots while the partition was owned, the group settled and data waited at
+    # every row, and when it moved on the backlog stayed (at least half of it): a batch
+    # committer's commit clears it, a consumer that got past a stuck record does not.
+    rows = rows.withColumn(
+        "stuck_episode",
+        (F.col("dcom") > 0)
+        & (F.col("prev_t") - F.col("run_t") >= th.stall_min_seconds)
+        & (F.col("rn") - 1 - F.col("run_rn") >= th.stall_min_snapshots)
+        & (F.col("unsettled_cum") - F.col("unsettled") - F.col("run_unsettled") == 0)
+        & (F.col("prev_lag") > 0)
+        & (F.col("lag") >= 0.5 * F.col("prev_lag"))
+        # it moved on without passing what already waited: a batch commit passes it
+        & (committed < F.col("prev_leo_for_stuck")),
     )
     # The Burrow evaluator's input, without the whole history: the newest
     # `status_window` snapshots (broker offsets, current lag) plus the first
@@ -219,6 +262,16 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         _ratio(F.sum(F.when(F.col("x") <= 1.0 / 3.0, F.col("dcom"))),
                F.sum(F.when(F.col("x") <= 1.0 / 3.0, F.col("dt")))).alias("early_consume_rate"),
         F.count(F.when(F.col("late") & (F.col("dcom") > 0), 1)).alias("late_advances"),
+        F.sum(F.when(F.col("base_row"), F.col("dleo"))).alias("base_produced"),
+        F.sum(F.when(F.col("base_row"), F.col("dcom"))).alias("base_consumed"),
+        F.sum(F.when(F.col("base_row"), F.col("dt"))).alias("base_seconds"),
+        F.sum(F.when(~F.col("risen"), F.col("dleo"))).alias("base_all_produced"),
+        F.sum(F.when(~F.col("risen"), F.col("dcom"))).alias("base_all_consumed"),
+        F.sum(F.when(~F.col("risen"), F.col("dt"))).alias("base_all_seconds"),
+        F.count(F.when(F.col("stuck_episode"), 1)).alias("stuck_episodes_done"),
+        # the run the window ends in has no unsettled row after its start
+        (F.max("unsettled_cum") - F.coalesce(F.max(F.when(F.col("dcom") > 0, F.col("unsettled_cum"))), F.lit(0))
+         ).alias("open_run_unsettled"),
         F.min(F.when(at_end, F.col("t"))).alias("last_adv_t"),
         F.greatest(F.count(F.when(at_end, 1)) - 1, F.lit(0)).alias("frozen_snapshots"),
         F.coalesce(F.max("gap"), F.lit(0.0)).alias("max_commit_gap_seconds"),
@@ -249,6 +302,19 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
             ),
             "late_produce_rate": F.coalesce(_ratio(F.col("late_produced"), F.col("late_seconds")), F.lit(0.0)),
             "late_consume_rate": F.coalesce(_ratio(F.col("late_consumed"), F.col("late_seconds")), F.lit(0.0)),
+            # the rates before the lag began to grow (a surge can start anywhere in the window);
+            # the first third when the lag grew from the start
+            # (without its last interval when what is left still spans baseline_min_seconds)
+            "baseline_produce_rate": F.when(F.col("base_seconds") >= th.baseline_min_seconds,
+                                            _ratio(F.col("base_produced"), F.col("base_seconds")))
+            .when(F.col("base_all_seconds") >= th.baseline_min_seconds,
+                  _ratio(F.col("base_all_produced"), F.col("base_all_seconds")))
+            .otherwise(F.col("early_produce_rate")),
+            "baseline_consume_rate": F.when(F.col("base_seconds") >= th.baseline_min_seconds,
+                                            _ratio(F.col("base_consumed"), F.col("base_seconds")))
+            .when(F.col("base_all_seconds") >= th.baseline_min_seconds,
+                  _ratio(F.col("base_all_consumed"), F.col("base_all_seconds")))
+            .otherwise(F.col("early_consume_rate")),
             "frozen_seconds": F.col("t_last") - F.col("last_adv_t"),
             "time_lag_seconds": time_lag,
             "time_lag_lower_bound": lower,
@@ -281,7 +347,18 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         & (F.col("late_consumed") < th.near_frozen_ratio * F.col("late_produced"))
         & (F.col("lag_end") > F.col("lag_start"))
     )
-    feats = feats.withColumn("stalled", F.coalesce(frozen | near_frozen, F.lit(False)))
+    # A staircase of stuck records: the commit stood still again and again (the window's last run
+    # counts when it is long enough), each time leaving its backlog behind.
+    open_run = (
+        waiting
+        & (F.col("frozen_seconds") >= th.stall_min_seconds)
+        & (F.col("frozen_snapshots") >= th.stall_min_snapshots)
+        & (F.col("open_run_unsettled") == 0)
+    )
+    feats = feats.withColumn(
+        "stuck_episodes", F.col("stuck_episodes_done") + F.coalesce(open_run, F.lit(False)).cast("int"))
+    stuck_again = F.col("stuck_episodes") >= th.stuck_episodes_min
+    feats = feats.withColumn("stalled", F.coalesce(frozen | near_frozen | stuck_again, F.lit(False)))
     # A transaction holds the last stable offset below the high watermark: records
     # after it wait, invisible to read_committed consumers. Hanging: held longer
     # than the stall rule allows a commit, and than transactions here normally
@@ -322,7 +399,9 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     return feats.drop("leo_first", "c_first", "tc_first", "tc_last", "late_produced", "late_consumed",
                       "late_seconds", "late_advances", "last_adv_t", "tl_t_at", "tl_record_t", "tl_first", "tl_last",
                       "lag_known_end", "lag_null_at_end", "fc_ls_first", "fc_ls_t_first", "fc_ls_t_last",
-                      "lso_since_t", "lso_frozen_snapshots", "max_lso_gap_seconds", "tl_record_after")
+                      "lso_since_t", "lso_frozen_snapshots", "max_lso_gap_seconds", "tl_record_after",
+                      "base_produced", "base_consumed", "base_seconds",
+                      "base_all_produced", "base_all_consumed", "base_all_seconds", "stuck_episodes_done", "open_run_unsettled")
 
 
 def _inactive(state, members):
@@ -515,6 +594,10 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
         F.avg(F.when(middle, F.col("y"))).alias("y_middle"),
         F.avg(F.when(late, F.col("y"))).alias("y_late"),
         (F.max(F.when(late, F.col("y"))) - F.min(F.when(late, F.col("y")))).alias("y_late_range"),
+        # the highest lag of each third: a roller coaster's peaks grow, a sawtooth's stay level
+        F.max(F.when(early, F.col("y"))).alias("y_peak_early"),
+        F.max(F.when(middle, F.col("y"))).alias("y_peak_middle"),
+        F.max(F.when(late, F.col("y"))).alias("y_peak_late"),
         F.avg((F.col("y") < 0.25).cast("double")).alias("low_fraction"),
         F.sum(up).alias("up"),
         F.sum(down).alias("down"),
@@ -557,6 +640,9 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
         "y_middle",
         "y_late",
         "y_late_range",
+        "y_peak_early",
+        "y_peak_middle",
+        "y_peak_late",
         "low_fraction",
         "up",
         "down",

@@ -28,6 +28,10 @@ class Thresholds:
     # (1 - imbalance_behind_slack) x late produce (a partition a rebalance loop's
     # pauses left behind drains at close to its load, one that cannot keep up does not).
     imbalance_behind_slack: float = 0.15
+    # A hot partition whose owner consumes less than this share of what arrives there
+    # is partition_imbalance whatever the other partitions do (the seeds' case study:
+    # 800 of 12,000 msg/s while the rest fall behind slowly is one owner's problem).
+    imbalance_far_below_ratio: float = 0.5
 
     # producer_surge: late-window produce rate over early-window rate, topic-wide;
     # and on at least `surge_partition_fraction` of the partitions with traffic
@@ -37,6 +41,14 @@ class Thresholds:
     surge_partition_ratio: float = 1.5
     surge_partition_fraction: float = 0.5
     surge_keepup_ratio: float = 0.9
+    # ... or they now consume at least this many times the baseline's produce rate
+    # (a ceiling well above the old load: they could keep up with it).
+    surge_ceiling_ratio: float = 1.2
+    # "Before" is the baseline: the time before a partition's lag first passed this
+    # share of its window maximum, when it spans at least `baseline_min_seconds`
+    # (else the first third). A surge's onset can fall anywhere in the window.
+    baseline_lag_share: float = 0.02
+    baseline_min_seconds: float = 60.0
 
     # slow_consumer: share of partitions consuming below their produce rate,
     # and how far below counts (consume < (1 - slack) * produce).
@@ -53,6 +65,9 @@ class Thresholds:
     stall_gap_factor: float = 2.0
     # "Near-frozen": still committing, but less than this share of what arrives.
     near_frozen_ratio: float = 0.05
+    # ... or stuck again and again: at least this many commit runs, each as long as
+    # the stall rule asks, after which the backlog stayed (a staircase of stuck records).
+    stuck_episodes_min: int = 2
 
     # rebalance_loop: rebalances (entering one from a settled assignment, or owners changing) in the window.
     rebalance_loop_min: int = 3

@@ -66,6 +66,11 @@ SCENARIOS: dict[str, Scenario] = {
         # two shapes overlaid: no one true pattern (not scored)
         Scenario("mixed_stalled_rebalance_loop", ("rebalance_loop", "stalled_consumer"), None),
         Scenario("mixed_imbalance_rebalance_loop", ("partition_imbalance", "rebalance_loop"), None),
+        # issue 18: shapes from the seeds (../shared/seeds) the scenarios above did not cover
+        Scenario("partition_imbalance_case_study", ("partition_imbalance",), "steady_climb"),
+        Scenario("producer_surge_early", ("producer_surge",), "steady_climb"),
+        Scenario("producer_surge_late", ("producer_surge",), "explosion"),
+        Scenario("stalled_consumer_staircase", ("stalled_consumer",), "staircase"),
     )
 }
 # The scenarios before issue 10: the benchmark history cycles through these
@@ -103,6 +108,8 @@ class _Group:
         self.n = n_partitions or int(rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 24, 32]))
         if scenario in ("partition_imbalance", "partition_imbalance_hot_key", "mixed_imbalance_rebalance_loop"):
             self.n = max(self.n, 2)
+        if scenario == "partition_imbalance_case_study" and n_partitions is None:
+            self.n = int(rng.choice([2, 3, 4, 6]))  # one partition can hold most of the lag of a few
         self.interval = interval or float(rng.uniform(15, 60))
         self.window = window_seconds or float(rng.uniform(20, 45) * 60)
         if scenario == "healthy_batch_committer":
@@ -125,6 +132,9 @@ class _Group:
         self.cadence, self.gap_rate, self.snap_times = cadence, gap_rate, snap_times
         self.record_ts, self.optional_columns = record_ts, optional_columns or record_ts
         self.pramp = None  # (ticks, n) produce multiplier over time per partition (a hot key's rise)
+        self.freeze = None  # (ticks, n) True where a partition's consumer is stuck (a staircase's steps)
+        if scenario == "stalled_consumer_staircase" and window_seconds is None:
+            self.window = max(self.window, 2100.0)  # room for two steps and more
         # carry a tick's unused fraction of a message over (the classic scenarios round it away,
         # which starves partitions under ~0.1 msg/s: kept for them so their data stays as it was)
         self.fractional_capacity = fractional_capacity
@@ -139,7 +149,8 @@ class _Group:
         times = np.arange(ticks) * TICK_SECONDS
         # produce-rate multiplier over time (all partitions): a slow drift of up
         # to +-25% over the window, as daily traffic does
-        drift = rng.uniform(-0.25, 0.25) * (0.2 if sc.startswith("rebalance_loop") else 1.0)  # keep step shapes
+        steps = sc.startswith("rebalance_loop") or sc == "stalled_consumer_staircase"
+        drift = rng.uniform(-0.25, 0.25) * (0.2 if steps else 1.0)  # keep step shapes
         mult = 1.0 + drift * np.sin(np.pi * times / max(times[-1], 1.0) + rng.uniform(0, np.pi))
         pmult = np.ones(n)  # per-partition multiplier
         cap = self.cap.copy()
@@ -197,7 +208,10 @@ class _Group:
         elif sc == "slow_consumer":
             slow = rng.random(n) < rng.uniform(0.75, 1.0)
             slow[rng.integers(0, n)] = True
-            cap[slow] = self.base[slow] * rng.uniform(0.4, 0.92, int(slow.sum()))
+            share = rng.uniform(0.4, 0.92, int(slow.sum()))
+            # slow alike (one capacity problem): a spread wide enough for one owner far below
+            # its load to hold most of the lag is an imbalance by the seeds' case study (rule 4)
+            cap[slow] = self.base[slow] * (share.mean() + 0.3 * (share - share.mean()))
             lag0[slow] += self.base[slow] * rng.uniform(0, 120, int(slow.sum()))
             cap[self._most(slow)] = self.base[self._most(slow)] * 0.8
         elif sc == "stalled_consumer":
@@ -227,13 +241,25 @@ class _Group:
             # staircase: capacity just matches the load, so each pause adds a step
             # that never drains; roller coaster: some headroom, so each pause's
             # backlog drains over minutes, just about until the next one
-            cap = self.base * (rng.uniform(1.25, 1.5, n) if roller else rng.uniform(0.99, 1.04, n))
-            t = rng.uniform(0.02, 0.12) * self.window
+            # backlog drains over minutes, just about until the next one; the roller coaster's
+            # peaks grow (the seeds' 0 -> 5000 -> 0 -> 8000 -> 0 -> 12000): each pause longer
+            cap = self.base * (rng.uniform(1.5, 1.8, n) if roller else rng.uniform(0.99, 1.04, n))
+            t = rng.uniform(0.02, 0.08 if roller else 0.12) * self.window
+            if roller:
+                pause, growth = rng.uniform(35, 50), rng.uniform(1.45, 1.7)
             while t < self.window * 0.97:
-                pause = rng.uniform(90, 150) if roller else rng.uniform(45, 90)
+                if roller:
+                    drain = pause / (float(cap.sum() / self.base.sum()) - 1.0)
+                    self._rebalance(times, t, pause, active, state)
+                    churn_at.append(t)
+                    # not closer than the classic loop's (5-minute sweeps must still tell them apart)
+                    t += max(pause + 1.15 * drain + rng.uniform(20, 60), rng.uniform(330, 450))
+                    pause *= growth
+                    continue
+                pause = rng.uniform(45, 90)
                 self._rebalance(times, t, pause, active, state)
                 churn_at.append(t)
-                t += pause + (rng.uniform(240, 420) if roller else rng.uniform(150, 300))
+                t += pause + rng.uniform(150, 300)
         elif sc == "partition_imbalance_hot_key":
             # a hot key: the produce rate rises on a few partitions only; their
             # owners kept up before and cannot after, the rest of the topic is fine
@@ -261,6 +287,35 @@ class _Group:
                 cap[~slow] = self.base[~slow] * 3 * trough * rng.uniform(1.4, 2.5, int((~slow).sum()))
                 lag0[slow] += self.base[slow] * rng.uniform(0, 120, int(slow.sum()))
                 cap[self._most(slow)] = self.base[self._most(slow)] * trough * 0.7
+        elif sc == "partition_imbalance_case_study":
+            # the seeds' case study: lag grows from zero on every partition, one owner consumes a
+            # small share of its load (800 of 12,000 msg/s) and holds most of the lag, the others
+            # fall behind slowly
+            hot = int(rng.integers(0, n))
+            self.labels_partitions = [hot]
+            cap[hot] = self.base[hot] * rng.uniform(0.06, 0.3)  # below 5% is near-frozen: stalled (rule 3)
+            # at about their peak load: bursts they cannot absorb leave a little lag each time
+            others = np.arange(n) != hot
+            cap[others] = self.base[others] * float(mult.max()) * rng.uniform(0.97, 1.01, n - 1)
+        elif sc in ("producer_surge_early", "producer_surge_late"):
+            # every partition's load rises 3-10x at an onset anywhere in the window; the consumers
+            # kept up before and top out well above the old rate, below the new one
+            s0 = (rng.uniform(0.08, 0.28) if sc.endswith("early") else rng.uniform(0.45, 0.8)) * self.window
+            factor = rng.uniform(3.0, 10.0)
+            cap = self.base * rng.uniform(1.3, max(1.4, 0.7 * factor), n)
+            mult *= 1 + (factor - 1) * np.clip((times - s0) / rng.uniform(10, 60), 0, 1)
+        elif sc == "stalled_consumer_staircase":
+            # the seeds' staircase (0 -> 1000 -> 1000 -> 2000): a consumer stuck on a record for
+            # minutes, then past it at about its load, so every step's backlog stays
+            stuck = rng.choice(n, size=int(rng.integers(1, max(1, n // 4) + 1)), replace=False)
+            self.labels_partitions = sorted(int(p) for p in stuck)
+            cap[stuck] = self.base[stuck] * rng.uniform(1.0, 1.06, len(stuck))
+            self.freeze = np.zeros((ticks, n), dtype=bool)
+            t = rng.uniform(0.03, 0.1) * self.window
+            while t < self.window * 0.9:
+                step = rng.uniform(260, 400) + 3 * self.interval  # long enough to show at the cadence
+                self.freeze[np.ix_(np.flatnonzero((times >= t) & (times < t + step)), stuck)] = True
+                t += step + rng.uniform(500, 800)
         elif sc.startswith("mixed_"):
             # two causes at once: a rebalance loop with headroom (each pause's backlog
             # drains within a few minutes) on top of stalled or slow-owner partitions
@@ -335,6 +390,8 @@ class _Group:
                 # a poll loop (mean 1): some ticks fetch little (processing, GC), others catch up
                 can = cap * dt * rng.choice([0.4, 1.0, 1.1, 1.5], n) * rng.uniform(0.85, 1.15, n)
                 stuck = t >= frozen_from
+                if self.freeze is not None:
+                    stuck = stuck | self.freeze[i]
                 can = np.where(stuck, cap * trickle * dt, can)
                 if carry is None:
                     pos = np.minimum(leo, pos + np.round(can).astype(np.int64))
@@ -614,7 +671,12 @@ LOW_RATE_SCENARIOS = ("healthy_steady", "healthy_batch_committer", "healthy_comm
                       "healthy_unknown_membership", "healthy_single_rebalance", "stalled_consumer",
                       "crashed_consumer", "crashed_consumer_mid_window", "crashed_consumer_producer_stopped",
                       "rebalance_loop_staircase", "rebalance_loop_roller_coaster")
-SWEEP_WINDOW_SECONDS = 1830.0  # 30 minutes of sweeps and the last sweep's 3 samples
+SWEEP_WINDOW_SECONDS = 1830.0
+# The seeds' case study, surges with the onset anywhere, a staircase of stuck records, and their
+# look-alikes: a slow consumer, a hot partition, growing and level waves.
+SEEDS_SCENARIOS = ("partition_imbalance_case_study", "partition_imbalance", "slow_consumer", "producer_surge_early",
+                   "producer_surge_late", "stalled_consumer_staircase", "stalled_consumer",
+                   "rebalance_loop_roller_coaster", "healthy_batch_committer")  # 30 minutes of sweeps and the last sweep's 3 samples
 
 
 def _cadence_shape(rng) -> dict[str, Any]:
@@ -636,6 +698,8 @@ CONDITIONS: dict[str, tuple[tuple[str, ...], Any]] = {
     "rate_50k_msg_s": (CLASSIC_SCENARIOS, lambda rng: {"rate": 50_000.0}),
     "cadence_15s_5min": (CLASSIC_SCENARIOS, _cadence_shape),
     "mixed_causes": (("mixed_stalled_rebalance_loop", "mixed_imbalance_rebalance_loop"), lambda rng: {}),
+    # issue 18: the seeds' shapes beside the ones they must not be confused with
+    "seeds": (SEEDS_SCENARIOS, lambda rng: {}),
 }
 
 
