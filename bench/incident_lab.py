@@ -8,15 +8,16 @@ Every round plays all twelve workloads at once, each on its own topic and group,
 with a fresh data root (snapshots, findings, state, Slack outbox). After a
 healthy warm-up, each incident starts at an onset the lab records (a random
 moment within one sweep interval, so onsets fall at every phase of the sweep).
-The sweep runs back to back: `snapshot_cluster` (3 samples, 10 s apart),
+The sweep runs back to back: `snapshot_cluster` (2 samples, 10 s apart),
 `prepare_diagnosis` + spark-submit on local[*], `plan_findings` and
 `post_findings` to the local Slack outbox; `write_reports` and remediation are
 left out (neither changes what Slack is told first).
 
 Time is compressed: a sweep every ~1 minute instead of 5, so the rules' time
-thresholds are divided by the same factor (printed at the start). Rates are tens
-of messages per second, so lag counts are small; the severity thresholds are not
-scaled, and a negative's warnings are reported beside its critical findings.
+thresholds are divided by the same factor, and so are the lag counts (severity,
+pattern): a backlog built for a fifth of the time is a fifth as deep. All are
+printed at the start. A negative's warnings are reported beside its critical
+findings.
 
 Measured per workload, over the rounds:
 - first sweep: the first sweep with enough samples after onset (the stall
@@ -63,8 +64,11 @@ SWEEP_DAG = "kafka_lag_health_sweep"
 COMPRESSION = 5.0  # production sweeps every 5 minutes; the lab about every minute
 SAMPLES, SAMPLE_INTERVAL_S = 2, 10.0
 WINDOW_MINUTES = 30 / COMPRESSION
-SCALED = {"stall_min_seconds": 120.0, "pattern_min_seconds": 60.0, "baseline_min_seconds": 60.0}
-THRESHOLDS = {k: v / COMPRESSION for k, v in SCALED.items()}
+# Time thresholds shrink with time; so do lag counts: a backlog built at the same rate
+# for a fifth of the time is a fifth as deep.
+SCALED = {"stall_min_seconds": 120.0, "pattern_min_seconds": 60.0, "baseline_min_seconds": 60.0,
+          "warning_lag": 1_000, "critical_lag": 10_000, "pattern_min_lag": 100}
+THRESHOLDS = {k: type(v)(v / COMPRESSION) for k, v in SCALED.items()}
 WARMUP_S = 150.0
 AFTER_ONSET_S = 330.0
 SWEEP_MIN_INTERVAL_S = 60.0
