@@ -126,6 +126,23 @@ def test_a_stall_is_called_at_the_sweeps_cadence_not_after_twice_its_gap(frame):
     assert found[0]["evidence"]["frozen_seconds"] == 320.0
 
 
+def test_a_surge_stays_a_surge_when_only_two_samples_before_it_are_left_in_the_window(frame):
+    """Sweeps 70 s apart, 2 samples each (the lab's cadence): 10 msg/s per partition
+    consumed as it arrives, then from t=40 s 80 msg/s while the consumer tops out at
+    29. Only t=0 and t=10 precede the rise: 10 s of baseline, shorter than
+    baseline_min_seconds, is still the load the consumers kept up with; the first
+    third (which holds the surge) is not."""
+    rows = []
+    for t in (0, 10, 70, 80, 140, 150, 210, 220, 280, 290):
+        produced = 10 * min(t, 40) + 80 * max(0, t - 40)
+        consumed = 10 * min(t, 40) + 29 * max(0, t - 40)
+        for p in (0, 1):
+            rows.append(snap(t, p, produced, consumed))
+    found = [f for f in run_findings(frame(rows)) if f["diagnosis"] != "healthy"]
+    assert [f["diagnosis"] for f in found] == ["producer_surge"]
+    assert found[0]["evidence"]["baseline_produce_rate"] == 20.0  # both partitions, as the summary says
+
+
 def test_a_stalled_finding_names_the_stuck_record_never_its_payload(frame):
     stuck = {"committed_record_ts": T0 - timedelta(minutes=30), "committed_record_offset": 240_000,
              "committed_record_key_sha256": "3fa9c2d1e0b4a7f6", "committed_record_size": 2048,

@@ -94,7 +94,8 @@ Cases from the seeds (issue 18; ../shared/seeds: the seven patterns, the case st
                          (unowned or rebalancing) or with lag 0 is not one       a stuck record's, not a slow owner's
 23  baseline             a partition's rows before its lag first passed          "before" for 5, 11 and 12 is when the
                          baseline_lag_share of its window maximum, when they     consumers still kept up, wherever
-                         span baseline_min_seconds (else the first third)        the rise starts
+                         span baseline_min_seconds (shorter ones still count     the rise starts; a surge older than
+                         when there are any; else the first third)               most of the window is still one
 
 A forecast that changes severity (forecast.py):
 

@@ -313,11 +313,13 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
                                             _ratio(F.col("base_produced"), F.col("base_seconds")))
             .when(F.col("base_all_seconds") >= th.baseline_min_seconds,
                   _ratio(F.col("base_all_produced"), F.col("base_all_seconds")))
+            .when(F.col("base_all_seconds") > 0, _ratio(F.col("base_all_produced"), F.col("base_all_seconds")))
             .otherwise(F.col("early_produce_rate")),
             "baseline_consume_rate": F.when(F.col("base_seconds") >= th.baseline_min_seconds,
                                             _ratio(F.col("base_consumed"), F.col("base_seconds")))
             .when(F.col("base_all_seconds") >= th.baseline_min_seconds,
                   _ratio(F.col("base_all_consumed"), F.col("base_all_seconds")))
+            .when(F.col("base_all_seconds") > 0, _ratio(F.col("base_all_consumed"), F.col("base_all_seconds")))
             .otherwise(F.col("early_consume_rate")),
             "frozen_seconds": F.col("t_last") - F.col("last_adv_t"),
             "time_lag_seconds": time_lag,

@@ -45,8 +45,10 @@ class Thresholds:
     # (a ceiling well above the old load: they could keep up with it).
     surge_ceiling_ratio: float = 1.2
     # "Before" is the baseline: the time before a partition's lag first passed this
-    # share of its window maximum, when it spans at least `baseline_min_seconds`
-    # (else the first third). A surge's onset can fall anywhere in the window.
+    # share of its window maximum, preferably the part spanning `baseline_min_seconds`
+    # without its last interval; shorter ones still count (a surge that began early in
+    # the window leaves only a sample or two before it); the first third only when the
+    # lag rose from the window's start. A surge's onset can fall anywhere in the window.
     baseline_lag_share: float = 0.02
     baseline_min_seconds: float = 60.0
 
