@@ -109,6 +109,7 @@ class Live:
     producer: Any = None
     consumers: list[Any] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
+    first_post: str | None = None  # the text of the first Slack message about it after onset
 
 
 LOOP_CONFIG = {"session.timeout.ms": 3000, "max.poll.interval.ms": 4000}
@@ -350,6 +351,9 @@ def run_round(r: int, bootstrap: str, workdir: Path, seed: int) -> tuple[list[Pl
             sweeps.append(sweep)
             if sweep.samples and sweep.samples[0] >= warmup_end:
                 errors += time_lag_errors(sweep, bootstrap)
+            for live in lives:
+                if live.first_post is None and sweep.samples[-1] >= live.onset and sweep.messages.get(live.group):
+                    live.first_post = json.loads(sweep.messages[live.group][0]).get("text", "")
             got = ", ".join(f"{live.play.name}:{'/'.join(sorted({f['diagnosis'] + ('?' if not decided(f) else '') for f in sweep.findings.get(live.group, [])})) or '-'}"
                             for live in lives)
             say(f"  sweep {n} ({time.time() - t:.0f} s, {(sweep.samples[-1] - began) if sweep.samples else 0:.0f} s in): {got}")
@@ -399,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{k} {SCALED[k]:g} -> {v:g}" for k, v in THRESHOLDS.items()))
     results: dict[str, list[Score]] = {}
     stories: dict[str, Play] = {}
+    first_posts: dict[str, list[str]] = {}
     errors: list[tuple[str, float]] = []
     try:
         for r in range(1, args.rounds + 1):
@@ -406,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
             errors += errs
             for live in lives:
                 stories[live.play.name] = live.play
+                if live.first_post:
+                    first_posts.setdefault(live.play.name, []).append(live.first_post.splitlines()[0])
                 results.setdefault(live.play.name, []).append(
                     score(sweeps, live.group, live.play.expect, live.play.expect_partitions, live.onset,
                           warmup_end, min_snapshots=STALL_MIN_SNAPSHOTS,
@@ -417,6 +424,10 @@ def main(argv: list[str] | None = None) -> int:
     print(render_table(results, stories))
     print()
     print(render_time_lag(errors))
+    print("\nfirst Slack message after onset (first line), per round:")
+    for name, posts in first_posts.items():
+        for post in posts:
+            print(f"  {name:<10} {post}")
     if args.json:
         Path(args.json).write_text(json.dumps({k: [vars(s) for s in v] for k, v in results.items()}, indent=1))
     return 0
