@@ -314,9 +314,10 @@ def choose_actions(finding: Mapping[str, Any], runbooks: Iterable[Runbook]) -> P
 def waiting_step(finding: Mapping[str, Any]) -> str:
     """The plan's first step for a provisional finding (mrkdwn, values escaped)."""
     from lagdoctor.notify.render import deciding_between_text, decided_by_text
+    from lagdoctor.notify.templates import escape_mrkdwn
 
-    return (f"Waiting for the diagnosis: still deciding between {deciding_between_text(finding)}; "
-            f"no remediation is planned or proposed until then ({decided_by_text(finding)}).")
+    return (f"Waiting for the diagnosis: still deciding between {escape_mrkdwn(deciding_between_text(finding))}; "
+            f"{decided_by_text(finding)}. No remediation is planned or proposed until then.")
 
 
 def plan_for_finding(finding: Mapping[str, Any], runbooks_dir: str | os.PathLike | None = None) -> dict[str, Any]:
