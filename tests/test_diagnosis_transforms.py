@@ -925,3 +925,30 @@ def test_a_surge_after_a_baseline_is_decided_producer_surge(spark, frame):
                 rows.append(snap(t, p, 2400 + 100 * (t - 120), 2400 + 60 * (t - 120)))
     found = run_findings(frame(rows))
     assert [(f["diagnosis"], f["provisional"]) for f in found] == [("producer_surge", False)]
+
+
+def _one_stuck_episode_then_still_again(until):
+    """Partition 1 (50 msg/s) stood still 150 s at offset 50 (one stuck episode), got past it at
+    t=180 leaving its backlog, and stands still at 1000 since; partitions 0 and 2 keep up."""
+    rows = []
+    for t in range(0, until + 1, 30):
+        for p in (0, 2):
+            rows.append(snap(t, p, 100 + 10 * t, 100 + 10 * t))
+        rows.append(snap(t, 1, 100 + 50 * t, 50 if t <= 150 else 1000))
+    return rows
+
+
+def test_a_single_stuck_episode_in_a_short_window_is_provisional(spark, frame):
+    found = run_findings(frame(_one_stuck_episode_then_still_again(210)))
+    assert [(f["diagnosis"], f["provisional"]) for f in found] == [("partition_imbalance", True)]
+    f = found[0]
+    assert f["deciding_between"] == ["partition_imbalance", "stalled_consumer"]
+    assert f["evidence"]["stuck_episodes"] == 1
+    # a second episode needs the run since 12:03:00 to last 120 s: 12:05:00, three more 30 s samples
+    assert (f["decided_by"], f["samples_needed"]) == ("2026-11-21T12:05:00Z", 3)
+
+
+def test_a_second_stuck_episode_decides_stalled(spark, frame):
+    found = run_findings(frame(_one_stuck_episode_then_still_again(300)))
+    assert [(f["diagnosis"], f["provisional"]) for f in found] == [("stalled_consumer", False)]
+    assert found[0]["evidence"]["stuck_episodes"] == 2

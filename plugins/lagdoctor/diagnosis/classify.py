@@ -96,6 +96,21 @@ Cases from the seeds (issue 18; ../shared/seeds: the seven patterns, the case st
                          baseline_lag_share of its window maximum, when they     consumers still kept up, wherever
                          span baseline_min_seconds (else the first third)        the rise starts
 
+Cases the evidence cannot decide yet (issue 18): the finding keeps the leading diagnosis
+with provisional true, deciding_between [it, the other], decided_by and samples_needed (the
+first expected snapshot at which the rule's time and snapshot counts are met, from the
+window's mean sampling interval) and undecided_because:
+
+ #  case                 holds when                                              so
+24  stalled or slow      4 holds on a hot partition whose commit stands still     4, deciding against 3: by then the
+    owner                at the end with data waiting, for                        commit stood long enough (3) or
+                         provisional_frozen_share x stall_min_seconds or after    moved (a slow owner: 4)
+                         one stuck episode, and 3 does not hold yet
+25  surge or slow        5 or 6 holds, no partition has baseline_min_seconds of   5 or 6, deciding against the other:
+                         rows before its lag grew (23), and the window is         nothing says whether consumers had
+                         shorter than provisional_baseline_thirds x               kept up before the lag grew
+                         baseline_min_seconds (its first third is the fallback)
+
 A forecast that changes severity (forecast.py):
 
  #  case                 holds when                                              so
