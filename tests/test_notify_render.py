@@ -431,6 +431,8 @@ def test_a_provisional_finding_says_so_in_its_first_line_and_names_no_cause():
     assert "Partition imbalance" not in all_text(msg)  # no confident cause anywhere
     run = render_run_header([provisional_finding()], scope="prod", run_id="r1")
     assert "*Still deciding* (partition imbalance and stalled consumer)" in all_text(run)
+    hostile = render_incident(provisional_finding(group_id="<!channel> & co"), None, run_id="r1")
+    assert hostile["text"].startswith("&lt;!channel&gt; &amp; co: still deciding")  # pings nobody
     # a decided finding renders as before
     decided = render_incident(finding(provisional=False), None, run_id="r1")
     assert "Partition imbalance" in decided["blocks"][0]["text"]["text"]

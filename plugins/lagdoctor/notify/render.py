@@ -668,7 +668,8 @@ def render_incident(finding: Mapping[str, Any], plan: Mapping[str, Any] | None =
         from lagdoctor.notify.interactive import incident_buttons
 
         blocks.append(incident_buttons(controls))
-    fallback = provisional_line(finding) if provisional else render("fallback", **v)
+    # the notification text is mrkdwn too: values escaped, so no name can ping or link
+    fallback = render("provisional_fallback", **_provisional_values(finding)) if provisional else render("fallback", **v)
     return {"text": fallback, "blocks": blocks}
 
 
