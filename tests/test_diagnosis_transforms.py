@@ -109,6 +109,23 @@ def test_stalled_partitions_but_not_batch_committers(spark, frame):
     assertDataFrameEqual(got, expected)
 
 
+def test_a_stall_is_called_at_the_sweeps_cadence_not_after_twice_its_gap(frame):
+    """Sweeps every 5 minutes, each taking 3 samples 10 s apart (the DAG's defaults): the
+    commit advanced at every sample until minute 10, then stood still for 6 minutes on
+    partition 0 while 100 msg/s arrive. The 4.7 minutes between sweeps are the sampling's
+    gap, not the consumer's: it is stalled now, not once frozen for twice that."""
+    rows = []
+    for sweep in range(4):
+        for i in range(3):
+            t = 300 * sweep + 10 * i
+            leo = 100 * t
+            rows.append(snap(t, 0, leo, min(leo, 60_000) - 5))
+            rows.append(snap(t, 1, leo, leo - 5))
+    found = [f for f in run_findings(frame(rows)) if f["diagnosis"] != "healthy"]
+    assert [(f["diagnosis"], f["partitions"]) for f in found] == [("stalled_consumer", [0])]
+    assert found[0]["evidence"]["frozen_seconds"] == 320.0
+
+
 def test_a_stalled_finding_names_the_stuck_record_never_its_payload(frame):
     stuck = {"committed_record_ts": T0 - timedelta(minutes=30), "committed_record_offset": 240_000,
              "committed_record_key_sha256": "3fa9c2d1e0b4a7f6", "committed_record_size": 2048,

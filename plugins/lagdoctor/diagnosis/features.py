@@ -176,10 +176,14 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     )
     rows = rows.withColumns(
         {
-            # time between this advance and the previous one (or the window's start)
+            # how long the commit was SEEN standing still before this advance: from the first
+            # snapshot of the run it ends to the last (the row before). Not up to this row: the
+            # time between two snapshots is the sampling's gap, not the consumer's, and a sweep's
+            # samples come in bursts minutes apart, which would hide every stall for 2x as long.
             "gap": F.when(
                 F.col("adv_t").isNotNull(),
-                F.col("t") - F.coalesce(F.last("adv_t", ignorenulls=True).over(wprev), F.col("s_first")),
+                F.greatest(F.col("prev_t") - F.coalesce(F.last("adv_t", ignorenulls=True).over(wprev),
+                                                         F.col("s_first")), F.lit(0.0)),
             ),
             # the same for the last stable offset: how long transactions normally hold it
             "lso_gap": F.when(

@@ -109,11 +109,15 @@ class SteadyProducer:
     rate achieved falls short of the design: `segments()` says what each rate
     set actually reached, for `rate_shortfall` to compare."""
 
-    def __init__(self, bootstrap: str, topic: str, partitions: list[int], rate_per_partition: float) -> None:
+    def __init__(self, bootstrap: str, topic: str, partitions: list[int], rate_per_partition: float, *,
+                 stamp: bool = False) -> None:
         import threading
         import time
 
         self.bootstrap, self.topic, self.partitions = bootstrap, topic, partitions
+        # `stamp`: each record's value is its send time (b"t=<epoch ms>") and its timestamp
+        # the same ms, so a reader can check time lag against the producer's own clock.
+        self.stamp = stamp
         self._lock = threading.Lock()
         self._rate = rate_per_partition
         self._segments: list[RateSegment] = []
@@ -155,9 +159,15 @@ class SteadyProducer:
         return self
 
     def _send(self, producer: Any, due: int) -> None:
+        import time
+
         for p in self.partitions:
             for _ in range(due):
-                producer.produce(self.topic, value=b"event", partition=p)
+                if self.stamp:
+                    ms = int(time.time() * 1000)
+                    producer.produce(self.topic, value=b"t=%d" % ms, partition=p, timestamp=ms)
+                else:
+                    producer.produce(self.topic, value=b"event", partition=p)
 
     def _run(self) -> None:
         import time
@@ -190,6 +200,9 @@ class SteadyProducer:
         self._thread.join(15)
 
 
+BATCH_DRAIN_S = 3.0  # a batch consumer drains for this long at most before it sleeps again
+
+
 class ThrottledConsumer:
     """A group member that keeps up on every partition but those in `max_rate`,
     which it processes at most that many records per second (a slow owner),
@@ -209,6 +222,15 @@ class ThrottledConsumer:
     `on_revoke(partitions)` runs on the consumer's thread before it gives up
     partitions, as a handler that commits or flushes state there does: the
     member rejoins only once it returns.
+
+    `onset_at` (epoch seconds): `max_rate`, `stuck_at` and `batch_processing_s`
+    apply only from then on, so an incident starts at a known time after a
+    healthy history; a `stuck_at` offset of -1 is the first record read after it.
+    `assign`: the consumer takes every partition of the topic with assign() and
+    commits under the group id, outside the group protocol (the group has no
+    members), as Flink, Spark and custom consumers do.
+    `batch_every_s`: a batch consumer: once caught up, it commits and pauses
+    every partition for this long, so its lag is a sawtooth of equal teeth.
     """
 
     def __init__(self, bootstrap: str, group_id: str, topic: str, *, client_id: str,
@@ -216,7 +238,10 @@ class ThrottledConsumer:
                  stuck_at: Mapping[int, int] | None = None,
                  batch_processing_s: float = 0.0,
                  config: Mapping[str, Any] | None = None,
-                 on_revoke: Callable[[list[int]], None] | None = None) -> None:
+                 on_revoke: Callable[[list[int]], None] | None = None,
+                 onset_at: float | None = None,
+                 assign: bool = False,
+                 batch_every_s: float = 0.0) -> None:
         import threading
 
         self.bootstrap, self.group_id, self.topic, self.client_id = bootstrap, group_id, topic, client_id
@@ -225,6 +250,9 @@ class ThrottledConsumer:
         self.batch_processing_s = batch_processing_s
         self.config = dict(config or {})
         self.on_revoke = on_revoke
+        self.onset_at = onset_at
+        self.assign = assign
+        self.batch_every_s = batch_every_s
         self.assigned = threading.Event()
         self.failed_commits = 0
         self._stop = threading.Event()
@@ -240,16 +268,30 @@ class ThrottledConsumer:
         from confluent_kafka import Consumer, KafkaException, TopicPartition
 
         consumer = Consumer(live_consumer_config(self.bootstrap, self.group_id, self.client_id, **self.config))
-        callbacks: dict[str, Any] = {"on_assign": lambda c, parts: self.assigned.set()}
-        if self.on_revoke is not None:
-            callbacks["on_revoke"] = lambda c, parts: self.on_revoke([tp.partition for tp in parts])
-        consumer.subscribe([self.topic], **callbacks)
+        if self.assign:
+            meta = consumer.list_topics(self.topic, timeout=10).topics[self.topic]
+            owned = [TopicPartition(self.topic, p) for p in sorted(meta.partitions)]
+            committed = {tp.partition: tp.offset for tp in consumer.committed(owned, timeout=10)}
+            consumer.assign([TopicPartition(self.topic, tp.partition,
+                                            committed[tp.partition] if committed[tp.partition] >= 0 else -2)
+                             for tp in owned])  # -2: OFFSET_BEGINNING when nothing was committed
+            self.assigned.set()
+        else:
+            callbacks: dict[str, Any] = {"on_assign": lambda c, parts: self.assigned.set()}
+            if self.on_revoke is not None:
+                callbacks["on_revoke"] = lambda c, parts: self.on_revoke([tp.partition for tp in parts])
+            consumer.subscribe([self.topic], **callbacks)
+        started, applied = self.onset_at is None, False
+        max_rate, stuck_at, batch_processing_s = {}, {}, 0.0
         # A token bucket per throttled partition, at most a second deep: capacity
         # left unused while traffic was light is not banked for a later surge.
-        tokens = {p: 0.0 for p in self.max_rate}
+        tokens: dict[int, float] = {}
         last = time.monotonic()
         paused: set[int] = set()
         stuck: set[int] = set()
+        batch_until = 0.0  # a batch consumer's pause ends then (monotonic)
+        drain_started = time.monotonic()
+        since_commit = False
 
         def budget(p: int) -> float:
             return tokens[p]
@@ -257,35 +299,49 @@ class ThrottledConsumer:
         def resumable(p: int) -> bool:
             # Half a second's budget: each resume costs a fetch round trip, which
             # a resume per record would pay so often the rate fell well below max_rate.
-            return budget(p) >= max(1.0, self.max_rate[p] / 2)
+            return budget(p) >= max(1.0, max_rate[p] / 2)
 
         try:
             while not self._stop.is_set():
+                if not started and time.time() >= self.onset_at:
+                    started = True
+                if started and not applied:
+                    applied = True
+                    max_rate, stuck_at = dict(self.max_rate), dict(self.stuck_at)
+                    batch_processing_s = self.batch_processing_s
+                    tokens = {p: 0.0 for p in max_rate}
                 now = time.monotonic()
-                for p, rate in self.max_rate.items():
+                for p, rate in max_rate.items():
                     tokens[p] = min(tokens[p] + rate * (now - last), max(1.0, rate))
                 last = now
-                refilled = [p for p in paused - stuck if resumable(p)]
-                if refilled:
+                refilled = [p for p in paused - stuck if p not in max_rate or resumable(p)]
+                if refilled and now >= batch_until:
+                    if batch_until:
+                        drain_started, batch_until = now, 0.0
                     consumer.resume([TopicPartition(self.topic, p) for p in refilled])
                     paused.difference_update(refilled)
                 processed: dict[int, int] = {}
                 batch = consumer.consume(500, timeout=0.1)
-                if self.batch_processing_s and any(not m.error() for m in batch):
-                    self._stop.wait(self.batch_processing_s)
+                if batch_processing_s and any(not m.error() for m in batch):
+                    self._stop.wait(batch_processing_s)
+                # caught up (or as good as: records keep arriving): after this batch, sleep
+                batch_done = bool(self.batch_every_s and since_commit
+                                  and (not batch or now - drain_started > BATCH_DRAIN_S))
                 for msg in batch:
                     if msg.error():
                         continue
                     p = msg.partition()
                     if p in paused:
                         continue
-                    if p in self.stuck_at and msg.offset() >= self.stuck_at[p]:
-                        consumer.seek(TopicPartition(self.topic, p, self.stuck_at[p]))
+                    if stuck_at.get(p) == -1:
+                        stuck_at[p] = msg.offset()
+                    if p in stuck_at and msg.offset() >= stuck_at[p]:
+                        consumer.seek(TopicPartition(self.topic, p, stuck_at[p]))
                         consumer.pause([TopicPartition(self.topic, p)])
                         paused.add(p)
                         stuck.add(p)
                         continue
-                    if p in self.max_rate:
+                    if p in max_rate:
                         if budget(p) < 1:
                             consumer.seek(TopicPartition(self.topic, p, msg.offset()))
                             consumer.pause([TopicPartition(self.topic, p)])
@@ -294,6 +350,7 @@ class ThrottledConsumer:
                         tokens[p] -= 1
                     processed[p] = msg.offset() + 1
                 if processed:
+                    since_commit = True
                     try:
                         consumer.commit(
                             offsets=[TopicPartition(self.topic, p, o) for p, o in processed.items()],
@@ -303,6 +360,11 @@ class ThrottledConsumer:
                         # The coordinator is moving (a broker died or restarts) or the member
                         # was evicted: as a real consumer does, carry on; the next commit covers these.
                         self.failed_commits += 1
+                if batch_done:
+                    owned = consumer.assignment()
+                    consumer.pause(owned)
+                    paused.update(tp.partition for tp in owned)
+                    batch_until, since_commit = time.monotonic() + self.batch_every_s, False
         finally:
             consumer.close()
 

@@ -1,0 +1,99 @@
+"""How the live incident lab (bench/incident_lab.py) scores what a sweep said about
+one played workload. Pure: sweeps in, numbers out; no clock, no broker.
+
+- A sweep has *enough samples* for an incident once the window holds at least
+  `min_snapshots` samples taken after its onset, spanning `min_seconds` from it
+  (the stall rule's own need: no rule can tell a stall sooner).
+- A finding is *right* when it names the expected cause, decided (not
+  provisional), on the expected partitions; *provisional* when it is still
+  deciding and the truth is among its candidates.
+- A *flip* is a sweep after the first right one that no longer says it.
+- A *wrong post* is a sweep, before the first right one, that posted a
+  decided, wrong, non-healthy cause for the group to Slack.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Sweep:
+    n: int
+    started: float  # epoch seconds
+    samples: list[float]  # epoch seconds of this sweep's own samples
+    posted: float  # when post_findings returned
+    findings: dict[str, list[dict[str, Any]]]  # by group id
+    statuses: list[dict[str, Any]]  # partition_status rows of the played groups
+    messages: dict[str, list[str]]  # by group id: Slack messages this sweep sent about it
+    last_sample: dict[tuple[str, int], tuple[int, float]]  # (topic, partition) -> (committed, snapshot ts)
+
+
+@dataclass
+class Score:
+    first_sweep_right: bool | None  # None: no sweep had enough samples after onset
+    first_sweep_verdict: str
+    onset_to_slack_s: float | None  # None: never posted right
+    sweep_interval_s: float
+    flips: int
+    wrong_posts: int
+    provisional_sweeps: int
+    critical: int  # non-healthy critical findings after the warm-up
+    warning: int
+
+
+def decided(finding: dict[str, Any]) -> bool:
+    return not finding.get("provisional")
+
+
+def verdict(findings: list[dict[str, Any]], expect: str, partitions: tuple[int, ...] = ()) -> str:
+    """'right', 'provisional', 'wrong' or 'none' (nothing but healthy said)."""
+    problems = [f for f in findings if f["diagnosis"] != "healthy"]
+    for f in problems:
+        if f["diagnosis"] == expect and decided(f) and set(partitions) <= set(f["partitions"]):
+            return "right"
+    if any(not decided(f) and expect in (f.get("deciding_between") or [f["diagnosis"]]) for f in problems):
+        return "provisional"
+    if any(decided(f) for f in problems):
+        return "wrong"
+    return "none"
+
+
+def enough_samples(sample_times: list[float], onset: float, min_snapshots: int, min_seconds: float) -> bool:
+    after = sorted(t for t in sample_times if t >= onset)
+    return len(after) >= min_snapshots and after[-1] - onset >= min_seconds
+
+
+def score(sweeps: list[Sweep], group: str, expect: str, partitions: tuple[int, ...], onset: float,
+          warmup_end: float, *, min_snapshots: int, min_seconds: float) -> Score:
+    seen: list[float] = []
+    first_verdict: str | None = None
+    right_seen, flips, wrong_posts, provisional, slack_s = False, 0, 0, 0, None
+    for s in sweeps:
+        seen += s.samples
+        if not s.samples or s.samples[-1] < onset:
+            continue
+        v = verdict(s.findings.get(group, []), expect, partitions)
+        if first_verdict is None and enough_samples(seen, onset, min_snapshots, min_seconds):
+            first_verdict = v
+        provisional += v == "provisional"
+        if v == "right":
+            if slack_s is None and s.messages.get(group):
+                slack_s = s.posted - onset
+            right_seen = True
+        elif right_seen:
+            flips += 1  # wrong, provisional again or nothing: the answer moved after it was right
+        elif v == "wrong" and s.messages.get(group):
+            wrong_posts += 1
+    critical = warning = 0
+    for s in sweeps:
+        if s.samples and s.samples[0] >= warmup_end:
+            for f in s.findings.get(group, []):
+                critical += f["diagnosis"] != "healthy" and f["severity"] == "critical"
+                warning += f["diagnosis"] != "healthy" and f["severity"] == "warning"
+    starts = [s.started for s in sweeps]
+    interval = statistics.median([b - a for a, b in zip(starts, starts[1:])]) if len(starts) > 1 else float("nan")
+    return Score(None if first_verdict is None else first_verdict == "right", first_verdict or "",
+                 slack_s, interval, flips, wrong_posts, provisional, critical, warning)
