@@ -40,6 +40,13 @@ def test_job_writes_findings_and_status_for_every_group(tmp_path):
         assert f["diagnosis"] in DIAGNOSES and f["pattern"] in PATTERNS
         assert f["severity"] in ("ok", "warning", "critical") and f["summary"] and "\n" not in f["summary"]
         assert f["window_end"].endswith("Z") and f["window_start"] < f["window_end"]
+        # issue 18: every finding says whether it is provisional; a decided one names no candidates
+        assert f["provisional"] in (True, False)
+        if f["provisional"]:
+            assert f["deciding_between"][0] == f["diagnosis"] and len(f["deciding_between"]) == 2
+            assert f["decided_by"] > f["window_end"][:19] and f["samples_needed"] >= 1 and f["undecided_because"]
+        else:
+            assert f["deciding_between"] == [] and f.get("decided_by") is None
     by_group = {}
     for f in findings:
         by_group.setdefault(f["group_id"], set()).add(f["diagnosis"])

@@ -889,3 +889,100 @@ def test_a_window_whose_data_ends_early_says_so(spark, frame):
     assert replayed["evidence"]["data_end"] == "2026-11-21T12:14:00.000000Z"
     assert replayed["evidence"]["data_end_gap_seconds"] == 960.0
     assert "data ends" not in live["summary"] and live["evidence"]["data_end_gap_seconds"] == 0.0
+
+
+# -- provisional findings (issue 18: the first post is right, or says it is provisional) --------------
+
+
+def _hot_partition_frozen_since_60(until):
+    """3 partitions at a 30 s cadence; partition 1 gets 50 msg/s and its commit stands still from t=60."""
+    rows = []
+    for t in range(0, until + 1, 30):
+        for p in (0, 2):
+            rows.append(snap(t, p, 10 * t, 10 * t))
+        rows.append(snap(t, 1, 50 * t, 50 * min(t, 60)))
+    return rows
+
+
+def test_a_commit_standing_still_briefly_is_provisional_between_stalled_and_imbalance(spark, frame):
+    # 60 s still of the 120 s rule 3 asks: a stuck record or a slow owner, not yet known
+    found = run_findings(frame(_hot_partition_frozen_since_60(120)))
+    assert [f["diagnosis"] for f in found] == ["partition_imbalance"]
+    f = found[0]
+    assert f["provisional"] is True
+    assert f["deciding_between"] == ["partition_imbalance", "stalled_consumer"]
+    # still since 12:01:00; 120 s later, at the 30 s cadence two more snapshots
+    assert f["decided_by"] == "2026-11-21T12:03:00Z"
+    assert f["samples_needed"] == 2
+    assert "partition 1" in f["undecided_because"] and "1m00s" in f["undecided_because"]
+
+
+def test_the_same_partition_with_more_samples_is_decided_stalled(spark, frame):
+    found = run_findings(frame(_hot_partition_frozen_since_60(180)))
+    assert [(f["diagnosis"], f["provisional"]) for f in found] == [("stalled_consumer", False)]
+    assert found[0]["deciding_between"] == [] and found[0]["decided_by"] is None
+
+
+def test_a_slow_owner_that_commits_as_it_goes_is_decided_imbalance(spark, frame):
+    rows = []
+    for t in range(0, 121, 30):
+        for p in (0, 2):
+            rows.append(snap(t, p, 10 * t, 10 * t))
+        rows.append(snap(t, 1, 50 * t, 5 * t))
+    found = run_findings(frame(rows))
+    assert [(f["diagnosis"], f["provisional"]) for f in found] == [("partition_imbalance", False)]
+
+
+def test_lag_growing_from_the_first_snapshot_of_a_short_window_is_provisional_surge_or_slow(spark, frame):
+    # 100 msg/s arrive, 60 consumed, from the first snapshot on: was it always so, or did the load rise?
+    rows = [snap(t, p, 100 * t, 60 * t) for t in range(0, 91, 10) for p in (0, 1)]
+    found = run_findings(frame(rows))
+    assert len(found) == 1
+    f = found[0]
+    assert f["diagnosis"] in ("slow_consumer", "producer_surge")
+    assert f["provisional"] is True
+    assert sorted(f["deciding_between"]) == ["producer_surge", "slow_consumer"]
+    assert f["deciding_between"][0] == f["diagnosis"]
+    # the first third must span baseline_min_seconds (60 s): a 180 s window, 9 more 10 s samples
+    assert f["decided_by"] == "2026-11-21T12:03:00Z"
+    assert f["samples_needed"] == 9
+    assert "kept up" in f["undecided_because"]
+
+
+def test_a_surge_after_a_baseline_is_decided_producer_surge(spark, frame):
+    rows = []
+    for t in range(0, 241, 10):
+        for p in (0, 1):
+            if t <= 120:
+                rows.append(snap(t, p, 20 * t, 20 * t))  # kept up with 20 msg/s
+            else:
+                rows.append(snap(t, p, 2400 + 100 * (t - 120), 2400 + 60 * (t - 120)))
+    found = run_findings(frame(rows))
+    assert [(f["diagnosis"], f["provisional"]) for f in found] == [("producer_surge", False)]
+
+
+def _one_stuck_episode_then_still_again(until):
+    """Partition 1 (50 msg/s) stood still 150 s at offset 50 (one stuck episode), got past it at
+    t=180 leaving its backlog, and stands still at 1000 since; partitions 0 and 2 keep up."""
+    rows = []
+    for t in range(0, until + 1, 30):
+        for p in (0, 2):
+            rows.append(snap(t, p, 100 + 10 * t, 100 + 10 * t))
+        rows.append(snap(t, 1, 100 + 50 * t, 50 if t <= 150 else 1000))
+    return rows
+
+
+def test_a_single_stuck_episode_in_a_short_window_is_provisional(spark, frame):
+    found = run_findings(frame(_one_stuck_episode_then_still_again(210)))
+    assert [(f["diagnosis"], f["provisional"]) for f in found] == [("partition_imbalance", True)]
+    f = found[0]
+    assert f["deciding_between"] == ["partition_imbalance", "stalled_consumer"]
+    assert f["evidence"]["stuck_episodes"] == 1
+    # a second episode needs the run since 12:03:00 to last 120 s: 12:05:00, three more 30 s samples
+    assert (f["decided_by"], f["samples_needed"]) == ("2026-11-21T12:05:00Z", 3)
+
+
+def test_a_second_stuck_episode_decides_stalled(spark, frame):
+    found = run_findings(frame(_one_stuck_episode_then_still_again(300)))
+    assert [(f["diagnosis"], f["provisional"]) for f in found] == [("stalled_consumer", False)]
+    assert found[0]["evidence"]["stuck_episodes"] == 2

@@ -11,6 +11,7 @@ from lagdoctor.notify.render import (
     DESCRIBE_COLUMNS,
     render_action_result,
     render_incident,
+    render_run_header,
     render_recovery,
     render_update,
     worst_partitions,
@@ -405,3 +406,33 @@ def test_the_slack_message_s_command_pasted_into_bash_names_the_exact_group(grou
     word = html.unescape(span).split("--group ", 1)[1]  # what Slack shows and a person copies
     out = subprocess.run(["bash", "-c", f'set -- {word}\nprintf %s "$1"'], capture_output=True, check=True)
     assert out.stdout.decode("utf-8") == group_id
+
+
+def provisional_finding(**kw):
+    return finding(partitions=[3], provisional=True, deciding_between=["partition_imbalance", "stalled_consumer"],
+                   decided_by="2026-11-21T10:40:00Z", samples_needed=2,
+                   undecided_because="the commit on partition 3 has stood still for 1m00s with data waiting", **kw)
+
+
+def test_a_provisional_finding_says_so_in_its_first_line_and_names_no_cause():
+    plan = {"runbook": "partition_imbalance", "next_steps": ["Waiting for the diagnosis: still deciding"], "actions": []}
+    msg = render_incident(provisional_finding(), plan, run_id="r1")
+    first = "orders: still deciding between partition imbalance and stalled consumer on orders.v1[3]; " \
+            "will know by 10:40 UTC (2 more samples)"
+    assert msg["text"] == first  # the notification line
+    header = msg["blocks"][0]["text"]["text"]
+    assert "Still deciding" in header and "imbalance" not in header.lower()
+    lead = section_texts(msg)[0]
+    assert lead.startswith(":hourglass: *orders: still deciding between partition imbalance and stalled consumer")
+    assert "will know by 10:40 UTC (2 more samples)" in lead
+    texts = "\n".join(section_texts(msg))
+    assert "Evidence so far:_ Lag is concentrated on 2 of 6 partitions" in texts
+    assert "stood still for 1m00s" in texts
+    assert "Partition imbalance" not in all_text(msg)  # no confident cause anywhere
+    run = render_run_header([provisional_finding()], scope="prod", run_id="r1")
+    assert "*Still deciding* (partition imbalance and stalled consumer)" in all_text(run)
+    hostile = render_incident(provisional_finding(group_id="<!channel> & co"), None, run_id="r1")
+    assert hostile["text"].startswith("&lt;!channel&gt; &amp; co: still deciding")  # pings nobody
+    # a decided finding renders as before
+    decided = render_incident(finding(provisional=False), None, run_id="r1")
+    assert "Partition imbalance" in decided["blocks"][0]["text"]["text"]

@@ -66,6 +66,11 @@ RULES = [
     (finding(lag=400), state_for(finding()), "reply", "3: lag halved (draining)"),
     (finding(lag=1900), state_for(finding()), "nothing", "4: lag moved but not 2x: no repeat every sweep"),
     (finding(summary="other words"), state_for(finding()), "nothing", "4: a reworded summary alone is not news"),
+    (finding(), state_for(finding(), provisional=True, deciding_between=["slow_consumer", "producer_surge"]),
+     "decided", "7: the thread said provisional, this finding is decided"),
+    (finding(provisional=True, deciding_between=["slow_consumer", "producer_surge"]),
+     state_for(finding(), provisional=True, deciding_between=["slow_consumer", "producer_surge"]),
+     "nothing", "7: still provisional, nothing new: no repeat every sweep"),
 ]
 
 
@@ -226,3 +231,45 @@ def test_failure_callback_without_slack_writes_the_outbox_and_never_raises(setti
     assert isinstance(slack_sender(), OutboxSender)
     outbox = Path(settings.data_root) / "outbox" / "slack.jsonl"
     assert "kafka_lag_incident" in outbox.read_text()
+
+
+def provisional(diagnosis="partition_imbalance", between=("partition_imbalance", "stalled_consumer"), **kw):
+    return finding(diagnosis, "critical", partitions=(1,), lag=5000, provisional=True, deciding_between=list(between),
+                   decided_by="2026-11-21T10:10:00Z", samples_needed=2,
+                   undecided_because="the commit on partition 1 has stood still for 1m00s", **kw)
+
+
+def test_a_provisional_incident_is_decided_in_the_same_thread_without_a_diagnosis_change(settings, slack_connection):
+    server = slack_connection
+    first = post_or_update_incident(provisional(), None, run_id="run-1", now=T0)
+    assert first["decision"] == "posted"
+    # the next sweep decides the other candidate: a reply in that thread, not a new thread
+    decided = finding("stalled_consumer", "critical", partitions=(1,), lag=5000, provisional=False,
+                      deciding_between=[], summary="partition 1 stopped committing")
+    second = post_or_update_incident(decided, None, run_id="run-2", now=T0 + timedelta(minutes=5))
+    assert second["decision"] == "replied" and second["decided"] is True
+    root, reply = server.messages
+    assert "thread_ts" not in root and reply["thread_ts"] == server.posts[0].ts
+    assert root["text"].startswith("orders: still deciding between partition imbalance and stalled consumer")
+    assert "Decided" in reply["text"] and "stalled consumer" in reply["text"]
+    body = json.dumps(reply)
+    assert "Changed" not in body and "→" not in body
+    # the thread now belongs to the decided cause: the next sweep of the same finding says nothing
+    assert [s.key.diagnosis for s in ThreadStore().all() if s.status == "open"] == ["stalled_consumer"]
+    third = post_or_update_incident(decided, None, run_id="run-3", now=T0 + timedelta(minutes=10))
+    assert third["decision"] == "unchanged"
+    # a change between decided causes is what it was: a thread of its own
+    other = finding("slow_consumer", "critical", partitions=(1,), lag=5000)
+    assert post_or_update_incident(other, None, run_id="run-4", now=T0 + timedelta(minutes=15))["decision"] == "posted"
+    assert "thread_ts" not in server.messages[-1]
+
+
+def test_a_provisional_incident_confirmed_as_its_leading_cause_gets_the_decided_reply(settings, slack_connection):
+    server = slack_connection
+    post_or_update_incident(provisional(), None, run_id="run-1", now=T0)
+    decided = finding("partition_imbalance", "critical", partitions=(1,), lag=5000, provisional=False)
+    result = post_or_update_incident(decided, None, run_id="run-2", now=T0 + timedelta(minutes=5))
+    assert result["decided"] is True
+    root, reply = server.messages
+    assert reply["thread_ts"] == server.posts[0].ts and "Decided" in reply["text"]
+    assert "partition imbalance" in reply["text"]

@@ -234,3 +234,19 @@ def test_a_pasted_command_names_the_exact_group_whatever_it_holds(group_id):
     assert "`" not in span and "\n" not in span  # the code span stays one span on one line
     shown = html.unescape(span)  # what Slack shows, and a person copies: &amp; -> &
     assert _shell_word(shown.split("--group ", 1)[1]) == group_id
+
+
+def test_a_provisional_finding_plans_no_remediation_until_decided():
+    runbooks = load_runbooks(RUNBOOKS_DIR)
+    f = finding("producer_surge", "critical", provisional=True, deciding_between=["producer_surge", "slow_consumer"],
+                decided_by="2026-11-21T10:33:00Z", samples_needed=3)
+    plan = choose_actions(f, runbooks)
+    assert plan.actions == () and plan.branches == [NO_ACTION]
+    assert plan.waiting_for_diagnosis and plan.held_actions == ("scale_consumers", "add_partitions")
+    assert plan.next_steps[0].startswith("Waiting for the diagnosis: still deciding between producer surge and slow "
+                                         "consumer")
+    assert "10:33 UTC (3 more samples)" in plan.next_steps[0]
+    # decided: the same finding plans what it always did
+    decided = choose_actions({**f, "provisional": False}, runbooks)
+    assert [a.action for a in decided.actions] == ["scale_consumers", "add_partitions"]
+    assert not decided.waiting_for_diagnosis

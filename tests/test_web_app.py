@@ -344,3 +344,27 @@ def test_a_retried_diagnosis_rewriting_a_complete_run_is_skipped_until_it_finish
         body = client.get("/api/findings").json()
         assert "does not match the files: findings.jsonl is" in body["incomplete_runs"][0]["reason"]
         assert _severities(client, root)[2]["orders-processor"] == "critical"
+
+
+def test_a_provisional_finding_is_shown_as_such_on_the_page_and_in_the_api(lag_data_root):
+    """Issue 18: the page names no cause for a provisional finding; the API passes its fields through."""
+    client = client_for(lag_data_root.root)
+    sweep = lag_data_root.findings_root / lag_data_root.sweep_run_key
+    path = sweep / "findings.jsonl"
+    findings = [json.loads(line) for line in path.read_text().splitlines()]
+    assert "Partition imbalance" in client.get("/").text
+    for f in findings:
+        if f["group_id"] == "orders-processor":
+            f.update(provisional=True, deciding_between=["partition_imbalance", "stalled_consumer"],
+                     decided_by=f["window_end"][:11] + "14:40:00Z", samples_needed=2,
+                     undecided_because="the commit on partition 1 has stood still for 1m00s")
+    path.write_text("".join(json.dumps(f) + "\n" for f in findings))
+    html = client.get("/").text
+    card = html[html.index('data-group="orders-processor"'):html.index('data-group="payments-ledger"')]
+    assert "Still deciding: partition imbalance or stalled consumer" in card
+    assert "provisional · will know by 14:40 UTC (2 more samples)" in card
+    assert "Partition imbalance" not in card
+    (api,) = [f for f in client.get("/api/findings").json()["findings"] if f["group_id"] == "orders-processor"]
+    assert api["provisional"] is True and api["deciding_between"] == ["partition_imbalance", "stalled_consumer"]
+    assert api["provisional_label"] == ("Still deciding: partition imbalance or stalled consumer · "
+                                        "will know by 14:40 UTC (2 more samples)")

@@ -104,6 +104,10 @@ class Plan:
     next_steps: tuple[str, ...]
     diagnostic_steps: tuple[DiagnosticStep, ...]
     actions: tuple[PlannedAction, ...]
+    # A provisional finding (issue 18): the runbook's state-changing actions are held back
+    # until a later sweep decides the cause; their names are kept here for the record.
+    waiting_for_diagnosis: bool = False
+    held_actions: tuple[str, ...] = ()
 
     @property
     def branches(self) -> list[str]:
@@ -115,6 +119,7 @@ class Plan:
         d["next_steps"] = list(self.next_steps)
         d["diagnostic_steps"] = [asdict(s) for s in self.diagnostic_steps]
         d["actions"] = [{**asdict(a), "params": dict(a.params), "guardrails": dict(a.guardrails)} for a in self.actions]
+        d["held_actions"] = list(self.held_actions)
         d["branches"] = self.branches
         return d
 
@@ -285,15 +290,34 @@ def choose_actions(finding: Mapping[str, Any], runbooks: Iterable[Runbook]) -> P
             requires_approval=bool(impl.changes_state and (impl.requires_approval or ra.guardrails.get("require_approval"))),
             irreversible=impl.irreversible, description=impl.summary,
         ))
+    next_steps = tuple(render_mrkdwn_source(s, **values) for s in runbook.next_steps)
+    held: list[str] = []
+    waiting = finding.get("provisional") is True
+    if waiting:
+        # Acting on a cause not yet known could make it worse (scaling a group whose record is
+        # stuck): nothing that changes state is planned or proposed until the cause is decided.
+        held = [a.action for a in planned if get_action(a.action).changes_state]
+        planned = [a for a in planned if a.action not in held]
+        next_steps = (waiting_step(finding),) + next_steps
     return Plan(
         runbook=runbook.name, title=runbook.title, diagnosis=diagnosis, severity=severity,
-        next_steps=tuple(render_mrkdwn_source(s, **values) for s in runbook.next_steps),
+        next_steps=next_steps,
+        waiting_for_diagnosis=waiting, held_actions=tuple(held),
         diagnostic_steps=tuple(
             DiagnosticStep(s.title, render_plain(s.command, **shell_values) if s.command else "",
                            render_plain(s.why, **values) if s.why else "")
             for s in runbook.diagnostic_steps),
         actions=tuple(planned),
     )
+
+
+def waiting_step(finding: Mapping[str, Any]) -> str:
+    """The plan's first step for a provisional finding (mrkdwn, values escaped)."""
+    from lagdoctor.notify.render import deciding_between_text, decided_by_text
+    from lagdoctor.notify.templates import escape_mrkdwn
+
+    return (f"Waiting for the diagnosis: still deciding between {escape_mrkdwn(deciding_between_text(finding))}; "
+            f"{decided_by_text(finding)}. No remediation is planned or proposed until then.")
 
 
 def plan_for_finding(finding: Mapping[str, Any], runbooks_dir: str | os.PathLike | None = None) -> dict[str, Any]:

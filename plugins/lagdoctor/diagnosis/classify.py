@@ -97,6 +97,21 @@ Cases from the seeds (issue 18; ../shared/seeds: the seven patterns, the case st
                          span baseline_min_seconds (shorter ones still count     the rise starts; a surge older than
                          when there are any; else the first third)               most of the window is still one
 
+Cases the evidence cannot decide yet (issue 18): the finding keeps the leading diagnosis
+with provisional true, deciding_between [it, the other], decided_by and samples_needed (the
+first expected snapshot at which the rule's time and snapshot counts are met, from the
+window's mean sampling interval) and undecided_because:
+
+ #  case                 holds when                                              so
+24  stalled or slow      4 holds on a hot partition whose commit stands still     4, deciding against 3: by then the
+    owner                at the end with data waiting, for                        commit stood long enough (3) or
+                         provisional_frozen_share x stall_min_seconds or after    moved (a slow owner: 4)
+                         one stuck episode, and 3 does not hold yet
+25  surge or slow        5 or 6 holds, no partition has baseline_min_seconds of   5 or 6, deciding against the other:
+                         rows before its lag grew (23), and the window is         nothing says whether consumers had
+                         shorter than provisional_baseline_thirds x               kept up before the lag grew
+                         baseline_min_seconds (its first third is the fallback)
+
 A forecast that changes severity (forecast.py):
 
  #  case                 holds when                                              so
@@ -244,6 +259,17 @@ def partition_rollup(partition_feats, thresholds: Thresholds = Thresholds()):
         F.array_sort(F.collect_list(F.when(F.col("retention_loss"), F.col("partition")))).alias(
             "retention_loss_partitions"
         ),
+        # hot partitions that may be stalled rather than slow: not decided yet (provisional)
+        F.array_sort(F.collect_list(F.when(F.col("in_hot") & behind & F.col("stall_pending"), F.col("partition")))
+                     ).alias("stall_pending_partitions"),
+        F.max(F.when(F.col("in_hot") & behind & F.col("stall_pending"), F.col("stall_decided_t"))).alias(
+            "stall_decided_t"),
+        F.max(F.when(F.col("in_hot") & behind & F.col("stall_pending"), F.col("stall_samples_needed"))).alias(
+            "stall_samples_needed"),
+        F.max_by(F.col("frozen_seconds"), F.when(F.col("in_hot") & behind & F.col("stall_pending"), order)).alias(
+            "pending_frozen_seconds"),
+        F.count(F.when(((F.col("early_produce_rate") > 0) | (F.col("late_produce_rate") > 0))
+                       & F.col("baseline_known"), 1)).alias("baseline_known_count"),
         F.max_by(focus, order).alias("worst"),
         F.max_by(focus, F.when(F.col("stalled"), order)).alias("worst_stalled"),
         F.max_by(focus, F.when(F.col("in_hot") & behind, order)).alias("worst_hot"),
@@ -430,6 +456,28 @@ def findings(
         & (c("lag_r2") >= th.steady_r2)
         & (lag >= th.warning_lag)
     )
+    # Provisional (issue 18): the evidence cannot yet tell two causes apart.
+    # Stalled or imbalanced: a hot partition's commit stands still, not yet as long as rule 3 asks.
+    stall_pending = imbalance & (F.size(F.coalesce(c("stall_pending_partitions"), F.array())) >= 1)
+    # Surge or slow: no partition has rows from before the lag grew, and the first third (the
+    # fallback baseline) is too short to tell a risen load from one that was always too much.
+    base_need = th.provisional_baseline_thirds * th.baseline_min_seconds
+    interval = F.try_divide(c("window_seconds"), c("snapshots") - 1)
+    base_more = F.greatest(F.lit(1), F.ceil(F.try_divide(c("t_first") + base_need - c("t_last"), interval))).cast("int")
+    base_pending = (
+        ~crashed & ~loop
+        & (F.coalesce(c("baseline_known_count"), F.lit(0)) == 0)
+        & (c("window_seconds") < base_need)
+        & (interval > 0)
+    )
+    g = g.withColumns(
+        {
+            "stall_pending": F.coalesce(stall_pending, F.lit(False)),
+            "base_pending": F.coalesce(base_pending, F.lit(False)),
+            "base_samples_needed": base_more,
+            "base_decided_t": c("t_last") + base_more * interval,
+        }
+    )
     g = g.withColumns(
         {
             "is_crashed": F.coalesce(crashed, F.lit(False)),
@@ -452,12 +500,46 @@ def findings(
     w, ws, wh = c("worst"), c("worst_stalled"), c("worst_hot")
     empty = F.array().cast("array<int>")
 
-    def finding(name, partitions, focus, summary):
+    def undecided(when, between, decided_t, samples, because):
+        return F.when(when, F.struct(
+            F.array(*[F.lit(d) for d in between]).alias("deciding_between"),
+            decided_t.cast("double").alias("decided_t"),
+            samples.cast("int").alias("samples_needed"),
+            because.alias("because"),
+        ))
+
+    no_undecided = undecided(F.lit(False), ["healthy"], F.lit(None), F.lit(None), F.lit(None).cast("string"))
+    stall_undecided = undecided(
+        c("stall_pending"), ["partition_imbalance", "stalled_consumer"], c("stall_decided_t"),
+        c("stall_samples_needed"),
+        F.format_string(
+            "the commit on %s has stood still for %s with data waiting; rule 3 calls it stalled after %s "
+            "and %d snapshots, a slow owner moves it before",
+            _partitions_text(c("stall_pending_partitions")),
+            _duration(F.coalesce(c("pending_frozen_seconds"), F.lit(0.0))),
+            _duration(F.lit(th.stall_min_seconds)),
+            F.lit(th.stall_min_snapshots),
+        ),
+    )
+
+    def base_undecided(leading, other):
+        return undecided(
+            c("base_pending"), [leading, other], c("base_decided_t"), c("base_samples_needed"),
+            F.format_string(
+                "the lag grew from the window's first snapshot and the window spans %s: no rates from before "
+                "it grew say whether consumers had kept up (surge) or were always too slow (needs %s)",
+                _duration(c("window_seconds")),
+                _duration(F.lit(base_need)),
+            ),
+        )
+
+    def finding(name, partitions, focus, summary, pending=no_undecided):
         return F.struct(
             F.lit(name).alias("diagnosis"),
             partitions.cast("array<int>").alias("partitions"),
             focus.alias("focus"),
             summary.alias("summary"),
+            pending.alias("undecided"),
         )
 
     candidates = F.array(
@@ -551,6 +633,7 @@ def findings(
                     _num(wh["consume_rate"]),
                     _num(wh["produce_rate"]),
                 ),
+                stall_undecided,
             ),
         ),
         F.when(
@@ -572,6 +655,7 @@ def findings(
                     F.format_number(c("lag_start"), 0),  # a count: "0", not _num's "0.0"
                     _num(lag),
                 ),
+                base_undecided("producer_surge", "slow_consumer"),
             ),
         ),
         F.when(
@@ -588,6 +672,7 @@ def findings(
                     _num(c("produce_rate")),
                     _num(lag),
                 ),
+                base_undecided("slow_consumer", "producer_surge"),
             ),
         ),
     )
@@ -722,10 +807,19 @@ def findings(
         evidence.alias("evidence"),
         start.alias("window_start"),
         end.alias("window_end"),
+        # issue 18: a finding whose evidence cannot yet tell two causes apart says so
+        c("finding.undecided").isNotNull().alias("provisional"),
+        F.coalesce(c("finding.undecided.deciding_between"), F.array().cast("array<string>")).alias(
+            "deciding_between"),
+        F.date_format(F.timestamp_seconds(F.round(c("finding.undecided.decided_t"))), _ISO_SECONDS).alias(
+            "decided_by"),
+        c("finding.undecided.samples_needed").alias("samples_needed"),
+        c("finding.undecided.because").alias("undecided_because"),
     )
 
 
 _ISO = "yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'"
+_ISO_SECONDS = "yyyy-MM-dd'T'HH:mm:ss'Z'"
 # A sweep's last sample lands seconds before its window ends; more than this is data that stopped early.
 DATA_END_GAP_SECONDS = 120
 

@@ -321,6 +321,9 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
                   _ratio(F.col("base_all_consumed"), F.col("base_all_seconds")))
             .when(F.col("base_all_seconds") > 0, _ratio(F.col("base_all_consumed"), F.col("base_all_seconds")))
             .otherwise(F.col("early_consume_rate")),
+            # the rates above came from rows before the lag grew, not the first-third fallback
+            "baseline_known": F.coalesce((F.col("base_seconds") >= th.baseline_min_seconds)
+                                         | (F.col("base_all_seconds") >= th.baseline_min_seconds), F.lit(False)),
             "frozen_seconds": F.col("t_last") - F.col("last_adv_t"),
             "time_lag_seconds": time_lag,
             "time_lag_lower_bound": lower,
@@ -365,6 +368,7 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         "stuck_episodes", F.col("stuck_episodes_done") + F.coalesce(open_run, F.lit(False)).cast("int"))
     stuck_again = F.col("stuck_episodes") >= th.stuck_episodes_min
     feats = feats.withColumn("stalled", F.coalesce(frozen | near_frozen | stuck_again, F.lit(False)))
+    feats = feats.withColumns(stall_pending_columns(waiting, th))
     # A transaction holds the last stable offset below the high watermark: records
     # after it wait, invisible to read_committed consumers. Hanging: held longer
     # than the stall rule allows a commit, and than transactions here normally
@@ -408,6 +412,38 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
                       "lso_since_t", "lso_frozen_snapshots", "max_lso_gap_seconds", "tl_record_after",
                       "base_produced", "base_consumed", "base_seconds",
                       "base_all_produced", "base_all_consumed", "base_all_seconds", "stuck_episodes_done", "open_run_unsettled")
+
+
+def stall_pending_columns(waiting, th: Thresholds) -> dict:
+    """stall_pending: not stalled yet, but the commit stands still at the end with data waiting,
+    for provisional_frozen_share of stall_min_seconds or after a stuck episode: stalled or a slow
+    owner is not decided. stall_decided_t (epoch s): the first expected snapshot at which the stall
+    rule's time and snapshot counts are met (from the mean sampling interval), so the commit has
+    either stood long enough (stalled) or moved (not); stall_samples_needed: snapshots until then."""
+    from pyspark.sql import functions as F
+
+    frozen_s, frozen_n = F.col("frozen_seconds"), F.col("frozen_snapshots")
+    interval = _ratio(F.col("t_last") - F.col("t_first"), F.col("snapshots") - 1)
+    after_episode = F.col("stuck_episodes") >= 1
+    pending = (
+        waiting
+        & ~F.col("stalled")
+        & (frozen_n >= 1)
+        & (frozen_s > 0)
+        & (after_episode | (frozen_s >= th.provisional_frozen_share * th.stall_min_seconds))
+    )
+    # a second episode needs the run to last stall_min_seconds; a first stall also outlasts the gap rule
+    need = F.when(after_episode, F.lit(th.stall_min_seconds)).otherwise(
+        F.greatest(F.lit(th.stall_min_seconds), th.stall_gap_factor * F.col("max_commit_gap_seconds") + 1e-3))
+    last_adv = F.col("t_last") - frozen_s
+    target = F.greatest(last_adv + need, F.col("t_last") + (th.stall_min_snapshots - frozen_n) * interval)
+    more = F.greatest(F.lit(1), F.ceil(F.try_divide(target - F.col("t_last"), interval))).cast("int")
+    pending = F.coalesce(pending & interval.isNotNull() & (interval > 0), F.lit(False))
+    return {
+        "stall_pending": pending,
+        "stall_samples_needed": F.when(pending, more),
+        "stall_decided_t": F.when(pending, F.col("t_last") + more * interval),
+    }
 
 
 def _inactive(state, members):

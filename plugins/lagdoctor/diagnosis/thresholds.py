@@ -51,6 +51,10 @@ class Thresholds:
     # lag rose from the window's start. A surge's onset can fall anywhere in the window.
     baseline_lag_share: float = 0.02
     baseline_min_seconds: float = 60.0
+    # Provisional (surge or slow?): no partition has such a baseline and the window's first third
+    # spans less than baseline_min_seconds (the fallback baseline): nothing says whether consumers
+    # had kept up before the lag grew. Decided once the window spans this many baseline_min_seconds.
+    provisional_baseline_thirds: int = 3
 
     # slow_consumer: share of partitions consuming below their produce rate,
     # and how far below counts (consume < (1 - slack) * produce).
@@ -70,6 +74,10 @@ class Thresholds:
     # ... or stuck again and again: at least this many commit runs, each as long as
     # the stall rule asks, after which the backlog stayed (a staircase of stuck records).
     stuck_episodes_min: int = 2
+    # Provisional (stalled or imbalanced?): a hot partition's commit has stood still at the last
+    # snapshots, with data waiting, for at least this share of stall_min_seconds (or after one stuck
+    # episode already): too long for a slow owner that commits as it goes, too short to call it stuck.
+    provisional_frozen_share: float = 0.5
 
     # rebalance_loop: rebalances (entering one from a settled assignment, or owners changing) in the window.
     rebalance_loop_min: int = 3

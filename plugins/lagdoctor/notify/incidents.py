@@ -39,6 +39,7 @@ from lagdoctor.notify.threads import (
     data_complete,
     decide,
     decide_healthy,
+    provisional_thread_for,
     remember,
 )
 
@@ -245,6 +246,11 @@ def _on_problem(db, conn, store: ThreadStore, finding: Mapping[str, Any], plan: 
     stamp = now.isoformat()
     key = IncidentKey.of(finding)
     state = store.get(key, conn=conn)
+    if state is None or state.status != "open":
+        # rule 7: a provisional thread whose candidates include this cause carries on
+        adopted = provisional_thread_for(finding, store.open_threads(key.cluster, key.group_id, key.topic, conn=conn))
+        if adopted is not None:
+            state = store.rekey(adopted, key.diagnosis, conn=conn)
     decision = decide(finding, state, run_id=run_id)
     if decision.kind == "nothing":
         return {"decision": "unchanged"}, [key] if state else []
@@ -257,19 +263,24 @@ def _on_problem(db, conn, store: ThreadStore, finding: Mapping[str, Any], plan: 
         result = "posted"
     else:
         assert state is not None
-        quiet = quiet_reason(conn, state, finding, now)
+        # the first post promised the decision: an acknowledgement or snooze does not hold it back
+        quiet = None if decision.kind == "decided" else quiet_reason(conn, state, finding, now)
         if quiet:
             # Remembered, not said: the next reply (after the snooze, or a new severity) compares with now.
             store.save(remember(state, finding, run_id=run_id, now=stamp), conn=conn)
             return {"decision": "quiet", "reason": quiet, "changes": list(decision.changes)}, [key]
         lift_acknowledgement(conn, state, finding)
-        msg = render.render_update(finding, decision.changes, run_id=run_id, dag_id=dag_id, controls=controls)
+        if decision.kind == "decided":
+            msg = render.render_decided(finding, state.deciding_between, plan, run_id=run_id, dag_id=dag_id,
+                                        controls=controls)
+        else:
+            msg = render.render_update(finding, decision.changes, run_id=run_id, dag_id=dag_id, controls=controls)
         outbox.queue_message(db, conn, dedupe_key=f"incident:{key.digest()}:{_thread_anchor(state)}:reply:{run_id}",
                              text=msg["text"], blocks=msg["blocks"], now=now, **_reply_target(state))
         state.replies += 1
         result = "replied"
     store.save(remember(state, finding, run_id=run_id, now=stamp), conn=conn)
-    return {"decision": result, "changes": list(decision.changes)}, [key]
+    return {"decision": result, "changes": list(decision.changes), "decided": decision.kind == "decided"}, [key]
 
 
 def post_incident_run(

@@ -484,6 +484,66 @@ def links_text(finding: Mapping[str, Any], *, dag_id: str | None, run_id: str) -
     return " · ".join(p for p in parts if p)
 
 
+def is_provisional(finding: Mapping[str, Any]) -> bool:
+    """Issue 18: the finding's evidence cannot yet tell its candidates apart."""
+    return finding.get("provisional") is True
+
+
+def _candidates(finding: Mapping[str, Any]) -> list[str]:
+    between = [one_line_id(d, "") for d in finding.get("deciding_between") or [] if d]
+    return between or [one_line_id(finding.get("diagnosis"), "")]
+
+
+def deciding_between_text(finding: Mapping[str, Any]) -> str:
+    """``partition imbalance and stalled consumer`` (the candidates, the leading one first)."""
+    names = [d.replace("_", " ") for d in _candidates(finding)]
+    return " and ".join([", ".join(names[:-1]), names[-1]]) if len(names) > 1 else names[0]
+
+
+def decided_by_text(finding: Mapping[str, Any]) -> str:
+    """``will know by 03:20 UTC (2 more samples)``; the date too when it is not the window end's."""
+    by = _parse_iso(finding.get("decided_by"))
+    if by is None:
+        return "will know at a later sweep"
+    end = _parse_iso(finding.get("window_end"))
+    when = by.strftime("%H:%M UTC") if end is None or end.date() == by.date() else by.strftime("%Y-%m-%d %H:%M UTC")
+    n = finding.get("samples_needed")
+    more = f" ({n} more sample{'' if n == 1 else 's'})" if isinstance(n, int) and not isinstance(n, bool) and n > 0 else ""
+    return f"will know by {when}{more}"
+
+
+def _parse_iso(value: Any):
+    from datetime import datetime, timezone
+
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
+
+
+def provisional_where(finding: Mapping[str, Any]) -> str:
+    """``orders[1]``, ``orders[1,4]`` or the topic alone for a whole-topic finding."""
+    topic = one_line_id(finding.get("topic"))
+    parts = [p for p in finding.get("partitions") or [] if isinstance(p, int)]
+    return f"{topic}[{','.join(str(p) for p in parts[:10])}{',…' if len(parts) > 10 else ''}]" if parts else topic
+
+
+def provisional_line(finding: Mapping[str, Any]) -> str:
+    """The first line of a provisional finding's message, plain text; "" for a decided finding."""
+    if not is_provisional(finding):
+        return ""
+    return render_plain(TEMPLATES["provisional_fallback"], **_provisional_values(finding))
+
+
+def _provisional_values(finding: Mapping[str, Any]) -> dict[str, Any]:
+    return {"group": one_line_id(finding.get("group_id")), "topic": one_line_id(finding.get("topic")),
+            "between": deciding_between_text(finding), "where": provisional_where(finding),
+            "by": decided_by_text(finding), "because": finding.get("undecided_because") or "-"}
+
+
 def _values(finding: Mapping[str, Any]) -> dict[str, Any]:
     diagnosis = one_line_id(finding.get("diagnosis"), "")
     severity = str(finding.get("severity") or "")
@@ -563,10 +623,18 @@ def render_incident(finding: Mapping[str, Any], plan: Mapping[str, Any] | None =
     """
     v = _values(finding)
     plan = plan or {}
-    header = render_plain(TEMPLATES["header"], **v)
+    provisional = is_provisional(finding)
+    if provisional:
+        # Issue 18: no cause in the first line until one is decided; what is open, and until when.
+        pv = {**_provisional_values(finding), "summary": v["summary"]}
+        header = render_plain(TEMPLATES["header_provisional"], **v)
+        lead = [_text_section(render("provisional", **pv)), _text_section(render("provisional_evidence", **pv))]
+    else:
+        header = render_plain(TEMPLATES["header"], **v)
+        lead = [_text_section(render("summary", **v))]
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": header[:HEADER_LIMIT], "emoji": True}},
-        _text_section(render("summary", **v)),
+        *lead,
         {"type": "section", "fields": [
             {"type": "mrkdwn", "text": render(name, **v)}
             for name in ("field_cluster", "field_topic", "field_pattern", "field_time_lag", "field_lag", "field_severity")
@@ -600,7 +668,49 @@ def render_incident(finding: Mapping[str, Any], plan: Mapping[str, Any] | None =
         from lagdoctor.notify.interactive import incident_buttons
 
         blocks.append(incident_buttons(controls))
-    return {"text": render("fallback", **v), "blocks": blocks}
+    # the notification text is mrkdwn too: values escaped, so no name can ping or link
+    fallback = render("provisional_fallback", **_provisional_values(finding)) if provisional else render("fallback", **v)
+    return {"text": fallback, "blocks": blocks}
+
+
+def render_decided(finding: Mapping[str, Any], was_between: Sequence[str], plan: Mapping[str, Any] | None = None,
+                   *, run_id: str = "", dag_id: str | None = None, controls: str | None = None) -> dict[str, Any]:
+    """The reply in a provisional incident's thread once a sweep decided the cause (not a change of
+    diagnosis: the first message said it was still open), with the next steps and actions now planned."""
+    v = _values(finding)
+    between = deciding_between_text({"deciding_between": list(was_between), "diagnosis": finding.get("diagnosis")})
+    decided = render("decided", diagnosis=v["diagnosis"].replace("_", " "), between=between)
+    blocks = [_text_section(decided + "\n" + render("summary", **v)),
+              {"type": "section", "fields": [
+                  {"type": "mrkdwn", "text": render(n, **v)} for n in ("field_pattern", "field_time_lag", "field_lag", "field_severity")]}]
+    forecast = forecast_text(finding)
+    if forecast:
+        blocks.append(_text_section(forecast))
+    incomplete = incomplete_data_text(finding)
+    if incomplete:
+        blocks.append(_text_section(incomplete))
+    table = evidence_table(finding)
+    if table:
+        blocks.append(_text_section("```\n" + table + "\n```"))
+    plan = plan or {}
+    steps = list(plan.get("next_steps") or [])
+    if steps:
+        body = "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
+        blocks.append(_text_section(render("next_steps_title", runbook=plan.get("runbook", "")) + "\n" + body))
+    lines = action_lines(plan.get("actions") or [])
+    if lines:
+        blocks.append(_text_section(render("actions_title") + "\n" + "\n".join(lines)))
+    link = links_text(finding, dag_id=dag_id, run_id=run_id)
+    if link:
+        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": link}]})
+    if v["owner_unknown"]:
+        blocks.append(_owner_note_block())
+    if controls:
+        from lagdoctor.notify.interactive import incident_buttons
+
+        blocks.append(incident_buttons(controls))
+    return {"text": render("decided_fallback", diagnosis=v["diagnosis"].replace("_", " "), group=v["group"],
+                           topic=v["topic"]), "blocks": blocks}
 
 
 def report_link(url: object, label: str = "HTML report") -> str:
@@ -745,8 +855,9 @@ def render_run_header(findings: Sequence[Mapping[str, Any]], *, scope: str, run_
     owner_unknown = any(owner_unknown_once(f.get("summary"))[1] for f in problems[:20])
     lines = [
         f"{SEVERITY_EMOJI.get(f.get('severity', ''), ':grey_question:')} "
-        f"*{escape_mrkdwn(_title(one_line_id(f.get('diagnosis'), '')))}* "
-        f"· `{escape_mrkdwn(code_safe(f.get('group_id', '')))}` on `{escape_mrkdwn(code_safe(f.get('topic', '')))}`: "
+        + (f"*Still deciding* ({escape_mrkdwn(deciding_between_text(f))}) " if is_provisional(f) else
+           f"*{escape_mrkdwn(_title(one_line_id(f.get('diagnosis'), '')))}* ")
+        + f"· `{escape_mrkdwn(code_safe(f.get('group_id', '')))}` on `{escape_mrkdwn(code_safe(f.get('topic', '')))}`: "
         f"{mrkdwn_value(owner_unknown_once(f.get('summary', ''))[0])}"
         + (" _(incomplete data)_" if _evidence(f).get("data_complete") is False else "")
         for f in problems[:20]

@@ -20,6 +20,13 @@ TEMPLATES: dict[str, str] = {
     # Header block (plain_text, not mrkdwn: the renderer does not escape it).
     "header": "{{ emoji }} {{ diagnosis_title }} · {{ group }}",
     "summary": "*{{ summary }}*",
+    # Issue 18: a provisional finding names no cause in its first line, only what is still open.
+    "header_provisional": "{{ emoji }} Still deciding · {{ group }}",
+    "provisional": ":hourglass: *{{ group }}: still deciding between {{ between }} on {{ where }}; {{ by }}*",
+    "provisional_evidence": "_Evidence so far:_ {{ summary }}\n_Not decided yet because_ {{ because }}",
+    "provisional_fallback": "{{ group }}: still deciding between {{ between }} on {{ where }}; {{ by }}",
+    "decided": ":white_check_mark: *Decided:* {{ diagnosis }} (was still deciding between {{ between }})",
+    "decided_fallback": "Decided for {{ group }} on {{ topic }}: {{ diagnosis }}",
     "field_cluster": "*Cluster*\n{{ cluster }}",
     "field_topic": "*Topic*\n{{ topic }}",
     "field_pattern": "*Lag pattern*\n{{ pattern }}",

@@ -17,6 +17,11 @@ The decision rules (pure; one test case each in tests/test_notify_threads.py):
   4. nothing   otherwise: a sweep every 5 minutes must not repeat itself.
   5. recover   a ``healthy`` finding closes every open thread of that
                (cluster, group, topic) with a recovery reply.
+  7. decided   an open thread that last said the cause was provisional (issue 18) gets
+               the decided message once a finding for one of its candidates is decided:
+               the same thread, re-keyed to the decided cause, not a new one and not a
+               change of diagnosis. A provisional finding whose leading candidate changed
+               stays in the thread too. Between decided causes a new thread, as before.
   6. unknown   a ``healthy`` finding whose ``evidence.data_complete`` is false is
                not recovery: it never closes a thread, posts nothing without an
                open thread, and replies once that the data is incomplete (not again
@@ -84,6 +89,8 @@ class ThreadState:
     posted_actions: list[str] = field(default_factory=list)  # "<idempotency_key>:<status>"
     root_message_id: int | None = None  # the outbox row of the thread's first message
     data_incomplete: bool = False  # rule 6: the thread was told the data is incomplete
+    provisional: bool = False  # rule 7: the thread last said the cause is not decided yet
+    deciding_between: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -150,6 +157,22 @@ class ThreadStore:
                                             t.c.topic == k.topic, t.c.diagnosis == k.diagnosis)
                          .values(status=state.status, data=data, updated_at=stamp))
 
+    def rekey(self, state: ThreadState, diagnosis: str, *, conn: sa.Connection) -> ThreadState:
+        """Rule 7: the thread now belongs to the decided cause. A closed thread left under that
+        key is replaced, as a new post would replace it."""
+        from lagdoctor.state import incident_threads as t
+
+        old, new = state.key, IncidentKey(state.key.cluster, state.key.group_id, state.key.topic, diagnosis)
+        if new == old:
+            return state
+        conn.execute(sa.delete(t).where(t.c.cluster == new.cluster, t.c.group_id == new.group_id,
+                                        t.c.topic == new.topic, t.c.diagnosis == new.diagnosis))
+        conn.execute(sa.update(t).where(t.c.cluster == old.cluster, t.c.group_id == old.group_id,
+                                        t.c.topic == old.topic, t.c.diagnosis == old.diagnosis)
+                     .values(diagnosis=new.diagnosis))
+        state.key = new
+        return state
+
     def all(self) -> Iterator[ThreadState]:
         with self.db.engine.connect() as conn:
             states = self._select(conn)
@@ -168,7 +191,7 @@ class ThreadStore:
 
 @dataclass(frozen=True)
 class Decision:
-    kind: str  # post | reply | nothing | recover | incomplete
+    kind: str  # post | reply | decided | nothing | recover | incomplete
     changes: tuple[str, ...] = ()
 
 
@@ -209,12 +232,21 @@ def decide_healthy(finding: Mapping[str, Any], state: ThreadState) -> Decision:
     return Decision("nothing") if state.data_incomplete else Decision("incomplete")
 
 
+def provisional_thread_for(finding: Mapping[str, Any], open_threads: list[ThreadState]) -> ThreadState | None:
+    """Rule 7: the open provisional thread of this (cluster, group, topic) among whose candidates
+    the finding's diagnosis is, or None."""
+    diagnosis = str(finding.get("diagnosis", ""))
+    return next((s for s in open_threads if s.provisional and diagnosis in s.deciding_between), None)
+
+
 def decide(finding: Mapping[str, Any], state: ThreadState | None, *, run_id: str) -> Decision:
-    """Rules 1-4 for a non-healthy finding (rules 5-6 are ``decide_healthy``)."""
+    """Rules 1-4 and 7 for a non-healthy finding (rules 5-6 are ``decide_healthy``)."""
     if state is None or state.status != "open":
         return Decision("post")
     if run_id and state.last_run_id == run_id:
         return Decision("nothing")
+    if state.provisional and finding.get("provisional") is not True:
+        return Decision("decided", tuple(changes_since(state, finding)))
     changes = changes_since(state, finding)
     return Decision("reply", tuple(changes)) if changes else Decision("nothing")
 
@@ -228,4 +260,6 @@ def remember(state: ThreadState, finding: Mapping[str, Any], *, run_id: str, now
     state.last_run_id = run_id
     state.updated_at = now
     state.data_incomplete = False
+    state.provisional = finding.get("provisional") is True
+    state.deciding_between = [str(d) for d in finding.get("deciding_between") or []] if state.provisional else []
     return state

@@ -167,7 +167,7 @@ def create_app(
         severity: str | None = Query(None, max_length=64),
     ) -> JSONResponse:
         from lagdoctor.web.data import current_index, incomplete_runs, incomplete_text, latest_states
-        from lagdoctor.web.views import dag_run_href
+        from lagdoctor.web.views import dag_run_href, provisional_label
 
         s = settings()
         index = current_index(s.findings_root)
@@ -183,6 +183,8 @@ def create_app(
         findings = [
             {**f, "run_key": st.run.run_key, "dag_id": st.run.dag_id, "run_id": st.run.run_id,
              "dag_run_url": dag_run_href(st.run, base),
+             # issue 18: a provisional finding's short label (the fields themselves pass through)
+             **({"provisional_label": " · ".join(provisional_label(f))} if provisional_label(f)[0] else {}),
              # null while current; else the newest sweep of the cluster did not collect it: a last verdict
              "not_collected_since": st.not_collected_since.isoformat() if st.not_collected_since else None}
             for st in states for f in st.findings

@@ -107,6 +107,20 @@ def title_of(diagnosis: str) -> str:
     return diagnosis.replace("_", " ").capitalize() if diagnosis else "Finding"
 
 
+def provisional_label(finding: Mapping[str, Any]) -> tuple[str, str]:
+    """("Still deciding: partition imbalance or stalled consumer", "will know by 10:40 UTC (2 more samples)")
+    for a provisional finding (issue 18), ("", "") for a decided one."""
+    from lagdoctor.notify.render import decided_by_text, deciding_between_text, is_provisional
+
+    if not is_provisional(finding):
+        return "", ""
+    return "Still deciding: " + deciding_between_text(finding).replace(" and ", " or "), decided_by_text(finding)
+
+
+def finding_title(finding: Mapping[str, Any]) -> str:
+    return provisional_label(finding)[0] or title_of(str(finding.get("diagnosis") or ""))
+
+
 def dag_run_href(run: Run, airflow_base: str = "") -> str | None:
     """The Airflow 3 UI page of the run behind a findings folder (/dags/{dag_id}/runs/{run_id})."""
     if not run.dag_id or not run.run_id:
@@ -164,6 +178,7 @@ class FindingView:
     report_url: str | None
     plan: Mapping[str, Any]
     raw: Mapping[str, Any]
+    provisional_note: str = ""  # issue 18: "will know by 10:40 UTC (2 more samples)" while undecided
 
 
 @dataclass
@@ -410,10 +425,11 @@ def group_view(state: GroupState, history: GroupHistory, *, airflow_base: str = 
     members, group_state = _members_text(state, history)
     loss = _forecast_evidence(state, "data_loss")
     findings = [
-        FindingView(diagnosis=str(f.get("diagnosis") or ""), title=title_of(str(f.get("diagnosis") or "")),
+        FindingView(diagnosis=str(f.get("diagnosis") or ""), title=finding_title(f),
                     severity=str(f.get("severity") or "ok"), pattern=str(f.get("pattern") or "-"),
                     summary=display_summary(str(f.get("summary") or "")), partitions=list(f.get("partitions") or []),
-                    report_url=f.get("report_url"), plan=state.plans.get(str(f.get("diagnosis")), {}), raw=f)
+                    report_url=f.get("report_url"), plan=state.plans.get(str(f.get("diagnosis")), {}), raw=f,
+                    provisional_note=provisional_label(f)[1])
         for f in state.findings
     ]
     return GroupView(
