@@ -143,6 +143,23 @@ def test_a_surge_stays_a_surge_when_only_two_samples_before_it_are_left_in_the_w
     assert found[0]["evidence"]["baseline_produce_rate"] == 20.0  # both partitions, as the summary says
 
 
+def test_an_owner_that_slowed_late_in_the_window_is_shown_at_its_rate_now(frame):
+    """Partition 1's owner kept up with 20 msg/s for 20 of 30 minutes, then handled 3:
+    the message says 3 of 20 (what the rule judged), not the window's average 15."""
+    rows = []
+    for k in range(31):  # a snapshot a minute
+        t = 60 * k
+        leo = 20 * t
+        rows.append(snap(t, 0, leo, leo, member="c-1-aaa"))
+        rows.append(snap(t, 1, leo, 20 * min(t, 1200) + 3 * max(0, t - 1200), member="c-2-bbb", host="10.0.0.2"))
+    (f,) = [f for f in run_findings(frame(rows)) if f["diagnosis"] != "healthy"]
+    assert f["diagnosis"] == "partition_imbalance" and f["partitions"] == [1]
+    assert f["summary"].endswith("consumes 3.0 msg/s while 20 arrive"), f["summary"]
+    ev = f["evidence"]
+    assert (ev["partition_late_consume_rate"], ev["partition_late_produce_rate"]) == (3.0, 20.0)
+    assert ev["partition_consume_rate"] < 15  # the window's average stays in the evidence
+
+
 def test_a_stalled_finding_names_the_stuck_record_never_its_payload(frame):
     stuck = {"committed_record_ts": T0 - timedelta(minutes=30), "committed_record_offset": 240_000,
              "committed_record_key_sha256": "3fa9c2d1e0b4a7f6", "committed_record_size": 2048,
