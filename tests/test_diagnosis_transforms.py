@@ -126,6 +126,24 @@ def test_a_stall_is_called_at_the_sweeps_cadence_not_after_twice_its_gap(frame):
     assert found[0]["evidence"]["frozen_seconds"] == 320.0
 
 
+def test_a_batch_committer_that_slips_past_a_sweeps_samples_is_not_stalled(frame):
+    """The same sweep cadence; a committer that commits all it has every 330 s or 360 s (a
+    Flink checkpoint, a Connect sink's file rotation) at several phases: now and then no
+    commit falls between two bursts, and its commit is seen still for 5 minutes. Its
+    earlier waits, seen standing across a burst's samples, say that is its way."""
+    rows = []
+    for every in (330, 360):
+        for phase in range(0, every, 15):
+            group = f"batch-{every}-{phase}"
+            for sweep in range(7):
+                for i in range(3):
+                    t = 300 * sweep + 10 * i
+                    committed = 100 * (((t + phase) // every) * every - phase)
+                    rows.append(snap(t, 0, 100 * t, max(0, committed), group=group))
+    found = [(f["group_id"], f["diagnosis"]) for f in run_findings(frame(rows)) if f["diagnosis"] != "healthy"]
+    assert not [g for g, d in found if d == "stalled_consumer"], found
+
+
 def test_a_surge_stays_a_surge_when_only_two_samples_before_it_are_left_in_the_window(frame):
     """Sweeps 70 s apart, 2 samples each (the lab's cadence): 10 msg/s per partition
     consumed as it arrives, then from t=40 s 80 msg/s while the consumer tops out at

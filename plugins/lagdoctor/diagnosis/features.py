@@ -176,15 +176,6 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     )
     rows = rows.withColumns(
         {
-            # how long the commit was SEEN standing still before this advance: from the first
-            # snapshot of the run it ends to the last (the row before). Not up to this row: the
-            # time between two snapshots is the sampling's gap, not the consumer's, and a sweep's
-            # samples come in bursts minutes apart, which would hide every stall for 2x as long.
-            "gap": F.when(
-                F.col("adv_t").isNotNull(),
-                F.greatest(F.col("prev_t") - F.coalesce(F.last("adv_t", ignorenulls=True).over(wprev),
-                                                         F.col("s_first")), F.lit(0.0)),
-            ),
             # the same for the last stable offset: how long transactions normally hold it
             "lso_gap": F.when(
                 F.col("lso_adv_t").isNotNull(),
@@ -200,6 +191,17 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
             # the baseline without its last interval, which may hold the rise's first seconds
             "base_row": ~F.col("risen") & ~F.coalesce(F.lead("risen").over(w), F.lit(False)),
         }
+    )
+    # The commit gap this advance ends. A run seen at one snapshot only (the commit moved
+    # at every sample) is no gap: the time between two snapshots is the sampling's, and a
+    # sweep's samples come in bursts minutes apart, which would hide a stall for twice that.
+    # A run seen standing at two or more snapshots is a committer that waits: its gap
+    # counts up to this advance (unseen time included), so a batch committer that slips
+    # past one burst of samples is not called stalled.
+    rows = rows.withColumn(
+        "gap",
+        F.when(F.col("adv_t").isNotNull(),
+               F.when(F.col("rn") - F.col("run_rn") >= 2, F.col("t") - F.col("run_t")).otherwise(F.lit(0.0))),
     )
     # A stuck episode (a staircase's step): the commit stood still for stall_min_seconds and
     # stall_min_snapshots while the partition was owned, the group settled and data waited at
