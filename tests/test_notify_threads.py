@@ -264,6 +264,24 @@ def test_a_provisional_incident_is_decided_in_the_same_thread_without_a_diagnosi
     assert "thread_ts" not in server.messages[-1]
 
 
+def test_an_unsure_sweep_in_a_thread_that_named_its_cause_never_brings_a_decided_reply(settings, slack_connection):
+    """The thread said partition imbalance; one sweep is unsure (provisional, same cause leading),
+    the next is sure again: nothing said was provisional, so no "Decided:" reply, ever."""
+    server = slack_connection
+    named = finding("partition_imbalance", "critical", partitions=(1,), lag=5000, provisional=False)
+    assert post_or_update_incident(named, None, run_id="run-1", now=T0)["decision"] == "posted"
+    # unsure, and the lag grew tenfold: a reply about the growth, which names no doubt
+    unsure = finding("partition_imbalance", "critical", partitions=(1,), lag=60_000, provisional=True,
+                     deciding_between=["partition_imbalance", "stalled_consumer"], decided_by="2026-11-21T10:10:00Z",
+                     samples_needed=2, undecided_because="the commit on partition 1 has stood still for 1m00s")
+    assert post_or_update_incident(unsure, None, run_id="run-2", now=T0 + timedelta(minutes=5))["decision"] == "replied"
+    named_again = finding("partition_imbalance", "critical", partitions=(1,), lag=60_000, provisional=False)
+    third = post_or_update_incident(named_again, None, run_id="run-3", now=T0 + timedelta(minutes=10))
+    assert third.get("decided") is not True
+    assert not any("Decided" in m["text"] for m in server.messages)
+    assert [s.provisional for s in ThreadStore().all() if s.status == "open"] == [False]
+
+
 def test_a_provisional_incident_confirmed_as_its_leading_cause_gets_the_decided_reply(settings, slack_connection):
     server = slack_connection
     post_or_update_incident(provisional(), None, run_id="run-1", now=T0)

@@ -279,7 +279,7 @@ def _on_problem(db, conn, store: ThreadStore, finding: Mapping[str, Any], plan: 
                              text=msg["text"], blocks=msg["blocks"], now=now, **_reply_target(state))
         state.replies += 1
         result = "replied"
-    store.save(remember(state, finding, run_id=run_id, now=stamp), conn=conn)
+    store.save(remember(state, finding, run_id=run_id, now=stamp, opened=decision.kind == "post"), conn=conn)
     return {"decision": result, "changes": list(decision.changes), "decided": decision.kind == "decided"}, [key]
 
 
@@ -339,7 +339,7 @@ def _incident_run_in(db, conn, *, items: list[Mapping[str, Any]], run_id: str, s
         outbox.queue_message(db, conn, dedupe_key=f"run:{run_id}:{key.digest()}", text=msg["text"],
                              blocks=msg["blocks"], parent_id=root, now=at)
         thread = ThreadState(key=key, channel="", thread_ts="", opened_at=stamp, root_message_id=root)
-        store.save(remember(thread, finding, run_id=run_id, now=stamp), conn=conn)
+        store.save(remember(thread, finding, run_id=run_id, now=stamp, opened=True), conn=conn)
         run["posted"] = [*run["posted"], key.digest()]
     values = {"run_key": run_id, "data": run, "updated_at": at}
     if not db.insert_ignore(conn, run_threads, values, ("run_key",)):

@@ -251,8 +251,12 @@ def decide(finding: Mapping[str, Any], state: ThreadState | None, *, run_id: str
     return Decision("reply", tuple(changes)) if changes else Decision("nothing")
 
 
-def remember(state: ThreadState, finding: Mapping[str, Any], *, run_id: str, now: str) -> ThreadState:
-    """Record what the thread last told people about."""
+def remember(state: ThreadState, finding: Mapping[str, Any], *, run_id: str, now: str,
+             opened: bool = False) -> ThreadState:
+    """Record what the thread last told people about. It is provisional only while
+    what it said was "still deciding": a provisional thread stays so until a decided
+    finding; a thread that named a cause (or stayed quiet since `opened`) does not
+    become provisional because a later sweep is unsure."""
     state.severity = str(finding.get("severity", ""))
     state.pattern = str(finding.get("pattern", ""))
     state.partitions = sorted(p for p in finding.get("partitions") or [] if isinstance(p, int))
@@ -260,6 +264,6 @@ def remember(state: ThreadState, finding: Mapping[str, Any], *, run_id: str, now
     state.last_run_id = run_id
     state.updated_at = now
     state.data_incomplete = False
-    state.provisional = finding.get("provisional") is True
+    state.provisional = finding.get("provisional") is True and (opened or state.provisional)
     state.deciding_between = [str(d) for d in finding.get("deciding_between") or []] if state.provisional else []
     return state
