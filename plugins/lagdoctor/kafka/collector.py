@@ -362,6 +362,88 @@ def list_group_ids(admin: Any, pattern: Any, timeout_s: float) -> list[str]:
     return list_groups(admin, pattern, timeout_s, other=False).ids
 
 
+OFFSETS_TOPIC = "__consumer_offsets"
+# Seconds to let a coordinator move finish before listing again.
+RELIST_WAIT_S = 1.0
+
+
+def coordinator_layout(metadata: Any) -> tuple[frozenset[int], tuple[tuple[int, int], ...]]:
+    """The brokers and the leader of each __consumer_offsets partition (each group's
+    coordinator); empty leaders when the principal cannot see that topic."""
+    topic = metadata.topics.get(OFFSETS_TOPIC)
+    partitions = (topic.partitions or {}) if topic is not None else {}
+    return frozenset(metadata.brokers), tuple(sorted((p, m.leader) for p, m in partitions.items()))
+
+
+def list_groups_checked(admin: Any, pattern: Any, timeout_s: float, metadata: Any, *,
+                        wait_s: float = RELIST_WAIT_S) -> GroupListing:
+    """list_groups, marked partial when it may have missed groups without an error.
+
+    A broker answers ListGroups only for the coordinator partitions it holds
+    loaded, and leaves out those that just moved (Kafka maps NOT_COORDINATOR to
+    an empty answer): a group whose coordinator moves during the fan-out is in
+    no broker's answer, and no error says so. So the coordinators' layout
+    (brokers, __consumer_offsets leaders) is read again after the listing (one
+    Metadata request for that topic); if it changed, the groups are listed once
+    more after `wait_s`, and if it changed again the listing says groups may be
+    missing. A coordinator partition without a leader is in no answer either.
+    """
+    before = coordinator_layout(metadata)
+    listing = list_groups(admin, pattern, timeout_s, other=False)
+    ids, errors = listing.ids, list(listing.errors)
+    partial: list[str] = []
+    if before[1]:  # not asked when the topic is not visible: the request would create it
+        after = coordinator_layout(admin.list_topics(topic=OFFSETS_TOPIC, timeout=timeout_s))
+        if after != before:
+            log.info("group coordinators moved while the groups were listed; listing again in %g s", wait_s)
+            time.sleep(wait_s)
+            again = list_groups(admin, pattern, timeout_s, other=False)
+            settled = coordinator_layout(admin.list_topics(topic=OFFSETS_TOPIC, timeout=timeout_s))
+            # Listed either time means it existed; the second listing's errors are the ones that count.
+            ids, errors = sorted(set(ids) | set(again.ids)), list(again.errors)
+            if settled != after:
+                partial.append("group listing: the group coordinators moved while the groups were listed "
+                               f"(brokers {sorted(after[0])} -> {sorted(settled[0])})")
+            after = settled
+        leaderless = [p for p, leader in after[1] if leader < 0]
+        if leaderless:
+            partial.append(f"group listing: {OFFSETS_TOPIC} partitions {leaderless} have no leader "
+                           "(their groups' coordinator is unavailable)")
+    for error in partial:
+        log.warning("%s: groups may be missing", error)
+    errors += partial
+    return GroupListing(ids, errors, other_group_ids(admin, ids, pattern, timeout_s))
+
+
+# The groups each admin client last listed, per pattern. A group that a later listing
+# leaves out is read directly: only its own coordinator can say it is gone.
+_LAST_LISTED: "weakref.WeakKeyDictionary[Any, dict[str, frozenset[str]]]" = weakref.WeakKeyDictionary()
+_LAST_LISTED_LOCK = threading.Lock()
+
+
+def _listed_before(admin: Any, pattern: Any) -> frozenset[str]:
+    with _LAST_LISTED_LOCK:
+        try:
+            return _LAST_LISTED.get(admin, {}).get(pattern.pattern, frozenset())
+        except TypeError:  # a client that cannot be weakly referenced: no memory
+            return frozenset()
+
+
+def _remember_listed(admin: Any, pattern: Any, ids: Iterable[str]) -> None:
+    with _LAST_LISTED_LOCK:
+        try:
+            _LAST_LISTED.setdefault(admin, {})[pattern.pattern] = frozenset(ids)
+        except TypeError:
+            pass
+
+
+def _is_gone(description: Description, commits: CommitRead) -> bool:
+    """The group's coordinator says it does not exist: dead (or not found) with no commits."""
+    not_found = description.error is not None and "GROUP_ID_NOT_FOUND" in description.error
+    dead = description.error is None and description.state == "DEAD"
+    return (dead or not_found) and commits.error is None and not commits.commits and not commits.partition_errors
+
+
 def group_reader(admin: Any) -> Any:
     """The client for one snapshot's group reads: an IsolatedReader (a new
     AdminClient with `admin`'s config, in a child process) when `admin` is an
@@ -714,14 +796,19 @@ def collect_snapshot(
     forget_errors(admin)
     try:
         metadata = admin.list_topics(timeout=timeout_s)
-        listing = list_groups(admin, pattern, timeout_s)
+        listing = list_groups_checked(admin, pattern, timeout_s, metadata)
     except KafkaException as exc:
         raise CollectionError(failure_message(exc, admin, where)) from None
     ids = listing.ids
     undiagnosed = listing.other
+    vanished: set[str] = set()
     if exact is not None:
         ids = [g for g in ids if g in exact]
         undiagnosed = None if undiagnosed is None else [g for g in undiagnosed if g in exact]
+    else:
+        # Listed by this client before, not now: read directly, kept unless its coordinator says it is gone.
+        vanished = set(_listed_before(admin, pattern)) - set(ids) - set(undiagnosed or ())
+        ids = sorted(set(ids) | vanished)
     window = RequestWindow(max_in_flight, read_budget(timeout_s) if read_budget_s is None else read_budget_s)
 
     partitions_of: dict[str, list[int]] = {}
@@ -751,6 +838,13 @@ def collect_snapshot(
                 gc.collect()
     groups_read = time.monotonic()
 
+    if vanished:
+        gone = {g for g in vanished if _is_gone(described[g], commits[g])}
+        log.info("%d groups listed before were not listed now; read directly, %d still exist",
+                 len(vanished), len(vanished - gone))
+        ids = [g for g in ids if g not in gone]
+    if exact is None:
+        _remember_listed(admin, pattern, ids)
     views = [GroupView(g, described[g], commits[g]) for g in ids]
     # Metadata leaves out both deleted topics and those the principal may not describe.
     denied = unreadable_topics(admin, {t for v in views for t in v.topics()} - set(partitions_of), timeout_s)
