@@ -5,6 +5,8 @@ Broker requests grow with groups and brokers, not with partitions per group:
 
     1  Metadata (all topics, partitions and leaders)
     1  ListConsumerGroups (per broker, done by librdkafka)
+    1  Metadata of __consumer_offsets: did a coordinator move during the listing?
+       (if so, the listing and this once more; see the table below)
     1  ListGroups and DescribeGroups (per broker, librdkafka's list_groups): the
        share and streams groups ListConsumerGroups leaves out
     G  DescribeConsumerGroups, in calls of max_in_flight/4 groups (librdkafka
@@ -50,6 +52,14 @@ failed, and the values that read would have given are null ("unknown"):
                              the snapshot's N s read budget ran out first"
     group listing fails on   one row, group_id "" (LISTING_ROW_GROUP), topic "", partition -1,
       some broker            read_error "group listing: ...": groups may be missing
+    group coordinators move  a broker leaves a moving coordinator's groups out of its answer
+      during the listing     with no error: the coordinators (__consumer_offsets leaders) are
+                             read again after the listing (one Metadata request); if they
+                             moved, the groups are listed again once; if they moved again, or
+                             one has no leader, the listing row says so ("group listing: the
+                             group coordinators moved ..." / "... have no leader ...")
+    a group listed before    (same admin client, same pattern) is read directly and kept, unless
+      is not listed now      its coordinator says it is gone (DEAD with no commits)
     topic not authorized     a topic a group names that metadata leaves out and DescribeTopics
                              refuses: its rows stay, read_error "topic metadata: ..." (a deleted
                              topic, UNKNOWN_TOPIC_OR_PART, is dropped). Kafka's OffsetFetch leaves
@@ -375,6 +385,15 @@ def coordinator_layout(metadata: Any) -> tuple[frozenset[int], tuple[tuple[int, 
     return frozenset(metadata.brokers), tuple(sorted((p, m.leader) for p, m in partitions.items()))
 
 
+def _layout_change(old: tuple, new: tuple) -> str:
+    old_leaders, new_leaders = dict(old[1]), dict(new[1])
+    moved = sorted(p for p in old_leaders.keys() | new_leaders.keys() if old_leaders.get(p) != new_leaders.get(p))
+    parts = [f"brokers {sorted(old[0])} -> {sorted(new[0])}"] if old[0] != new[0] else []
+    if moved:
+        parts.append(f"{OFFSETS_TOPIC} partitions {moved} changed leader")
+    return ", ".join(parts)
+
+
 def list_groups_checked(admin: Any, pattern: Any, timeout_s: float, metadata: Any, *,
                         wait_s: float = RELIST_WAIT_S) -> GroupListing:
     """list_groups, marked partial when it may have missed groups without an error.
@@ -403,7 +422,7 @@ def list_groups_checked(admin: Any, pattern: Any, timeout_s: float, metadata: An
             ids, errors = sorted(set(ids) | set(again.ids)), list(again.errors)
             if settled != after:
                 partial.append("group listing: the group coordinators moved while the groups were listed "
-                               f"(brokers {sorted(after[0])} -> {sorted(settled[0])})")
+                               f"({_layout_change(after, settled)})")
             after = settled
         leaderless = [p for p, leader in after[1] if leader < 0]
         if leaderless:
