@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from lagdoctor import orchestration, store
-from lagdoctor.kafka.collector import CollectionError, collect_snapshot
+from lagdoctor.kafka.collector import CollectionError, collect_snapshot, undiagnosed_groups
 from lagdoctor.kafka.clients import admin_client
 from lagdoctor.settings import Settings
 from lagdoctor.lab.workload import commit_offsets, create_topic, produce_counts
@@ -129,9 +129,12 @@ def test_a_group_listed_before_and_left_out_now_is_read_directly_and_a_deleted_o
 
     admin.delete_consumer_groups([gone], request_timeout=10)[gone].result()
     admin.unlisted = {hit, gone}
-    got = by_group(collect_snapshot(admin, "prod", pattern, NOW, bootstrap=kafka_bootstrap))
+    table = collect_snapshot(admin, "prod", pattern, NOW, bootstrap=kafka_bootstrap)
+    got = by_group(table)
     # The group that exists is there with what its coordinator says; the deleted one is gone, no error row.
     assert set(got) == {hit, calm}
+    # ListGroups, which still lists it, does not make it a share or streams group.
+    assert undiagnosed_groups(table) == []
     assert _lags(got[hit]) == [(0, 2, 3, None), (1, 5, 0, None)]
     assert {r["group_state"] for r in got[hit]} == {"EMPTY"}
 

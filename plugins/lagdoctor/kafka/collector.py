@@ -395,7 +395,7 @@ def _layout_change(old: tuple, new: tuple) -> str:
 
 
 def list_groups_checked(admin: Any, pattern: Any, timeout_s: float, metadata: Any, *,
-                        wait_s: float = RELIST_WAIT_S) -> GroupListing:
+                        consumer_groups: Collection[str] = (), wait_s: float = RELIST_WAIT_S) -> GroupListing:
     """list_groups, marked partial when it may have missed groups without an error.
 
     A broker answers ListGroups only for the coordinator partitions it holds
@@ -406,6 +406,9 @@ def list_groups_checked(admin: Any, pattern: Any, timeout_s: float, metadata: An
     Metadata request for that topic); if it changed, the groups are listed once
     more after `wait_s`, and if it changed again the listing says groups may be
     missing. A coordinator partition without a leader is in no answer either.
+
+    `consumer_groups`: groups known to be consumer groups (listed before), never
+    counted as share or streams groups when only ListGroups lists them now.
     """
     before = coordinator_layout(metadata)
     listing = list_groups(admin, pattern, timeout_s, other=False)
@@ -414,7 +417,7 @@ def list_groups_checked(admin: Any, pattern: Any, timeout_s: float, metadata: An
     if before[1]:  # not asked when the topic is not visible: the request would create it
         after = coordinator_layout(admin.list_topics(topic=OFFSETS_TOPIC, timeout=timeout_s))
         if after != before:
-            log.info("group coordinators moved while the groups were listed; listing again in %g s", wait_s)
+            log.warning("group coordinators moved while the groups were listed; listing again in %g s", wait_s)
             time.sleep(wait_s)
             again = list_groups(admin, pattern, timeout_s, other=False)
             settled = coordinator_layout(admin.list_topics(topic=OFFSETS_TOPIC, timeout=timeout_s))
@@ -431,7 +434,7 @@ def list_groups_checked(admin: Any, pattern: Any, timeout_s: float, metadata: An
     for error in partial:
         log.warning("%s: groups may be missing", error)
     errors += partial
-    return GroupListing(ids, errors, other_group_ids(admin, ids, pattern, timeout_s))
+    return GroupListing(ids, errors, other_group_ids(admin, set(ids) | set(consumer_groups), pattern, timeout_s))
 
 
 # The groups each admin client last listed, per pattern. A group that a later listing
@@ -815,7 +818,9 @@ def collect_snapshot(
     forget_errors(admin)
     try:
         metadata = admin.list_topics(timeout=timeout_s)
-        listing = list_groups_checked(admin, pattern, timeout_s, metadata)
+        # Groups this client listed before (a snapshot that asks for given groups neither uses nor updates them).
+        before = _listed_before(admin, pattern) if exact is None else frozenset()
+        listing = list_groups_checked(admin, pattern, timeout_s, metadata, consumer_groups=before)
     except KafkaException as exc:
         raise CollectionError(failure_message(exc, admin, where)) from None
     ids = listing.ids
@@ -826,7 +831,7 @@ def collect_snapshot(
         undiagnosed = None if undiagnosed is None else [g for g in undiagnosed if g in exact]
     else:
         # Listed by this client before, not now: read directly, kept unless its coordinator says it is gone.
-        vanished = set(_listed_before(admin, pattern)) - set(ids) - set(undiagnosed or ())
+        vanished = set(before) - set(ids)
         ids = sorted(set(ids) | vanished)
     window = RequestWindow(max_in_flight, read_budget(timeout_s) if read_budget_s is None else read_budget_s)
 
@@ -859,8 +864,10 @@ def collect_snapshot(
 
     if vanished:
         gone = {g for g in vanished if _is_gone(described[g], commits[g])}
-        log.info("%d groups listed before were not listed now; read directly, %d still exist",
+        log.warning("%d groups listed before were not listed now; read directly, %d still exist",
                  len(vanished), len(vanished - gone))
+        for g in sorted(vanished):  # DEBUG18
+            log.warning("DEBUG18 %s %s %s", g, described[g], commits[g])
         ids = [g for g in ids if g not in gone]
     if exact is None:
         _remember_listed(admin, pattern, ids)
