@@ -59,7 +59,8 @@ failed, and the values that read would have given are null ("unknown"):
                              one has no leader, the listing row says so ("group listing: the
                              group coordinators moved ..." / "... have no leader ...")
     a group listed before    (same admin client, same pattern) is read directly and kept, unless
-      is not listed now      its coordinator says it is gone (DEAD with no commits)
+      is not listed now      its coordinator says it is gone (DEAD with no commits); one that
+                             only ListGroups lists now is not counted as a share/streams group
     topic not authorized     a topic a group names that metadata leaves out and DescribeTopics
                              refuses: its rows stay, read_error "topic metadata: ..." (a deleted
                              topic, UNKNOWN_TOPIC_OR_PART, is dropped). Kafka's OffsetFetch leaves
@@ -417,7 +418,7 @@ def list_groups_checked(admin: Any, pattern: Any, timeout_s: float, metadata: An
     if before[1]:  # not asked when the topic is not visible: the request would create it
         after = coordinator_layout(admin.list_topics(topic=OFFSETS_TOPIC, timeout=timeout_s))
         if after != before:
-            log.warning("group coordinators moved while the groups were listed; listing again in %g s", wait_s)
+            log.info("group coordinators moved while the groups were listed; listing again in %g s", wait_s)
             time.sleep(wait_s)
             again = list_groups(admin, pattern, timeout_s, other=False)
             settled = coordinator_layout(admin.list_topics(topic=OFFSETS_TOPIC, timeout=timeout_s))
@@ -864,10 +865,8 @@ def collect_snapshot(
 
     if vanished:
         gone = {g for g in vanished if _is_gone(described[g], commits[g])}
-        log.warning("%d groups listed before were not listed now; read directly, %d still exist",
+        log.info("%d groups listed before were not listed now; read directly, %d still exist",
                  len(vanished), len(vanished - gone))
-        for g in sorted(vanished):  # DEBUG18
-            log.warning("DEBUG18 %s %s %s", g, described[g], commits[g])
         ids = [g for g in ids if g not in gone]
     if exact is None:
         _remember_listed(admin, pattern, ids)
