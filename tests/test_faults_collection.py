@@ -133,7 +133,17 @@ def test_a_group_listed_before_and_left_out_now_is_read_directly_and_a_deleted_o
     got = by_group(table)
     # The group that exists is there with what its coordinator says; the deleted one is gone, no error row.
     assert set(got) == {hit, calm}
-    # ListGroups, which still lists it, does not make it a share or streams group.
+    assert undiagnosed_groups(table) == []
+
+
+def test_a_consumer_group_only_listgroups_lists_is_read_not_counted_a_share_group(kafka_bootstrap, lagging):
+    """A fresh client: ListConsumerGroups missed `hit`, ListGroups (sent just after) lists it, EMPTY."""
+    topic, hit, calm, pattern = lagging
+    admin = FailingAdmin(admin_client(kafka_bootstrap), unlisted={hit}, only_consumer_listing=True)
+    table = collect_snapshot(admin, "prod", pattern, NOW, bootstrap=kafka_bootstrap)
+    got = by_group(table)
+    assert set(got) == {hit, calm}
+    assert _lags(got[hit]) == [(0, 2, 3, None), (1, 5, 0, None)]
     assert undiagnosed_groups(table) == []
     assert _lags(got[hit]) == [(0, 2, 3, None), (1, 5, 0, None)]
     assert {r["group_state"] for r in got[hit]} == {"EMPTY"}

@@ -340,13 +340,18 @@ def list_groups(admin: Any, pattern: Any, timeout_s: float, *, other: bool = Tru
     return GroupListing(ids, errors, other_group_ids(admin, ids, pattern, timeout_s) if other else None)
 
 
-def other_group_ids(admin: Any, consumer_ids: Collection[str], pattern: Any, timeout_s: float) -> list[str] | None:
+def other_group_ids(admin: Any, consumer_ids: Collection[str], pattern: Any, timeout_s: float,
+                    missed: list[str] | None = None) -> list[str] | None:
     """Matching groups that are not consumer groups (share, streams), which lagdoctor does not diagnose.
 
     confluent-kafka 2.16 has no share or streams ConsumerGroupType and its
     ListConsumerGroups never returns those groups; the older ListGroups
     (`list_groups`) lists every group the principal may describe, so the
-    difference is the rest. None when that listing fails (unknown)."""
+    difference is the rest. None when that listing fails (unknown).
+
+    A share or streams group is Dead to ListGroups' describe; one in any other
+    state is a consumer group ListConsumerGroups missed (its coordinator moved
+    in between): it goes to `missed` when given, not to the others."""
     import warnings
 
     if not hasattr(admin, "list_groups"):
@@ -360,7 +365,10 @@ def other_group_ids(admin: Any, consumer_ids: Collection[str], pattern: Any, tim
         return None
     known = set(consumer_ids)
     # A group that matches the pattern but was not listed as a consumer group just before.
-    others = sorted({g.id for g in everything if g.id not in known and pattern.fullmatch(g.id)})
+    unlisted = [g for g in everything if g.id not in known and pattern.fullmatch(g.id)]
+    if missed is not None:
+        missed.extend(sorted({g.id for g in unlisted if str(g.state or "Dead").lower() != "dead"}))
+    others = sorted({g.id for g in unlisted} - set(missed or ()))
     with _NOTED_LOCK:
         new = [g for g in others if g not in _NOTED_OTHER]
         _NOTED_OTHER.update(new)
@@ -435,7 +443,11 @@ def list_groups_checked(admin: Any, pattern: Any, timeout_s: float, metadata: An
     for error in partial:
         log.warning("%s: groups may be missing", error)
     errors += partial
-    return GroupListing(ids, errors, other_group_ids(admin, set(ids) | set(consumer_groups), pattern, timeout_s))
+    missed: list[str] = []
+    other = other_group_ids(admin, set(ids) | set(consumer_groups), pattern, timeout_s, missed)
+    if missed:
+        log.info("%d consumer groups only ListGroups listed (their coordinator moved): read too", len(missed))
+    return GroupListing(sorted(set(ids) | set(missed)), errors, other)
 
 
 # The groups each admin client last listed, per pattern. A group that a later listing
