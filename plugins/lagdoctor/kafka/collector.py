@@ -350,8 +350,9 @@ def other_group_ids(admin: Any, consumer_ids: Collection[str], pattern: Any, tim
     difference is the rest. None when that listing fails (unknown).
 
     A share or streams group is Dead to ListGroups' describe; one in any other
-    state is a consumer group ListConsumerGroups missed (its coordinator moved
-    in between): it goes to `missed` when given, not to the others."""
+    state, of protocol type consumer (or none: commits only), is a consumer group
+    ListConsumerGroups missed (its coordinator moved in between): it goes to
+    `missed` when given, not to the others."""
     import warnings
 
     if not hasattr(admin, "list_groups"):
@@ -367,7 +368,8 @@ def other_group_ids(admin: Any, consumer_ids: Collection[str], pattern: Any, tim
     # A group that matches the pattern but was not listed as a consumer group just before.
     unlisted = [g for g in everything if g.id not in known and pattern.fullmatch(g.id)]
     if missed is not None:
-        missed.extend(sorted({g.id for g in unlisted if str(g.state or "Dead").lower() != "dead"}))
+        missed.extend(sorted({g.id for g in unlisted if str(g.state or "Dead").lower() != "dead"
+                              and (g.protocol_type or "") in ("", "consumer")}))
     others = sorted({g.id for g in unlisted} - set(missed or ()))
     with _NOTED_LOCK:
         new = [g for g in others if g not in _NOTED_OTHER]
