@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from lagdoctor import orchestration, store
-from lagdoctor.kafka.collector import CollectionError, collect_snapshot
+from lagdoctor.kafka.collector import CollectionError, collect_snapshot, undiagnosed_groups
 from lagdoctor.kafka.clients import admin_client
 from lagdoctor.settings import Settings
 from lagdoctor.lab.workload import commit_offsets, create_topic, produce_counts
@@ -105,6 +105,72 @@ def test_failed_describe_is_state_unknown_with_offsets_still_read(kafka_bootstra
         (0, "UNKNOWN", None, 3), (1, "UNKNOWN", None, 0)]
     assert {r["read_error"] for r in rows} == {
         "group description: Broker: Group authorization failed (GROUP_AUTHORIZATION_FAILED)"}
+
+
+
+# -- a listing that leaves groups out with no error ------------------------------
+# A broker's ListGroups answer leaves out the groups of a coordinator partition that is
+# moving (Kafka turns NOT_COORDINATOR into an empty answer): seen in a rolling restart,
+# a snapshot 23 groups short with nothing to say so. The race cannot be scheduled on a
+# broker, so FailingAdmin drops the groups from the real listing.
+
+def _lags(rows):
+    return [(r["partition"], r["committed_offset"], r["lag"], r["read_error"]) for r in rows]
+
+
+def test_a_group_listed_before_and_left_out_now_is_read_directly_and_a_deleted_one_drops(
+        kafka_bootstrap, lagging, unique):
+    topic, hit, calm, pattern = lagging
+    gone = unique("gone")
+    commit_offsets(kafka_bootstrap, gone, topic, {0: 1})
+    pattern = f"{pattern}|{re.escape(gone)}"
+    admin = FailingAdmin(admin_client(kafka_bootstrap))
+    assert set(by_group(collect_snapshot(admin, "prod", pattern, NOW, bootstrap=kafka_bootstrap))) == {hit, calm, gone}
+
+    admin.delete_consumer_groups([gone], request_timeout=10)[gone].result()
+    admin.unlisted = {hit, gone}
+    table = collect_snapshot(admin, "prod", pattern, NOW, bootstrap=kafka_bootstrap)
+    got = by_group(table)
+    # The group that exists is there with what its coordinator says; the deleted one is gone, no error row.
+    assert set(got) == {hit, calm}
+    assert undiagnosed_groups(table) == []
+
+
+def test_a_consumer_group_only_listgroups_lists_is_read_not_counted_a_share_group(kafka_bootstrap, lagging):
+    """A fresh client: ListConsumerGroups missed `hit`, ListGroups (sent just after) lists it, EMPTY."""
+    topic, hit, calm, pattern = lagging
+    admin = FailingAdmin(admin_client(kafka_bootstrap), unlisted={hit}, only_consumer_listing=True)
+    table = collect_snapshot(admin, "prod", pattern, NOW, bootstrap=kafka_bootstrap)
+    got = by_group(table)
+    assert set(got) == {hit, calm}
+    assert _lags(got[hit]) == [(0, 2, 3, None), (1, 5, 0, None)]
+    assert undiagnosed_groups(table) == []
+    assert _lags(got[hit]) == [(0, 2, 3, None), (1, 5, 0, None)]
+    assert {r["group_state"] for r in got[hit]} == {"EMPTY"}
+
+
+def test_coordinators_that_moved_during_the_listing_are_listed_again(kafka_bootstrap, lagging):
+    """A fresh client (nothing listed before): the first metadata answer names another
+    coordinator than the one read after the listing, which missed `hit`."""
+    topic, hit, calm, pattern = lagging
+    admin = FailingAdmin(admin_client(kafka_bootstrap), unlisted={hit}, unlisted_listings=1, coordinator_moves=1)
+    got = by_group(collect_snapshot(admin, "prod", pattern, NOW, bootstrap=kafka_bootstrap))
+    assert set(got) == {hit, calm}
+    assert _lags(got[hit]) == [(0, 2, 3, None), (1, 5, 0, None)]
+
+
+@pytest.mark.parametrize("fault, says", [
+    ({"coordinator_moves": 3}, "group listing: the group coordinators moved while the groups were listed"),
+    ({"leaderless": True}, "group listing: __consumer_offsets partitions [0] have no leader"),
+])
+def test_a_listing_that_may_have_missed_groups_says_so(kafka_bootstrap, lagging, fault, says):
+    topic, hit, calm, pattern = lagging
+    admin = FailingAdmin(admin_client(kafka_bootstrap), unlisted={hit}, **fault)
+    got = by_group(collect_snapshot(admin, "prod", pattern, NOW, bootstrap=kafka_bootstrap))
+    assert set(got) == {"", calm}
+    (row,) = got[""]
+    assert row["read_error"].startswith(says), row["read_error"]
+    assert (row["topic"], row["partition"], row["lag"]) == ("", -1, None)
 
 
 # -- retried runs and a broker that dies -------------------------------------------

@@ -5,6 +5,8 @@ Broker requests grow with groups and brokers, not with partitions per group:
 
     1  Metadata (all topics, partitions and leaders)
     1  ListConsumerGroups (per broker, done by librdkafka)
+    1  Metadata of __consumer_offsets: did a coordinator move during the listing?
+       (if so, the listing and this once more; see the table below)
     1  ListGroups and DescribeGroups (per broker, librdkafka's list_groups): the
        share and streams groups ListConsumerGroups leaves out
     G  DescribeConsumerGroups, in calls of max_in_flight/4 groups (librdkafka
@@ -50,6 +52,15 @@ failed, and the values that read would have given are null ("unknown"):
                              the snapshot's N s read budget ran out first"
     group listing fails on   one row, group_id "" (LISTING_ROW_GROUP), topic "", partition -1,
       some broker            read_error "group listing: ...": groups may be missing
+    group coordinators move  a broker leaves a moving coordinator's groups out of its answer
+      during the listing     with no error: the coordinators (__consumer_offsets leaders) are
+                             read again after the listing (one Metadata request); if they
+                             moved, the groups are listed again once; if they moved again, or
+                             one has no leader, the listing row says so ("group listing: the
+                             group coordinators moved ..." / "... have no leader ...")
+    a group listed before    (same admin client, same pattern) is read directly and kept, unless
+      is not listed now      its coordinator says it is gone (DEAD with no commits); one that
+                             only ListGroups lists now is not counted as a share/streams group
     topic not authorized     a topic a group names that metadata leaves out and DescribeTopics
                              refuses: its rows stay, read_error "topic metadata: ..." (a deleted
                              topic, UNKNOWN_TOPIC_OR_PART, is dropped). Kafka's OffsetFetch leaves
@@ -329,13 +340,19 @@ def list_groups(admin: Any, pattern: Any, timeout_s: float, *, other: bool = Tru
     return GroupListing(ids, errors, other_group_ids(admin, ids, pattern, timeout_s) if other else None)
 
 
-def other_group_ids(admin: Any, consumer_ids: Collection[str], pattern: Any, timeout_s: float) -> list[str] | None:
+def other_group_ids(admin: Any, consumer_ids: Collection[str], pattern: Any, timeout_s: float,
+                    missed: list[str] | None = None) -> list[str] | None:
     """Matching groups that are not consumer groups (share, streams), which lagdoctor does not diagnose.
 
     confluent-kafka 2.16 has no share or streams ConsumerGroupType and its
     ListConsumerGroups never returns those groups; the older ListGroups
     (`list_groups`) lists every group the principal may describe, so the
-    difference is the rest. None when that listing fails (unknown)."""
+    difference is the rest. None when that listing fails (unknown).
+
+    A share or streams group is Dead to ListGroups' describe; one in any other
+    state, of protocol type consumer (or none: commits only), is a consumer group
+    ListConsumerGroups missed (its coordinator moved in between): it goes to
+    `missed` when given, not to the others."""
     import warnings
 
     if not hasattr(admin, "list_groups"):
@@ -349,7 +366,11 @@ def other_group_ids(admin: Any, consumer_ids: Collection[str], pattern: Any, tim
         return None
     known = set(consumer_ids)
     # A group that matches the pattern but was not listed as a consumer group just before.
-    others = sorted({g.id for g in everything if g.id not in known and pattern.fullmatch(g.id)})
+    unlisted = [g for g in everything if g.id not in known and pattern.fullmatch(g.id)]
+    if missed is not None:
+        missed.extend(sorted({g.id for g in unlisted if str(g.state or "Dead").lower() != "dead"
+                              and (g.protocol_type or "") in ("", "consumer")}))
+    others = sorted({g.id for g in unlisted} - set(missed or ()))
     with _NOTED_LOCK:
         new = [g for g in others if g not in _NOTED_OTHER]
         _NOTED_OTHER.update(new)
@@ -360,6 +381,114 @@ def other_group_ids(admin: Any, consumer_ids: Collection[str], pattern: Any, tim
 
 def list_group_ids(admin: Any, pattern: Any, timeout_s: float) -> list[str]:
     return list_groups(admin, pattern, timeout_s, other=False).ids
+
+
+OFFSETS_TOPIC = "__consumer_offsets"
+# Seconds to let a coordinator move finish before listing again.
+RELIST_WAIT_S = 1.0
+
+
+def coordinator_layout(metadata: Any) -> tuple[frozenset[int], tuple[tuple[int, int], ...]]:
+    """The brokers and the leader of each __consumer_offsets partition (each group's
+    coordinator); empty leaders when the principal cannot see that topic."""
+    topic = metadata.topics.get(OFFSETS_TOPIC)
+    partitions = (topic.partitions or {}) if topic is not None else {}
+    return frozenset(metadata.brokers), tuple(sorted((p, m.leader) for p, m in partitions.items()))
+
+
+def _layout_change(old: tuple, new: tuple) -> str:
+    old_leaders, new_leaders = dict(old[1]), dict(new[1])
+    moved = sorted(p for p in old_leaders.keys() | new_leaders.keys() if old_leaders.get(p) != new_leaders.get(p))
+    parts = [f"brokers {sorted(old[0])} -> {sorted(new[0])}"] if old[0] != new[0] else []
+    if moved:
+        parts.append(f"{OFFSETS_TOPIC} partitions {moved} changed leader")
+    return ", ".join(parts)
+
+
+def list_groups_checked(admin: Any, pattern: Any, timeout_s: float, metadata: Any, *,
+                        consumer_groups: Collection[str] = (), wait_s: float = RELIST_WAIT_S) -> GroupListing:
+    """list_groups, marked partial when it may have missed groups without an error.
+
+    A broker answers ListGroups only for the coordinator partitions it holds
+    loaded, and leaves out those that just moved (Kafka maps NOT_COORDINATOR to
+    an empty answer): a group whose coordinator moves during the fan-out is in
+    no broker's answer, and no error says so. So the coordinators' layout
+    (brokers, __consumer_offsets leaders) is read again after the listing (one
+    Metadata request for that topic); if it changed, the groups are listed once
+    more after `wait_s`, and if it changed again the listing says groups may be
+    missing. A coordinator partition without a leader is in no answer either.
+
+    `consumer_groups`: groups known to be consumer groups (listed before), never
+    counted as share or streams groups when only ListGroups lists them now.
+    """
+    before = coordinator_layout(metadata)
+    listing = list_groups(admin, pattern, timeout_s, other=False)
+    ids, errors = listing.ids, list(listing.errors)
+    partial: list[str] = []
+    try:
+        # Not asked when the topic is not visible: the request would create it.
+        after = coordinator_layout(admin.list_topics(topic=OFFSETS_TOPIC, timeout=timeout_s)) if before[1] else None
+    except Exception as exc:  # the listing stands; a cluster going away shows in every read that follows
+        log.warning("group coordinators not read again after the listing: %s", _reason(exc))
+        after = None
+    if after is not None:
+        if after != before:
+            log.info("group coordinators moved while the groups were listed; listing again in %g s", wait_s)
+            time.sleep(wait_s)
+            try:
+                again = list_groups(admin, pattern, timeout_s, other=False)
+                settled = coordinator_layout(admin.list_topics(topic=OFFSETS_TOPIC, timeout=timeout_s))
+            except Exception as exc:  # the first listing stands, marked partial
+                partial.append("group listing: the group coordinators moved while the groups were listed "
+                               f"and listing them again failed: {_reason(exc)}")
+            else:
+                # Listed either time means it existed; the second listing's errors are the ones that count.
+                ids, errors = sorted(set(ids) | set(again.ids)), list(again.errors)
+                if settled != after:
+                    partial.append("group listing: the group coordinators moved while the groups were listed "
+                                   f"({_layout_change(after, settled)})")
+                after = settled
+        leaderless = [p for p, leader in after[1] if leader < 0]
+        if leaderless:
+            partial.append(f"group listing: {OFFSETS_TOPIC} partitions {leaderless} have no leader "
+                           "(their groups' coordinator is unavailable)")
+    for error in partial:
+        log.warning("%s: groups may be missing", error)
+    errors += partial
+    missed: list[str] = []
+    other = other_group_ids(admin, set(ids) | set(consumer_groups), pattern, timeout_s, missed)
+    if missed:
+        log.info("%d consumer groups only ListGroups listed (their coordinator moved): read too", len(missed))
+    return GroupListing(sorted(set(ids) | set(missed)), errors, other)
+
+
+# The groups each admin client last listed, per pattern. A group that a later listing
+# leaves out is read directly: only its own coordinator can say it is gone.
+_LAST_LISTED: "weakref.WeakKeyDictionary[Any, dict[str, frozenset[str]]]" = weakref.WeakKeyDictionary()
+_LAST_LISTED_LOCK = threading.Lock()
+
+
+def _listed_before(admin: Any, pattern: Any) -> frozenset[str]:
+    with _LAST_LISTED_LOCK:
+        try:
+            return _LAST_LISTED.get(admin, {}).get(pattern.pattern, frozenset())
+        except TypeError:  # a client that cannot be weakly referenced: no memory
+            return frozenset()
+
+
+def _remember_listed(admin: Any, pattern: Any, ids: Iterable[str]) -> None:
+    with _LAST_LISTED_LOCK:
+        try:
+            _LAST_LISTED.setdefault(admin, {})[pattern.pattern] = frozenset(ids)
+        except TypeError:
+            pass
+
+
+def _is_gone(description: Description, commits: CommitRead) -> bool:
+    """The group's coordinator says it does not exist: dead (or not found) with no commits."""
+    not_found = description.error is not None and "GROUP_ID_NOT_FOUND" in description.error
+    dead = description.error is None and description.state == "DEAD"
+    return (dead or not_found) and commits.error is None and not commits.commits and not commits.partition_errors
 
 
 def group_reader(admin: Any) -> Any:
@@ -714,14 +843,21 @@ def collect_snapshot(
     forget_errors(admin)
     try:
         metadata = admin.list_topics(timeout=timeout_s)
-        listing = list_groups(admin, pattern, timeout_s)
+        # Groups this client listed before (a snapshot that asks for given groups neither uses nor updates them).
+        before = _listed_before(admin, pattern) if exact is None else frozenset()
+        listing = list_groups_checked(admin, pattern, timeout_s, metadata, consumer_groups=before)
     except KafkaException as exc:
         raise CollectionError(failure_message(exc, admin, where)) from None
     ids = listing.ids
     undiagnosed = listing.other
+    vanished: set[str] = set()
     if exact is not None:
         ids = [g for g in ids if g in exact]
         undiagnosed = None if undiagnosed is None else [g for g in undiagnosed if g in exact]
+    else:
+        # Listed by this client before, not now: read directly, kept unless its coordinator says it is gone.
+        vanished = set(before) - set(ids)
+        ids = sorted(set(ids) | vanished)
     window = RequestWindow(max_in_flight, read_budget(timeout_s) if read_budget_s is None else read_budget_s)
 
     partitions_of: dict[str, list[int]] = {}
@@ -751,6 +887,13 @@ def collect_snapshot(
                 gc.collect()
     groups_read = time.monotonic()
 
+    if vanished:
+        gone = {g for g in vanished if _is_gone(described[g], commits[g])}
+        log.info("%d groups listed before were not listed now; read directly, %d still exist",
+                 len(vanished), len(vanished - gone))
+        ids = [g for g in ids if g not in gone]
+    if exact is None:
+        _remember_listed(admin, pattern, ids)
     views = [GroupView(g, described[g], commits[g]) for g in ids]
     # Metadata leaves out both deleted topics and those the principal may not describe.
     denied = unreadable_topics(admin, {t for v in views for t in v.topics()} - set(partitions_of), timeout_s)
