@@ -418,13 +418,13 @@ def test_a_provisional_finding_says_so_in_its_first_line_and_names_no_cause():
     plan = {"runbook": "partition_imbalance", "next_steps": ["Waiting for the diagnosis: still deciding"], "actions": []}
     msg = render_incident(provisional_finding(), plan, run_id="r1")
     first = "orders: still deciding between partition imbalance and stalled consumer on orders.v1[3]; " \
-            "will know by 10:40 UTC (2 more samples)"
+            "will know at the first sweep after 10:40 UTC"
     assert msg["text"] == first  # the notification line
     header = msg["blocks"][0]["text"]["text"]
     assert "Still deciding" in header and "imbalance" not in header.lower()
     lead = section_texts(msg)[0]
     assert lead.startswith(":hourglass: *orders: still deciding between partition imbalance and stalled consumer")
-    assert "will know by 10:40 UTC (2 more samples)" in lead
+    assert "will know at the first sweep after 10:40 UTC" in lead
     texts = "\n".join(section_texts(msg))
     assert "Evidence so far:_ Lag is concentrated on 2 of 6 partitions" in texts
     assert "stood still for 1m00s" in texts
@@ -436,3 +436,14 @@ def test_a_provisional_finding_says_so_in_its_first_line_and_names_no_cause():
     # a decided finding renders as before
     decided = render_incident(finding(provisional=False), None, run_id="r1")
     assert "Partition imbalance" in decided["blocks"][0]["text"]["text"]
+
+
+def test_when_a_provisional_finding_will_be_decided_is_never_promised_early():
+    from lagdoctor.notify.render import decided_by_text
+
+    # the rule's time is 10:40:20: the minute shown is 10:41, and it is the first sweep after it
+    f = provisional_finding(window_end="2026-11-21T10:36:00Z")
+    f["decided_by"] = "2026-11-21T10:40:20Z"
+    assert decided_by_text(f) == "will know at the first sweep after 10:41 UTC"
+    f["decided_by"] = "2026-11-22T00:00:05Z"  # past midnight: the date too
+    assert decided_by_text(f) == "will know at the first sweep after 2026-11-22 00:01 UTC"

@@ -245,7 +245,7 @@ def test_a_provisional_finding_plans_no_remediation_until_decided():
     assert plan.waiting_for_diagnosis and plan.held_actions == ("scale_consumers", "add_partitions")
     assert plan.next_steps[0].startswith("Waiting for the diagnosis: still deciding between producer surge and slow "
                                          "consumer")
-    assert "10:33 UTC (3 more samples)" in plan.next_steps[0]
+    assert "first sweep after 10:33 UTC" in plan.next_steps[0]
     # decided: the same finding plans what it always did
     decided = choose_actions({**f, "provisional": False}, runbooks)
     assert [a.action for a in decided.actions] == ["scale_consumers", "add_partitions"]

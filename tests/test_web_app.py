@@ -362,9 +362,9 @@ def test_a_provisional_finding_is_shown_as_such_on_the_page_and_in_the_api(lag_d
     html = client.get("/").text
     card = html[html.index('data-group="orders-processor"'):html.index('data-group="payments-ledger"')]
     assert "Still deciding: partition imbalance or stalled consumer" in card
-    assert "provisional · will know by 14:40 UTC (2 more samples)" in card
+    assert "provisional · will know at the first sweep after 14:40 UTC" in card
     assert "Partition imbalance" not in card
     (api,) = [f for f in client.get("/api/findings").json()["findings"] if f["group_id"] == "orders-processor"]
     assert api["provisional"] is True and api["deciding_between"] == ["partition_imbalance", "stalled_consumer"]
     assert api["provisional_label"] == ("Still deciding: partition imbalance or stalled consumer · "
-                                        "will know by 14:40 UTC (2 more samples)")
+                                        "will know at the first sweep after 14:40 UTC")

@@ -501,15 +501,19 @@ def deciding_between_text(finding: Mapping[str, Any]) -> str:
 
 
 def decided_by_text(finding: Mapping[str, Any]) -> str:
-    """``will know by 03:20 UTC (2 more samples)``; the date too when it is not the window end's."""
+    """``will know at the first sweep after 03:20 UTC``; the date too when it is not the window
+    end's. The minute is rounded up (never a promise earlier than the rule's), and no sample
+    count: a sweep's samples come in bursts, so the answer comes with the first sweep after it."""
+    from datetime import timedelta
+
     by = _parse_iso(finding.get("decided_by"))
     if by is None:
         return "will know at a later sweep"
+    if by.second or by.microsecond:
+        by = by.replace(second=0, microsecond=0) + timedelta(minutes=1)
     end = _parse_iso(finding.get("window_end"))
     when = by.strftime("%H:%M UTC") if end is None or end.date() == by.date() else by.strftime("%Y-%m-%d %H:%M UTC")
-    n = finding.get("samples_needed")
-    more = f" ({n} more sample{'' if n == 1 else 's'})" if isinstance(n, int) and not isinstance(n, bool) and n > 0 else ""
-    return f"will know by {when}{more}"
+    return f"will know at the first sweep after {when}"
 
 
 def _parse_iso(value: Any):

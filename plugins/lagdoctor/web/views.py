@@ -108,7 +108,7 @@ def title_of(diagnosis: str) -> str:
 
 
 def provisional_label(finding: Mapping[str, Any]) -> tuple[str, str]:
-    """("Still deciding: partition imbalance or stalled consumer", "will know by 10:40 UTC (2 more samples)")
+    """("Still deciding: partition imbalance or stalled consumer", "will know at the first sweep after 10:40 UTC")
     for a provisional finding (issue 18), ("", "") for a decided one."""
     from lagdoctor.notify.render import decided_by_text, deciding_between_text, is_provisional
 
@@ -178,7 +178,7 @@ class FindingView:
     report_url: str | None
     plan: Mapping[str, Any]
     raw: Mapping[str, Any]
-    provisional_note: str = ""  # issue 18: "will know by 10:40 UTC (2 more samples)" while undecided
+    provisional_note: str = ""  # issue 18: "will know at the first sweep after 10:40 UTC" while undecided
 
 
 @dataclass
