@@ -55,6 +55,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from lagdoctor.diagnosis.thresholds import Thresholds
 from lagdoctor.lab.scoring import Score, Sweep, decided, score
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +73,8 @@ THRESHOLDS = {k: type(v)(v / COMPRESSION) for k, v in SCALED.items()}
 WARMUP_S = 150.0
 AFTER_ONSET_S = 330.0
 SWEEP_MIN_INTERVAL_S = 60.0
-STALL_MIN_SNAPSHOTS = 3  # Thresholds.stall_min_snapshots
+STALL_NEED = (Thresholds().stall_min_snapshots, THRESHOLDS["stall_min_seconds"])  # a stall, a loop: counted in time
+PATTERN_NEED = (2, THRESHOLDS["pattern_min_seconds"])  # any rate rule: two samples a pattern's time apart
 
 
 def say(message: str) -> None:
@@ -93,6 +95,8 @@ class Play:
     rate_at: Callable[[float], float] | None = None  # producer rate by seconds since the round began
     at_onset: Callable[["Live"], str] | None = None
     preload: int = 0  # records per partition produced before the consumers start
+    # the evidence the expected rule needs after onset: (samples, seconds); None: the pattern rule's
+    need: tuple[int, float] | None = None
 
     @property
     def negative(self) -> bool:
@@ -156,19 +160,20 @@ def plays(onset: float) -> list[Play]:
         Play("slow", "slow_consumer", "consumer drops to 12 msg/s on every partition; 20 arrive", 2, 20.0,
              [{"max_rate": {0: 12, 1: 12}, "onset_at": onset}]),
         Play("stalled", "stalled_consumer", "consumer stuck on one record of partition 0, alive", 2, 10.0,
-             [{"stuck_at": {0: -1}, "onset_at": onset}], (0,)),
+             [{"stuck_at": {0: -1}, "onset_at": onset}], (0,), need=STALL_NEED),
         Play("crashed", "crashed_consumer", "the only consumer process is SIGKILLed", 2, 10.0, [{}],
              at_onset=_kill_all),
         Play("rebalance", "rebalance_loop", "member 2's batches take 6 s, max.poll.interval.ms 4 s", 2, 10.0,
-             [{"config": LOOP_CONFIG}, {"config": LOOP_CONFIG, "batch_processing_s": 6.0, "onset_at": onset}]),
+             [{"config": LOOP_CONFIG}, {"config": LOOP_CONFIG, "batch_processing_s": 6.0, "onset_at": onset}],
+             need=STALL_NEED),
         # the hard negatives
         Play("assign", "healthy", "assign() consumer, no group membership, keeps up", 2, 10.0, [{"assign": True}]),
         Play("static", "healthy", "static members restarted one by one within their session", 3, 10.0,
              [static(i) for i in range(3)], at_onset=_rolling_restart),
         Play("diurnal", "healthy", "produce rate 5..35 msg/s over a 4-minute 'day'; consumer keeps up", 2, 20.0,
              [{}], rate_at=lambda s: 20.0 + 15.0 * math.sin(2 * math.pi * s / 240.0)),
-        Play("batch", "healthy", "batch consumer: drains and commits every 40 s (sawtooth)", 2, 10.0,
-             [{"batch_every_s": 40.0}]),
+        Play("batch", "healthy", "batch consumer: drains and commits every 75 s (sawtooth)", 2, 10.0,
+             [{"batch_every_s": 75.0}]),
         Play("idle", "healthy", "idle topic: 200 records long consumed, nothing new", 2, 0.0, [{}], preload=200),
         Play("bursty", "healthy", "3 s bursts of 80 msg/s every 30 s over 5; consumer absorbs them", 2, 5.0,
              [{}], rate_at=lambda s: 80.0 if s % 30.0 < 3.0 else 5.0),
@@ -303,17 +308,21 @@ def produced_at(bootstrap: str, topic: str, partition: int, offset: int) -> floa
     return None
 
 
-def time_lag_errors(sweep: Sweep, bootstrap: str) -> list[tuple[str, float]]:
-    """(source, reported - truth) for each lagging partition of the lab's groups."""
-    out = []
+def time_lag_errors(sweep: Sweep, bootstrap: str) -> list[tuple[str, float | None]]:
+    """(source, reported - truth) for each lagging partition of the lab's groups; the
+    error is None where it could not be checked (source "lower_bound", "unknown", or
+    the record unreadable), so the table says how many were left out."""
+    out: list[tuple[str, float | None]] = []
     for s in sweep.statuses:
-        if not s.get("lag") or s.get("time_lag_seconds") is None or s.get("time_lag_lower_bound"):
+        if not s.get("lag"):
+            continue
+        if s.get("time_lag_seconds") is None or s.get("time_lag_lower_bound"):
+            out.append(("lower_bound" if s.get("time_lag_lower_bound") else "unknown", None))
             continue
         committed, snapshot_ts = sweep.last_sample.get((s["topic"], s["partition"]), (None, None))
-        if committed is None:
-            continue
-        sent = produced_at(bootstrap, s["topic"], s["partition"], committed)
+        sent = None if committed is None else produced_at(bootstrap, s["topic"], s["partition"], committed)
         if sent is None:
+            out.append((f"{s.get('time_lag_source') or '?'}, record unreadable here", None))
             continue
         # A record written after the snapshot's time but before its end offset was read
         # waited for nobody at that time: the truth is 0, never negative.
@@ -352,7 +361,8 @@ def run_round(r: int, bootstrap: str, workdir: Path, seed: int) -> tuple[list[Pl
             if sweep.samples and sweep.samples[0] >= warmup_end:
                 errors += time_lag_errors(sweep, bootstrap)
             for live in lives:
-                if live.first_post is None and sweep.samples[-1] >= live.onset and sweep.messages.get(live.group):
+                if (live.first_post is None and sweep.samples and sweep.samples[-1] >= live.onset
+                        and sweep.messages.get(live.group)):
                     live.first_post = json.loads(sweep.messages[live.group][0]).get("text", "")
             got = ", ".join(f"{live.play.name}:{'/'.join(sorted({f['diagnosis'] + ('?' if not decided(f) else '') for f in sweep.findings.get(live.group, [])})) or '-'}"
                             for live in lives)
@@ -360,12 +370,22 @@ def run_round(r: int, bootstrap: str, workdir: Path, seed: int) -> tuple[list[Pl
             n += 1
             time.sleep(max(0.0, SWEEP_MIN_INTERVAL_S - (time.time() - t)))
     finally:
+        from lagdoctor.lab.rates import rate_shortfall
+
         director.halt.set()
         for live in lives:
             for event in live.events:
                 say(f"  event {live.play.name}: {event}")
+            # a steady producer that fell short did not play its incident (shaped rates are not checked)
+            line = None if live.play.rate_at else rate_shortfall(live.topic, live.producer.segments())
+            if line:
+                say(f"  NOT PLAYED AS DESIGNED: {live.play.name}: {line}")
+                SHORTFALLS.append(f"round {r} {live.play.name}: {line}")
         stop(lives)
     return plays_, lives, sweeps, errors, warmup_end
+
+
+SHORTFALLS: list[str] = []
 
 
 def fmt(x: float | None, spec: str = ".0f") -> str:
@@ -400,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.pop("AIRFLOW_CONN_SLACK_API_DEFAULT", None)  # the local outbox, never a real channel
     say(f"broker {bootstrap}; time compressed {COMPRESSION:g}x: samples {SAMPLES} x {SAMPLE_INTERVAL_S:g} s per "
         f"sweep, a sweep every >= {SWEEP_MIN_INTERVAL_S:g} s, window {WINDOW_MINUTES:g} min, thresholds "
-        + ", ".join(f"{k} {SCALED[k]:g} -> {v:g}" for k, v in THRESHOLDS.items()))
+        + ", ".join(f"{k} {SCALED[k]:g} -> {v:g}" for k, v in THRESHOLDS.items())
+        + " (the 10 s between a sweep's own samples is not scaled)")
     results: dict[str, list[Score]] = {}
     stories: dict[str, Play] = {}
     first_posts: dict[str, list[str]] = {}
@@ -415,8 +436,8 @@ def main(argv: list[str] | None = None) -> int:
                     first_posts.setdefault(live.play.name, []).append(live.first_post.splitlines()[0])
                 results.setdefault(live.play.name, []).append(
                     score(sweeps, live.group, live.play.expect, live.play.expect_partitions, live.onset,
-                          warmup_end, min_snapshots=STALL_MIN_SNAPSHOTS,
-                          min_seconds=THRESHOLDS["stall_min_seconds"]))
+                          warmup_end, min_snapshots=(live.play.need or PATTERN_NEED)[0],
+                          min_seconds=(live.play.need or PATTERN_NEED)[1]))
     finally:
         if broker is not None:
             broker.stop()
@@ -424,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     print(render_table(results, stories))
     print()
     print(render_time_lag(errors))
+    print("\nworkloads not played as designed: " + ("; ".join(SHORTFALLS) or "none"))
     print("\nfirst Slack message after onset (first line), per round:")
     for name, posts in first_posts.items():
         for post in posts:
@@ -434,9 +456,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def render_table(results: dict[str, list[Score]], stories: dict[str, Play]) -> str:
-    head = ("| workload | expected | runs | first sweep right | median onset -> right Slack (sweeps) "
-            "| flips | wrong posts | provisional sweeps | critical / warning |")
-    lines = [head, "|" + "---|" * 9]
+    head = ("| workload | expected | runs | first sweep after onset | first sweep with enough samples right "
+            "| median onset -> right Slack (sweeps) | flips | wrong posts | provisional sweeps | critical / warning |")
+    lines = [head, "|" + "---|" * 10]
     for name, scores in results.items():
         play = stories[name]
         judged = [s for s in scores if s.first_sweep_right is not None]
@@ -447,12 +469,16 @@ def render_table(results: dict[str, list[Score]], stories: dict[str, Play]) -> s
         missing = len(scores) - len(times)
         first = f"{right}/{len(judged)}" + (f" ({', '.join(s.first_sweep_verdict for s in judged if not s.first_sweep_right)})"
                                             if right < len(judged) else "")
+        counts: dict[str, int] = {}
+        for sc in scores:
+            counts[sc.first_after_onset_verdict or "-"] = counts.get(sc.first_after_onset_verdict or "-", 0) + 1
+        after = ", ".join(f"{v} {n}" for v, n in sorted(counts.items()))
         if play.negative:
             first, slack = "-", "-"
         else:
             slack = f"{fmt(med)} s ({fmt(med / interval if med else None, '.1f')})" + (
                 f", {missing} never" if missing else "")
-        lines.append(f"| {name}: {play.story} | {play.expect} | {len(scores)} | {first} | {slack} | "
+        lines.append(f"| {name}: {play.story} | {play.expect} | {len(scores)} | {after} | {first} | {slack} | "
                      f"{sum(s.flips for s in scores)} | {sum(s.wrong_posts for s in scores)} | "
                      f"{sum(s.provisional_sweeps for s in scores)} | "
                      f"{sum(s.critical for s in scores)} / {sum(s.warning for s in scores)} |")
@@ -461,13 +487,16 @@ def render_table(results: dict[str, list[Score]], stories: dict[str, Play]) -> s
     return "\n".join(lines)
 
 
-def render_time_lag(errors: list[tuple[str, float]]) -> str:
+def render_time_lag(errors: list[tuple[str, float | None]]) -> str:
     if not errors:
         return "time lag: no lagging partition to check"
-    out = ["| time lag source | partitions checked | max abs error (s) | median abs error (s) |", "|---|---|---|---|"]
+    out = ["| time lag source | lagging partitions | checked | max abs error (s) | median abs error (s) |",
+           "|---|---|---|---|---|"]
     for source in sorted({s for s, _ in errors}):
-        errs = [abs(e) for s, e in errors if s == source]
-        out.append(f"| {source} | {len(errs)} | {max(errs):.3f} | {statistics.median(errs):.3f} |")
+        errs = [abs(e) for s, e in errors if s == source and e is not None]
+        total = sum(1 for s, _ in errors if s == source)
+        out.append(f"| {source} | {total} | {len(errs)} | {fmt(max(errs) if errs else None, '.3f')} | "
+                   f"{fmt(statistics.median(errs) if errs else None, '.3f')} |")
     return "\n".join(out)
 
 

@@ -16,7 +16,8 @@ def finding(diagnosis: str, partitions=(1,), severity="critical", **extra):
 def sweep(n: int, samples: list[float], findings: list[dict], *, posted: bool = True) -> Sweep:
     return Sweep(n=n, started=samples[0] - 1, samples=samples, posted=samples[-1] + 40,
                  findings={GROUP: findings}, statuses=[],
-                 messages={GROUP: ["a message"] if posted else []}, last_sample={})
+                 messages={GROUP: [f"CRITICAL: {', '.join(f['diagnosis'] for f in findings)}"] if posted else []},
+                 last_sample={})
 
 
 def scored(sweeps, expect="partition_imbalance", partitions=(1,)):
@@ -32,6 +33,7 @@ def test_the_first_sweep_with_enough_samples_after_onset_is_the_one_judged():
     ]
     s = scored(sweeps)
     assert (s.first_sweep_right, s.first_sweep_verdict) == (False, "wrong")
+    assert s.first_after_onset_verdict == "right"  # sweep 1: right already, but on too little to judge
     # right at sweep 1 already: the time to the right message counts from there
     assert s.onset_to_slack_s == 1_015 + 40 - ONSET
     # right, then wrong, then right again: one flip
@@ -76,3 +78,13 @@ def test_negatives_count_problem_findings_only_after_the_warm_up():
               sweep(3, [1_125, 1_135], [finding("stalled_consumer")])]
     s = scored(sweeps, expect="healthy", partitions=())
     assert (s.critical, s.warning, s.wrong_posts) == (1, 1, 2)
+
+
+def test_still_deciding_between_causes_that_are_not_the_truth_is_wrong():
+    unsure = finding("partition_imbalance", provisional=True, deciding_between=["partition_imbalance", "stalled_consumer"])
+    assert verdict([unsure], "slow_consumer") == "wrong"
+    assert verdict([unsure], "stalled_consumer", (1,)) == "provisional"
+    # on a negative, a provisional post pages someone all the same
+    s = scored([sweep(1, [1_005, 1_015], [unsure]), sweep(2, [1_065, 1_075], [finding("healthy", (), severity="ok")])],
+               expect="healthy", partitions=())
+    assert s.wrong_posts == 1

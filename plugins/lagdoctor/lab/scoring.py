@@ -8,8 +8,11 @@ one played workload. Pure: sweeps in, numbers out; no clock, no broker.
   provisional), on the expected partitions; *provisional* when it is still
   deciding and the truth is among its candidates.
 - A *flip* is a sweep after the first right one that no longer says it.
-- A *wrong post* is a sweep, before the first right one, that posted a
-  decided, wrong, non-healthy cause for the group to Slack.
+- A *wrong post* is a sweep, before the first right one, that posted to Slack
+  a wrong non-healthy cause for the group, or "still deciding" between causes
+  none of which is the truth (on a negative: any problem at all).
+- The *right Slack message* is the first message of a sweep whose finding is
+  right that names the expected cause.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class Sweep:
 class Score:
     first_sweep_right: bool | None  # None: no sweep had enough samples after onset
     first_sweep_verdict: str
+    first_after_onset_verdict: str  # the first sweep with any sample after onset, enough or not
     onset_to_slack_s: float | None  # None: never posted right
     sweep_interval_s: float
     flips: int
@@ -56,8 +60,8 @@ def verdict(findings: list[dict[str, Any]], expect: str, partitions: tuple[int, 
             return "right"
     if any(not decided(f) and expect in (f.get("deciding_between") or [f["diagnosis"]]) for f in problems):
         return "provisional"
-    if any(decided(f) for f in problems):
-        return "wrong"
+    if problems:
+        return "wrong"  # a wrong cause, or "still deciding" between causes that are not the truth
     return "none"
 
 
@@ -70,17 +74,20 @@ def score(sweeps: list[Sweep], group: str, expect: str, partitions: tuple[int, .
           warmup_end: float, *, min_snapshots: int, min_seconds: float) -> Score:
     seen: list[float] = []
     first_verdict: str | None = None
+    first_after: str | None = None
+    names = (expect, expect.replace("_", " "))
     right_seen, flips, wrong_posts, provisional, slack_s = False, 0, 0, 0, None
     for s in sweeps:
         seen += s.samples
         if not s.samples or s.samples[-1] < onset:
             continue
         v = verdict(s.findings.get(group, []), expect, partitions)
+        first_after = first_after or v
         if first_verdict is None and enough_samples(seen, onset, min_snapshots, min_seconds):
             first_verdict = v
         provisional += v == "provisional"
         if v == "right":
-            if slack_s is None and s.messages.get(group):
+            if slack_s is None and any(n in m for m in s.messages.get(group, []) for n in names):
                 slack_s = s.posted - onset
             right_seen = True
         elif right_seen:
@@ -96,4 +103,4 @@ def score(sweeps: list[Sweep], group: str, expect: str, partitions: tuple[int, .
     starts = [s.started for s in sweeps]
     interval = statistics.median([b - a for a, b in zip(starts, starts[1:])]) if len(starts) > 1 else float("nan")
     return Score(None if first_verdict is None else first_verdict == "right", first_verdict or "",
-                 slack_s, interval, flips, wrong_posts, provisional, critical, warning)
+                 first_after or "", slack_s, interval, flips, wrong_posts, provisional, critical, warning)
