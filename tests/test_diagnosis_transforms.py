@@ -952,6 +952,22 @@ def test_a_commit_standing_still_briefly_is_provisional_between_stalled_and_imba
     assert "partition 1" in f["undecided_because"] and "1m00s" in f["undecided_because"]
 
 
+def test_the_first_sweep_after_a_consumer_got_stuck_is_provisional_not_imbalance(spark, frame):
+    """Sweeps 70 s apart, 2 samples 10 s apart (the lab's cadence): partition 1's consumer got
+    stuck at t=120 while 100 msg/s arrive. The first sweep after sees its commit still at both
+    samples (10 s): a stuck record or a slow owner, not yet known; never a confident imbalance,
+    the first post the live lab saw go wrong."""
+    rows = []
+    for t in (0, 10, 70, 80, 140, 150):
+        for p in (0, 2):
+            rows.append(snap(t, p, 100 * t, 100 * t - 5))
+        rows.append(snap(t, 1, 100 * t, 100 * min(t, 120) - 5))
+    found = [f for f in run_findings(frame(rows)) if f["diagnosis"] != "healthy"]
+    assert [(f["diagnosis"], f["provisional"], f["partitions"]) for f in found] == [
+        ("partition_imbalance", True, [1])]
+    assert found[0]["deciding_between"] == ["partition_imbalance", "stalled_consumer"]
+
+
 def test_the_same_partition_with_more_samples_is_decided_stalled(spark, frame):
     found = run_findings(frame(_hot_partition_frozen_since_60(180)))
     assert [(f["diagnosis"], f["provisional"]) for f in found] == [("stalled_consumer", False)]

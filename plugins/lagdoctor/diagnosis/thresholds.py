@@ -76,8 +76,10 @@ class Thresholds:
     stuck_episodes_min: int = 2
     # Provisional (stalled or imbalanced?): a hot partition's commit has stood still at the last
     # snapshots, with data waiting, for at least this share of stall_min_seconds (or after one stuck
-    # episode already): too long for a slow owner that commits as it goes, too short to call it stuck.
-    provisional_frozen_share: float = 0.5
+    # episode already), too short to call it stuck. 0: as soon as two snapshots show it still: a
+    # sweep's first samples after a consumer got stuck span 10-20 s, and a confident "imbalance"
+    # there was the wrong first post the live lab saw; a slow owner's commit moves, and decides it.
+    provisional_frozen_share: float = 0.0
 
     # rebalance_loop: rebalances (entering one from a settled assignment, or owners changing) in the window.
     rebalance_loop_min: int = 3
