@@ -1037,3 +1037,38 @@ def test_a_second_stuck_episode_decides_stalled(spark, frame):
     found = run_findings(frame(_one_stuck_episode_then_still_again(300)))
     assert [(f["diagnosis"], f["provisional"]) for f in found] == [("stalled_consumer", False)]
     assert found[0]["evidence"]["stuck_episodes"] == 2
+
+
+def _slowed_at(minute, until=30, produce=200, consume=120):
+    """Two partitions at `produce` msg/s, consumed at that rate until `minute`, then at `consume`."""
+    rows = []
+    for k in range(until + 1):
+        t, after = 60 * k, max(0, 60 * (k - minute))
+        for p in range(2):
+            rows.append(snap(t, p, produce * t, produce * (t - after) + consume * after, group="orders"))
+    return rows
+
+
+def test_a_consumer_that_slowed_three_minutes_ago_is_called_slow_at_the_next_sweep(frame):
+    """A consumer drops from 200 to 120 msg/s a partition at minute 27 of a 30-minute window: its window
+    averages (192 of 200) still look like keeping up and the window's line hardly fits a hockey stick, but
+    since the lag began to rise it has fallen 80 msg/s behind on each partition, steadily: slow_consumer now,
+    not healthy until a third of the window follows the onset."""
+    (f,) = run_findings(frame(_slowed_at(27)))
+    assert (f["diagnosis"], f["severity"]) == ("slow_consumer", "critical")
+    assert f["partitions"] == [0, 1]
+    assert f["evidence"]["lag"] == 2 * 80 * 180
+
+
+def test_a_consumer_that_slowed_and_caught_up_again_is_not_slow(frame):
+    """The same drop for three minutes, then back above its load: the lag rose and is draining, no slow consumer."""
+    rows = []
+    for k in range(31):
+        t = 60 * k
+        slow = max(0, min(t, 60 * 27) - 60 * 24)  # seconds at 120 msg/s (minutes 24-27)
+        fast = max(0, t - 60 * 27)  # seconds at 300 msg/s after
+        for p in range(2):
+            rows.append(snap(t, p, 200 * t, min(200 * t, 200 * (t - slow - fast) + 120 * slow + 300 * fast),
+                             group="orders"))
+    (f,) = run_findings(frame(rows))
+    assert f["diagnosis"] == "healthy"

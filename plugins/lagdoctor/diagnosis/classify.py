@@ -27,10 +27,11 @@ every rule that holds yields a finding, none -> one `healthy` finding:
                          there; lag >= warning_lag                                msg/s, 87% of the lag)
  5  producer_surge       not 1, 2; late produce rate >= surge_ratio x the         consumers that kept up, outpaced by
                          baseline (the rate before the lag began to grow, 23);    new load (the onset can be anywhere
-                         lag growing and >= warning_lag; neither 11 nor 12        in the window)
+                         lag growing (26) and >= warning_lag; neither 11 nor 12   in the window)
  6  slow_consumer        not 1, 2, 4, 5; produce steady; most non-stalled         capacity below a steady load
-                         partitions consume below produce; lag climbs steadily
-                         (growing, R^2 >= steady_r2) and >= warning_lag
+                         partitions consume below produce (26); lag climbs
+                         steadily (growing, R^2 >= steady_r2, 26) and
+                         >= warning_lag
 
 Cases that change what the rules above may conclude (the data, not the lag,
 is the problem):
@@ -96,6 +97,12 @@ Cases from the seeds (issue 18; ../shared/seeds: the seven patterns, the case st
                          baseline_lag_share of its window maximum, when they     consumers still kept up, wherever
                          span baseline_min_seconds (shorter ones still count     the rise starts; a surge older than
                          when there are any; else the first third)               most of the window is still one
+26  since the rise       the rates and the climb are also judged over the rows   a consumer that slowed a minute ago
+                         since the lag began to rise (23's "risen", with the     is called at the next sweep, not
+                         row before it; 3 rows at least for the fit): consume    once a third of the window follows
+                         below produce there, or a fitted rise since then        the onset; a lag that rose from the
+                         >= growth_fraction of the lag with R^2 >= steady_r2,    window's start is judged as before
+                         counts as the window's does
 
 Cases the evidence cannot decide yet (issue 18): the finding keeps the leading diagnosis
 with provisional true, deciding_between [it, the other], decided_by and samples_needed (the
@@ -413,6 +420,10 @@ def findings(
     # Incomplete: the partitions' last known lags, not a total that left the unknown ones out.
     lag = F.when(c("data_complete"), c("lag_end")).otherwise(F.coalesce(c("partition_lag_sum"), c("lag_end")))
     growing = (c("lag_growth") > 0) & (c("lag_growth") >= th.growth_fraction * lag)
+    # a steady climb over the window, or since the lag began to rise (3 rows at least: two
+    # always fit a line), so a consumer that slowed a minute ago is called at the next sweep
+    rising = (c("rise_snapshots") >= 3) & (c("rise_growth") > 0) & (c("rise_growth") >= th.growth_fraction * lag)
+    climbing = (growing & (c("lag_r2") >= th.steady_r2)) | (rising & (c("rise_r2") >= th.steady_r2))
     inactive = c("group_state").isin(list(INACTIVE_GROUP_STATES)) | (F.coalesce(c("group_members"), F.lit(-1)) == 0)
     # a rise over the baseline (the load before the lag began to grow), not over the first third:
     # a surge that starts early in the window leaves no first third without it
@@ -445,7 +456,8 @@ def findings(
         c("late_consume_sum") >= th.surge_ceiling_ratio * c("baseline_produce_sum"))
     outpaced = c("late_consume_sum") < (1.0 - th.slow_rate_slack) * c("late_produce_sum")
     surge = (
-        ~crashed & ~loop & surging & widespread & kept_up_before & outpaced & growing & (lag >= th.warning_lag)
+        ~crashed & ~loop & surging & widespread & kept_up_before & outpaced & (growing | rising)
+        & (lag >= th.warning_lag)
     )
     slow = (
         ~crashed
@@ -454,8 +466,7 @@ def findings(
         & ~surge
         & (nonstalled > 0)
         & (c("slow_count") >= th.slow_partition_fraction * nonstalled)
-        & growing
-        & (c("lag_r2") >= th.steady_r2)
+        & climbing
         & (lag >= th.warning_lag)
     )
     # Provisional (issue 18): the evidence cannot yet tell two causes apart.

@@ -274,6 +274,11 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         F.sum(F.when(~F.col("risen"), F.col("dleo"))).alias("base_all_produced"),
         F.sum(F.when(~F.col("risen"), F.col("dcom"))).alias("base_all_consumed"),
         F.sum(F.when(~F.col("risen"), F.col("dt"))).alias("base_all_seconds"),
+        # since the lag began to rise (the interval it rose in included): a consumer that slowed
+        # late in the window is judged on its rates since then, not diluted by the healthy part
+        F.sum(F.when(F.col("risen"), F.col("dleo"))).alias("rise_produced"),
+        F.sum(F.when(F.col("risen"), F.col("dcom"))).alias("rise_consumed"),
+        F.sum(F.when(F.col("risen"), F.col("dt"))).alias("rise_seconds"),
         F.count(F.when(F.col("stuck_episode"), 1)).alias("stuck_episodes_done"),
         # the run the window ends in has no unsettled row after its start
         (F.max("unsettled_cum") - F.coalesce(F.max(F.when(F.col("dcom") > 0, F.col("unsettled_cum"))), F.lit(0))
@@ -326,6 +331,8 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
             # the rates above came from rows before the lag grew, not the first-third fallback
             "baseline_known": F.coalesce((F.col("base_seconds") >= th.baseline_min_seconds)
                                          | (F.col("base_all_seconds") >= th.baseline_min_seconds), F.lit(False)),
+            "rise_produce_rate": _ratio(F.col("rise_produced"), F.col("rise_seconds")),
+            "rise_consume_rate": _ratio(F.col("rise_consumed"), F.col("rise_seconds")),
             "frozen_seconds": F.col("t_last") - F.col("last_adv_t"),
             "time_lag_seconds": time_lag,
             "time_lag_lower_bound": lower,
@@ -395,12 +402,11 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         F.col("hanging_transaction") & F.coalesce(F.col("committed_end") == F.col("last_stable_offset_end"),
                                                   F.lit(False)),
     )
-    feats = feats.withColumn(
-        "slow",
-        ~F.col("stalled")
-        & (F.col("consume_rate") < (1.0 - th.slow_rate_slack) * F.col("produce_rate"))
-        & (F.col("lag_end") > F.col("lag_start")),
-    )
+    # below its load over the window, or since its lag began to rise (a consumer that slowed
+    # a minute ago is still near its load on the window's average)
+    below = (F.col("consume_rate") < (1.0 - th.slow_rate_slack) * F.col("produce_rate")) | F.coalesce(
+        F.col("rise_consume_rate") < (1.0 - th.slow_rate_slack) * F.col("rise_produce_rate"), F.lit(False))
+    feats = feats.withColumn("slow", ~F.col("stalled") & below & (F.col("lag_end") > F.col("lag_start")))
     feats = feats.withColumns(forecast.partition_columns())
     owners = snapshots.groupBy(*PARTITION_KEY).agg(
         F.max_by("member_id", "snapshot_ts").alias("member_id"),
@@ -413,7 +419,8 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
                       "lag_known_end", "lag_null_at_end", "fc_ls_first", "fc_ls_t_first", "fc_ls_t_last",
                       "lso_since_t", "lso_frozen_snapshots", "max_lso_gap_seconds", "tl_record_after",
                       "base_produced", "base_consumed", "base_seconds",
-                      "base_all_produced", "base_all_consumed", "base_all_seconds", "stuck_episodes_done", "open_run_unsettled")
+                      "base_all_produced", "base_all_consumed", "base_all_seconds", "stuck_episodes_done", "open_run_unsettled",
+                      "rise_produced", "rise_consumed", "rise_seconds")
 
 
 def stall_pending_columns(waiting, th: Thresholds) -> dict:
@@ -586,7 +593,16 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
             "state_changed": F.col("prev_state").isNotNull() & (F.col("group_state") != F.col("prev_state")),
         }
     )
-    s = s.withColumn("dy", F.col("y") - F.lag("y").over(w))
+    # the group's lag has passed baseline_lag_share of its window maximum (here or before)
+    s = s.withColumn("risen", F.coalesce(F.max(F.col("total_lag") > th.baseline_lag_share * F.col("lag_max_all")).over(
+        w.rowsBetween(Window.unboundedPreceding, 0)), F.lit(False)))
+    s = s.withColumns({
+        "dy": F.col("y") - F.lag("y").over(w),
+        # the rows since the lag began to rise, with the last one before it: the climb's own fit
+        "in_rise": F.col("risen") | F.coalesce(F.lead("risen").over(w), F.lit(False)),
+    })
+    rise_t = F.when(F.col("in_rise") & F.col("total_lag").isNotNull(), F.col("t") - F.col("s_first"))
+    rise_lag = F.when(F.col("in_rise"), F.col("total_lag"))
     # the diffs from the fastest rise down: what share of the total rise happens
     # in the fastest quarter of the window's time (staircase: nearly all of it).
     # Time, not a count of diffs: at the sweep's cadence (3 samples 10 s apart
@@ -628,6 +644,11 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
         F.covar_pop("x", "total_lag").alias("cov_xl"),
         F.var_pop("x").alias("var_x"),
         F.corr("x", "total_lag").alias("corr_xl"),
+        F.covar_pop(rise_t, rise_lag).alias("cov_rise"),
+        F.var_pop(rise_t).alias("var_rise"),
+        F.corr(rise_t, rise_lag).alias("corr_rise"),
+        F.count(rise_t).alias("rise_snapshots"),
+        (F.max(rise_t) - F.min(rise_t)).alias("rise_span"),
         # shape of y
         F.min_by("y", "t").alias("y_start"),
         F.max_by("y", "t").alias("y_end"),
@@ -674,6 +695,10 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
         F.coalesce(_ratio(F.col("late_produced"), F.col("late_seconds")), F.lit(0.0)).alias("late_produce_rate"),
         F.coalesce(_ratio(F.col("cov_xl"), F.col("var_x")), F.lit(0.0)).alias("lag_growth"),
         F.coalesce(F.col("corr_xl") * F.col("corr_xl"), F.lit(0.0)).alias("lag_r2"),
+        # the same fit over the rows since the lag began to rise: the fitted rise since then
+        "rise_snapshots",
+        F.coalesce(_ratio(F.col("cov_rise"), F.col("var_rise")) * F.col("rise_span"), F.lit(0.0)).alias("rise_growth"),
+        F.coalesce(F.col("corr_rise") * F.col("corr_rise"), F.lit(0.0)).alias("rise_r2"),
         (F.col("lag_max") < F.col("noise_floor")).alias("below_noise_floor"),
         "y_start",
         "y_end",
