@@ -3,7 +3,7 @@
     spark-submit [--py-files lagdoctor.zip] spark_jobs/diagnose_lag.py \\
         --snapshots PATH --output PATH [--as-of ISO-8601] [--window-minutes N] \\
         [--clusters NAME[,NAME...]] [--groups REGEX] [--topic NAME] \\
-        [--warning-lag N --critical-lag N ...]   (every field of Thresholds)
+        [--carry-from PATH] [--warning-lag N --critical-lag N ...]   (every field of Thresholds)
 
 Extract -> transform -> load; the transforms live in lagdoctor.diagnosis.
 --clusters lists only those cluster=<name> folders of the store (and drops
@@ -19,6 +19,9 @@ is moved to <store>/_quarantine/ (with --quarantine), listed in
 quarantined.jsonl and named once on stderr; the rest is diagnosed.
 The outputs are written last, after every row is collected, and then
 _SUCCESS (rows and bytes of each output): a folder without it is incomplete.
+--carry-from names the previous run's findings.jsonl (or its folder): a surge
+that outlasts the window keeps the baseline that run measured (rule case 27);
+one that cannot be read gets a one-line warning, and the run goes on without.
 Exit codes: 0 outputs written (empty input -> empty outputs), 2 bad
 arguments or missing path, 3 a missing column in every file or an
 unreadable input, 1 any other failure. Failures print one line on stderr.
@@ -48,6 +51,8 @@ def parse_args(argv):
     parser.add_argument("--quarantine", action="store_true",
                         help="move files that cannot be read to <snapshots>/_quarantine/ and diagnose the rest "
                              "(without it such a file fails the job, and nothing under --snapshots is moved)")
+    parser.add_argument("--carry-from", default=None, metavar="PATH",
+                        help="the previous run's findings.jsonl or its folder: surges older than the window")
     for f in fields(Thresholds):
         parser.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None, dest=f.name)
     args = parser.parse_args(argv)
@@ -117,7 +122,8 @@ def main(argv=None) -> int:
         # transform
         partitions = partition_features(in_window, thresholds).cache()
         group_feats = group_features(group_series(in_window, partitions), thresholds).cache()
-        found = findings(partitions, group_feats, thresholds, start, end)
+        carried = read_carried(spark, args.carry_from) if args.carry_from else None
+        found = findings(partitions, group_feats, thresholds, start, end, carried=carried)
         status = partition_status(partitions, group_feats, int(end.timestamp() * 1000), thresholds)
         # load: the outputs, then _SUCCESS last (a reader skips the folder until then)
         write_outputs(found, status, read.quarantined, args.output, now=datetime.now(timezone.utc).isoformat())
@@ -130,6 +136,23 @@ def main(argv=None) -> int:
         return fail(code, f"cannot diagnose {args.snapshots}: {message}")
     finally:
         spark.stop()
+
+
+def read_carried(spark, path: str):
+    """The previous run's surges (lagdoctor.diagnosis.classify.carried_baselines), or None with a
+    one-line warning when its findings cannot be read: the run is then judged on its window alone."""
+    from lagdoctor.diagnosis.classify import carried_baselines
+    from lagdoctor.diagnosis.output import print_error_line
+    from lagdoctor.diagnosis.snapshots import one_line
+
+    source = path if path.endswith(".jsonl") else path.rstrip("/") + "/findings.jsonl"
+    schema = ("cluster string, group_id string, topic string, diagnosis string, provisional boolean, "
+              "evidence struct<baseline_produce_rate: double, baseline_consume_rate: double, data_end: string>")
+    try:
+        return carried_baselines(spark.read.schema(schema).json(source)).cache()
+    except Exception as exc:  # missing or unreadable: nothing carried, said once
+        print_error_line(f"diagnose_lag: WARNING: nothing carried from {source} ({one_line(exc)[:200]})")
+        return None
 
 
 def _is_input_error(message: str) -> bool:

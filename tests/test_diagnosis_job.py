@@ -182,3 +182,53 @@ def test_clusters_and_a_window_without_as_of_read_only_what_they_name(tmp_path):
     assert scoped_out.returncode == 0, scoped_out.stderr
     out = tmp_path / "out-scoped-out"
     assert (out / "findings.jsonl").read_text() == "" == (out / "partition_status.jsonl").read_text()
+
+
+def _surge_store(path):
+    """Two partitions at 20 msg/s, consumed as they arrive; at minute 10 producers jump to 100 msg/s and the
+    consumers top out at 30. A snapshot a minute for an hour."""
+    from datetime import datetime, timedelta, timezone
+
+    import pyarrow as pa
+
+    from lagdoctor.contracts import snapshot_arrow_schema
+    from lagdoctor.lab.sim import write_table
+
+    t0 = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
+    rows = []
+    for k in range(61):
+        t, after = 60 * k, max(0, 60 * (k - 10))
+        for p in range(2):
+            leo, committed = 20 * (t - after) + 100 * after, 20 * (t - after) + 30 * after
+            rows.append({"snapshot_ts": t0 + timedelta(seconds=t), "cluster": "c", "group_id": "clicks",
+                         "group_state": "STABLE", "topic": "t", "partition": p, "log_start_offset": 0,
+                         "log_end_offset": leo, "committed_offset": committed, "lag": leo - committed,
+                         "member_id": "consumer-1-aaa", "client_id": "consumer-1", "host": "10.0.0.1",
+                         "group_members": 1})
+    write_table(pa.Table.from_pylist(rows, schema=snapshot_arrow_schema()), str(path), "c")
+
+
+def test_a_surge_that_outlasts_the_window_is_still_a_surge_on_the_next_run(tmp_path):
+    """Rule case 27 end to end: the run that saw the surge begin says producer_surge; a later run whose window
+    holds only the surge reads the earlier run's findings (--carry-from) and says producer_surge too, where on
+    its window alone (or with findings it cannot read: one warning line) it says slow_consumer."""
+    store = tmp_path / "snapshots"
+    _surge_store(store)
+    first, later, unread = tmp_path / "first", tmp_path / "later", tmp_path / "unread"
+    window = ["--window-minutes", "20"]
+    with ThreadPoolExecutor(2) as pool:
+        seen = pool.submit(run_job, store, first, "--as-of", "2026-11-21T12:25:00Z", *window)
+        alone = pool.submit(run_job, store, unread, "--as-of", "2026-11-21T13:00:00Z", *window,
+                            "--carry-from", str(tmp_path / "nowhere"))
+        seen, alone = seen.result(), alone.result()
+    assert seen.returncode == 0, seen.stderr
+    assert [f["diagnosis"] for f in read_jsonl(first / "findings.jsonl")] == ["producer_surge"]
+    assert alone.returncode == 0, alone.stderr
+    ours = [line for line in alone.stderr.splitlines() if line.startswith("diagnose_lag:")]
+    assert len(ours) == 1 and ours[0].startswith("diagnose_lag: WARNING: nothing carried from")
+    assert [f["diagnosis"] for f in read_jsonl(unread / "findings.jsonl")] == ["slow_consumer"]
+
+    carried = run_job(store, later, "--as-of", "2026-11-21T12:40:00Z", *window, "--carry-from", str(first))
+    assert carried.returncode == 0, carried.stderr
+    (f,) = read_jsonl(later / "findings.jsonl")
+    assert (f["diagnosis"], f["evidence"]["baseline_source"]) == ("producer_surge", "previous run")

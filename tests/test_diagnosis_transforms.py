@@ -50,7 +50,7 @@ def frame(spark):
     return build
 
 
-def run_findings(df, thresholds=None, with_status=False):
+def run_findings(df, thresholds=None, with_status=False, carried=None):
     from lagdoctor.diagnosis.classify import findings
     from lagdoctor.diagnosis.features import group_features, group_series, partition_features
     from lagdoctor.diagnosis.status_job import partition_status
@@ -59,7 +59,7 @@ def run_findings(df, thresholds=None, with_status=False):
     th = thresholds or Thresholds()
     pf = partition_features(df, th)
     gf = group_features(group_series(df, pf), th)
-    found = [r.asDict(recursive=True) for r in findings(pf, gf, th).collect()]
+    found = [r.asDict(recursive=True) for r in findings(pf, gf, th, carried=carried).collect()]
     if not with_status:
         return found
     end_ms = int(df.agg({"snapshot_ts": "max"}).first()[0].timestamp() * 1000)
@@ -1072,3 +1072,47 @@ def test_a_consumer_that_slowed_and_caught_up_again_is_not_slow(frame):
                              group="orders"))
     (f,) = run_findings(frame(rows))
     assert f["diagnosis"] == "healthy"
+
+
+def _surge_older_than_the_window():
+    """30 minutes of a surge that began before the window: 100 msg/s a partition arrive, consumers top out at
+    30, the lag is deep from the first snapshot (nothing in the window shows the load before it)."""
+    rows = []
+    for k in range(31):
+        t = 60 * k
+        for p in range(2):
+            rows.append(snap(t, p, 900_000 + 100 * t, 500_000 + 30 * t, group="clicks"))
+    return rows
+
+
+def _previous(spark, diagnosis="producer_surge", data_end=T0 + timedelta(minutes=25), provisional=False):
+    from lagdoctor.diagnosis.classify import carried_baselines
+
+    row = {"cluster": "c", "group_id": "clicks", "topic": "t", "diagnosis": diagnosis, "provisional": provisional,
+           "evidence": {"baseline_produce_rate": 40.0, "baseline_consume_rate": 40.0,
+                        "data_end": data_end.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}}
+    schema = ("cluster string, group_id string, topic string, diagnosis string, provisional boolean, "
+              "evidence struct<baseline_produce_rate: double, baseline_consume_rate: double, data_end: string>")
+    return carried_baselines(spark.createDataFrame([row], schema))
+
+
+def test_a_surge_older_than_the_window_stays_a_surge_with_the_baseline_the_previous_run_measured(spark, frame):
+    """Rule case 27: alone, this window reads as consumers too slow for a steady load; the previous run saw
+    the surge begin (40 msg/s that the consumers kept up with): it is still that surge, not a flip to slow."""
+    alone = {f["diagnosis"] for f in run_findings(frame(_surge_older_than_the_window()))}
+    assert alone == {"slow_consumer"}
+    (f,) = run_findings(frame(_surge_older_than_the_window()), carried=_previous(spark))
+    assert f["diagnosis"] == "producer_surge"
+    assert f["evidence"]["baseline_source"] == "previous run"
+    assert f["summary"].startswith("produce rate rose 5.0x (40 -> 200 msg/s) while consumers went from 40 to 60")
+
+
+@pytest.mark.parametrize("previous", [
+    {"data_end": T0 - timedelta(minutes=20)},  # a gap: the runs between are missing, the lag may have cleared
+    {"provisional": True},  # it never said surge
+    {"diagnosis": "slow_consumer"},
+], ids=["gap-before-the-window", "provisional", "not-a-surge"])
+def test_nothing_is_carried_across_a_gap_or_from_a_run_that_did_not_decide_surge(spark, frame, previous):
+    found = run_findings(frame(_surge_older_than_the_window()), carried=_previous(spark, **previous))
+    assert {f["diagnosis"] for f in found} == {"slow_consumer"}
+    assert {f["evidence"]["baseline_source"] for f in found} == {"first third"}

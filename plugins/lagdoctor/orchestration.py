@@ -574,12 +574,13 @@ def prepare_diagnosis(
     bindir = str(Path(sys.executable).parent)
     scope = {k: v for k, v in (("groups", group_pattern), ("topic", topic)) if v}
     as_of = as_of or datetime.now(timezone.utc)
+    carry_from = previous_findings(settings, dag_id, output, as_of) if dag_id else None
     return {
         "application": default_job_script(),
         "py_files": build_package_zip(work_dir),
         "args": job_arguments(snapshots, output, as_of=as_of.isoformat(),
                               window_minutes=window_minutes, thresholds=check_thresholds(thresholds),
-                              quarantine=True, **scope) + only,
+                              quarantine=True, carry_from=carry_from, **scope) + only,
         "output": output,
         "clusters": clusters,
         "python": sys.executable,
@@ -589,6 +590,29 @@ def prepare_diagnosis(
         # decides the driver JVM's options (C1 only for a small local job)
         "input_bytes": window_input_bytes(snapshots, as_of, window_minutes, clusters if only else None),
     }
+
+
+def previous_findings(settings: Settings, dag_id: str, output: str, before: datetime) -> str | None:
+    """findings.jsonl of the newest planned run of `dag_id` before `before` (not this run's own
+    folder, a retry's): a surge older than the window keeps that run's baseline (rule case 27).
+    None when there is none, or the run index cannot be read (the run is judged on its window alone)."""
+    from lagdoctor.contracts import FINDINGS_FILE
+    from lagdoctor.runindex import parse_time, refresh
+
+    try:
+        index = refresh(settings.findings_root)
+    except (OSError, ValueError) as exc:
+        log.warning("no previous run to carry surges from: the run index could not be read (%s)", exc)
+        return None
+    before = before if before.tzinfo else before.replace(tzinfo=timezone.utc)
+    own = output.rstrip("/").rsplit("/", 1)[-1]
+    newest = None
+    for key, rec in index.runs.items():
+        meta = rec.get("meta") or {}
+        at = parse_time(meta.get("planned_at"))
+        if key != own and meta.get("dag_id") == dag_id and at is not None and at < before:
+            newest = max(newest or (at, key), (at, key))
+    return join(settings.findings_root, newest[1], FINDINGS_FILE) if newest else None
 
 
 # Exit codes of spark_jobs/diagnose_lag.py that a retry cannot change.

@@ -103,6 +103,12 @@ Cases from the seeds (issue 18; ../shared/seeds: the seven patterns, the case st
                          below produce there, or a fitted rise since then        the onset; a lag that rose from the
                          >= growth_fraction of the lag with R^2 >= steady_r2,    window's start is judged as before
                          counts as the window's does
+27  surge older than     5 holds in the previous run (decided), this window has  5 still holds: a surge that outlasts
+    the window           no baseline of its own (no partition's lag was below    the window left no rows from before
+                         23's share in it) and the previous run's data reaches   it, and the rates alone would read
+                         into this window: its baseline is carried (evidence     as a slow consumer (a flip)
+                         baseline_source "previous run"); the rise is taken as
+                         topic-wide, as it was when it was seen
 
 Cases the evidence cannot decide yet (issue 18): the finding keeps the leading diagnosis
 with provisional true, deciding_between [it, the other], decided_by and samples_needed (the
@@ -202,6 +208,25 @@ _FOCUS_FIELDS = (
     "blocked_by_transaction",
     "stuck_episodes",
 )
+
+
+# Rule case 27: what a run keeps of the previous run's surges.
+CARRIED_COLUMNS = ("carried_produce", "carried_consume", "carried_t_end")
+
+
+def carried_baselines(previous_findings):
+    """The previous run's findings (contract 2 rows) -> per (cluster, group_id, topic) the
+    baseline of its decided producer_surge findings and the end of the data it saw."""
+    from pyspark.sql import functions as F
+
+    e = F.col("evidence")
+    surges = previous_findings.where(
+        (F.col("diagnosis") == "producer_surge") & ~F.coalesce(F.col("provisional"), F.lit(False)))
+    return surges.groupBy(*GROUP_KEY).agg(
+        F.max(e["baseline_produce_rate"].cast("double")).alias("carried_produce"),
+        F.max(e["baseline_consume_rate"].cast("double")).alias("carried_consume"),
+        F.max(F.unix_micros(F.to_timestamp(e["data_end"])) / 1e6).alias("carried_t_end"),
+    )
 
 
 def partition_rollup(partition_feats, thresholds: Thresholds = Thresholds()):
@@ -377,12 +402,14 @@ def findings(
     thresholds: Thresholds = Thresholds(),
     window_start: datetime | None = None,
     window_end: datetime | None = None,
+    carried=None,
 ):
     """(partition features, group features) -> findings rows (contract 2 fields).
 
     `evidence` is a struct with the same fields in every finding; `partitions`
     lists the partitions the finding is about (empty for whole-topic findings).
     window_start/window_end default to each group's first/last snapshot.
+    `carried`: the previous run's surges (``carried_baselines``), rule case 27.
     """
     from pyspark.sql import functions as F
 
@@ -390,6 +417,18 @@ def findings(
     c = F.col
     g = group_feats.join(partition_rollup(partition_feats, th), list(GROUP_KEY), "left")
     g = g.join(F.broadcast(group_read_state(partition_feats)), ["cluster", "group_id"], "left")
+    # 27: a surge older than the window keeps the baseline the run that saw it begin measured
+    if carried is not None:
+        g = g.join(F.broadcast(carried), list(GROUP_KEY), "left")
+    else:
+        g = g.withColumns({name: F.lit(None).cast("double") for name in CARRIED_COLUMNS})
+    use_carry = (c("carried_produce") > 0) & (F.coalesce(c("baseline_known_count"), F.lit(0)) == 0) & (
+        c("carried_t_end") >= c("t_first"))
+    g = g.withColumn("baseline_carried", F.coalesce(use_carry, F.lit(False)))
+    g = g.withColumns({
+        "baseline_produce_sum": F.when(c("baseline_carried"), c("carried_produce")).otherwise(c("baseline_produce_sum")),
+        "baseline_consume_sum": F.when(c("baseline_carried"), c("carried_consume")).otherwise(c("baseline_consume_sum")),
+    })
     is_marker = c("topic") == GROUP_MARKER_TOPIC  # the group-level failure row's own key
     # the group-level row is a finding of its own only when nothing else is known of the group
     g = g.where(~is_marker | ~F.coalesce(c("has_topics"), F.lit(False)))
@@ -450,7 +489,8 @@ def findings(
            | (c("far_hot_count") >= 1))
         & (lag >= th.warning_lag)
     )
-    widespread = c("surging_count") > th.surge_partition_fraction * c("busy_count")
+    # (a carried baseline is a group sum: the run that carried it saw the rise topic-wide)
+    widespread = (c("surging_count") > th.surge_partition_fraction * c("busy_count")) | c("baseline_carried")
     # kept up in the baseline, or they now consume well above its rate (so they could have)
     kept_up_before = (c("baseline_consume_sum") >= th.surge_keepup_ratio * c("baseline_produce_sum")) | (
         c("late_consume_sum") >= th.surge_ceiling_ratio * c("baseline_produce_sum"))
@@ -480,6 +520,7 @@ def findings(
     base_pending = (
         ~crashed & ~loop
         & (F.coalesce(c("baseline_known_count"), F.lit(0)) == 0)
+        & ~c("baseline_carried")
         & (c("window_seconds") < base_need)
         & (interval > 0)
     )
@@ -758,6 +799,11 @@ def findings(
         F.round(c("surge_ratio"), 3).alias("surge_ratio"),
         F.round(c("baseline_produce_sum"), 3).alias("baseline_produce_rate"),
         F.round(c("baseline_consume_sum"), 3).alias("baseline_consume_rate"),
+        # where the baseline came from: the rows before the lag rose, the first third (the lag
+        # rose from the window's start), or the previous run's surge (27)
+        F.when(c("baseline_carried"), F.lit("previous run"))
+        .when(F.coalesce(c("baseline_known_count"), F.lit(0)) > 0, F.lit("before the rise"))
+        .otherwise(F.lit("first third")).alias("baseline_source"),
         f["stuck_episodes"].alias("stuck_episodes"),
         F.round(f["time_lag_seconds"], 3).alias("time_lag_seconds"),
         f["time_lag_lower_bound"].alias("time_lag_lower_bound"),

@@ -102,6 +102,7 @@ def job_arguments(
     groups: str | None = None,
     topic: str | None = None,
     quarantine: bool = False,
+    carry_from: str | None = None,
 ) -> list[str]:
     """The job's own arguments (contract 2), e.g. for SparkSubmitOperator(application_args=...).
 
@@ -119,6 +120,8 @@ def job_arguments(
         args += ["--topic", str(topic)]
     if quarantine:
         args.append("--quarantine")
+    if carry_from is not None:
+        args += ["--carry-from", str(carry_from)]
     for name, value in (thresholds or {}).items():
         args += ["--" + name.replace("_", "-"), str(value)]
     return args
