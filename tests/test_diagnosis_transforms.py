@@ -1116,3 +1116,24 @@ def test_nothing_is_carried_across_a_gap_or_from_a_run_that_did_not_decide_surge
     found = run_findings(frame(_surge_older_than_the_window()), carried=_previous(spark, **previous))
     assert {f["diagnosis"] for f in found} == {"slow_consumer"}
     assert {f["evidence"]["baseline_source"] for f in found} == {"first third"}
+
+
+
+# A batch consumer of the live lab (drains everything and commits every 75 s), as a sweep sampled it: two
+# snapshots 10 s apart about every minute, a window of 6 minutes; (seconds, log end offset, committed) on
+# each of its two partitions (time compressed 5x: warning_lag 200).
+LAB_BATCH = [(0.0, 26, 25), (10.0, 125, 35), (80.2, 828, 811), (90.2, 927, 811), (150.2, 1528, 811),
+             (160.2, 1627, 1593), (217.3, 2198, 1593), (227.3, 2298, 1593), (289.4, 2920, 2376), (299.4, 3018, 2376)]
+
+
+def test_a_batch_consumer_sampled_every_minute_is_not_a_slow_consumer(frame):
+    """Seen live in the lab: the 75 s rhythm, sampled every minute, aliases into lag that reads as a climb
+    (68, 1,410, 1,284 at three sweeps) and window rates short of what arrives: it was posted as a critical
+    slow_consumer. Its commit stands still between snapshots and then passes all that waited, a backlog as big
+    as today's: a batch rhythm, healthy. (A consumer that commits as it goes, too slowly, stays slow: above.)"""
+    from lagdoctor.diagnosis.thresholds import Thresholds
+
+    rows = [snap(t, p, leo, committed, group="batch") for t, leo, committed in LAB_BATCH for p in range(2)]
+    lab = Thresholds(warning_lag=200, critical_lag=2000, pattern_min_lag=20, pattern_min_seconds=12.0,
+                     baseline_min_seconds=12.0, stall_min_seconds=24.0)
+    assert {f["diagnosis"] for f in run_findings(frame(rows), lab)} == {"healthy"}
