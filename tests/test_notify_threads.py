@@ -291,3 +291,34 @@ def test_a_provisional_incident_confirmed_as_its_leading_cause_gets_the_decided_
     root, reply = server.messages
     assert reply["thread_ts"] == server.posts[0].ts and "Decided" in reply["text"]
     assert "partition imbalance" in reply["text"]
+
+
+def stalled(**kw):
+    return finding("stalled_consumer", "critical", partitions=(1,), lag=5000, provisional=False,
+                   summary="partition 1 stopped committing", **kw)
+
+
+def test_an_action_posted_before_is_not_posted_again_after_a_provisional_thread_takes_its_key(settings,
+                                                                                              slack_connection):
+    """A stalled-consumer thread posted an action result and closed; a provisional thread later decides
+    stalled_consumer and takes that key. The retried action task must still find its marker, even once
+    retention removed the old Slack message (the outbox's own dedupe no longer knows it)."""
+    from lagdoctor.state import prune_notifications
+
+    server = slack_connection
+    record = {"cluster": "prod", "group_id": "orders", "topic": "orders.v1", "diagnosis": "stalled_consumer",
+              "idempotency_key": "k1", "action": "restart_consumer", "status": "executed",
+              "message": "restarted shop/orders-7"}
+    assert post_or_update_incident(stalled(), None, run_id="run-1", now=T0)["decision"] == "posted"
+    assert post_action_result(record, now=T0 + timedelta(minutes=1))["decision"] == "replied"
+    healthy_again = post_or_update_incident(healthy(), None, run_id="run-2", now=T0 + timedelta(minutes=10))
+    assert healthy_again["decision"] == "recovered"
+    assert post_or_update_incident(provisional(), None, run_id="run-3",
+                                   now=T0 + timedelta(minutes=15))["decision"] == "posted"
+    prune_notifications(ThreadStore().db, T0 + timedelta(minutes=5))
+    decided = post_or_update_incident(stalled(), None, run_id="run-4", now=T0 + timedelta(minutes=20))
+    assert decided["decided"] is True
+    # the retried action task of run-1
+    assert post_action_result(record, now=T0 + timedelta(minutes=21))["decision"] == "unchanged"
+    assert [m["text"] for m in server.messages].count(server.messages[1]["text"]) == 1
+    assert sum("restart_consumer" in json.dumps(m) for m in server.messages) == 1

@@ -159,18 +159,24 @@ class ThreadStore:
 
     def rekey(self, state: ThreadState, diagnosis: str, *, conn: sa.Connection) -> ThreadState:
         """Rule 7: the thread now belongs to the decided cause. A closed thread left under that
-        key is replaced, as a new post would replace it."""
+        key is replaced, as a new post would replace it, but its posted-action markers carry
+        over: an action result already posted for that diagnosis must not be posted again."""
         from lagdoctor.state import incident_threads as t
 
         old, new = state.key, IncidentKey(state.key.cluster, state.key.group_id, state.key.topic, diagnosis)
         if new == old:
             return state
+        replaced = self.get(new, conn=conn)
+        if replaced is not None:
+            state.posted_actions = [*replaced.posted_actions,
+                                    *(m for m in state.posted_actions if m not in replaced.posted_actions)]
         conn.execute(sa.delete(t).where(t.c.cluster == new.cluster, t.c.group_id == new.group_id,
                                         t.c.topic == new.topic, t.c.diagnosis == new.diagnosis))
         conn.execute(sa.update(t).where(t.c.cluster == old.cluster, t.c.group_id == old.group_id,
                                         t.c.topic == old.topic, t.c.diagnosis == old.diagnosis)
                      .values(diagnosis=new.diagnosis))
         state.key = new
+        self.save(state, conn=conn)  # the carried markers are stored even if nothing is said now
         return state
 
     def all(self) -> Iterator[ThreadState]:
