@@ -320,5 +320,52 @@ def test_an_action_posted_before_is_not_posted_again_after_a_provisional_thread_
     assert decided["decided"] is True
     # the retried action task of run-1
     assert post_action_result(record, now=T0 + timedelta(minutes=21))["decision"] == "unchanged"
-    assert [m["text"] for m in server.messages].count(server.messages[1]["text"]) == 1
     assert sum("restart_consumer" in json.dumps(m) for m in server.messages) == 1
+
+
+def texts_in_thread(server, root_index: int) -> list[str]:
+    ts = server.posts[root_index].ts
+    return [m["blocks"][0]["text"]["text"] for m in server.messages if m.get("thread_ts") == ts]
+
+
+def test_a_provisional_thread_whose_cause_turned_out_outside_its_candidates_is_closed_pointing_on(
+        settings, slack_connection):
+    """Deciding between partition imbalance and stalled consumer, then the group crashed: the crash gets
+    its own thread, and the provisional one one closing reply, not left saying "still deciding"."""
+    server = slack_connection
+    assert post_or_update_incident(provisional(), None, run_id="run-1", now=T0)["decision"] == "posted"
+    crashed = finding("crashed_consumer", "critical", partitions=(0, 1), lag=9000, provisional=False,
+                      summary="no live members")
+    result = post_or_update_incident(crashed, None, run_id="run-2", now=T0 + timedelta(minutes=5))
+    assert result["decision"] == "posted" and result["superseded"] == ["partition_imbalance"]
+    provisional_root, crash_root, closing = server.messages
+    assert "thread_ts" not in crash_root and "crashed_consumer" in crash_root["text"]
+    assert closing["thread_ts"] == server.posts[0].ts
+    assert texts_in_thread(server, 0) == [
+        ":arrow_right: *Now crashed consumer* (was still deciding between partition imbalance and stalled "
+        "consumer): followed in its own thread. This thread is closed."]
+    # the next sweep says nothing more anywhere, and no thread is left "still deciding"
+    again = post_or_update_incident(crashed, None, run_id="run-3", now=T0 + timedelta(minutes=10))
+    assert again["decision"] == "unchanged" and len(server.messages) == 3
+    assert [(s.key.diagnosis, s.provisional) for s in ThreadStore().all() if s.status == "open"] == [
+        ("crashed_consumer", False)]
+
+
+def test_a_provisional_thread_decided_into_a_cause_another_open_thread_holds_is_closed_pointing_there(
+        settings, slack_connection):
+    server = slack_connection
+    assert post_or_update_incident(stalled(), None, run_id="run-1", now=T0)["decision"] == "posted"
+    # an unsure sweep with the other candidate leading: a thread of its own says "still deciding"
+    assert post_or_update_incident(provisional(), None, run_id="run-2",
+                                   now=T0 + timedelta(minutes=5))["decision"] == "posted"
+    result = post_or_update_incident(stalled(), None, run_id="run-3", now=T0 + timedelta(minutes=10))
+    assert result["decision"] == "unchanged" and result["superseded"] == ["partition_imbalance"]
+    assert texts_in_thread(server, 1) == [
+        ":white_check_mark: *Decided:* stalled consumer (was still deciding between partition imbalance and "
+        "stalled consumer): followed in its existing thread, opened 10:00 UTC. This thread is closed."]
+    assert texts_in_thread(server, 0) == [], "the stalled thread said it already: nothing twice"
+    assert len(server.messages) == 3
+    assert post_or_update_incident(stalled(), None, run_id="run-4",
+                                   now=T0 + timedelta(minutes=15))["decision"] == "unchanged"
+    assert len(server.messages) == 3
+    assert [s.key.diagnosis for s in ThreadStore().all() if s.status == "open"] == ["stalled_consumer"]

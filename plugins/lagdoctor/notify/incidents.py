@@ -41,6 +41,7 @@ from lagdoctor.notify.threads import (
     decide_healthy,
     provisional_thread_for,
     remember,
+    superseded_threads,
 )
 
 log = logging.getLogger(__name__)
@@ -243,12 +244,25 @@ def _on_healthy(db, conn, store: ThreadStore, finding: Mapping[str, Any], *, run
 def _on_problem(db, conn, store: ThreadStore, finding: Mapping[str, Any], plan: Mapping[str, Any] | None, *,
                 run_id: str, now: datetime, dag_id: str | None = None,
                 buttons: bool = False) -> tuple[dict[str, Any], list[IncidentKey]]:
+    key = IncidentKey.of(finding)
+    open_before = store.open_threads(key.cluster, key.group_id, key.topic, conn=conn)
+    result, keys = _on_own_thread(db, conn, store, finding, plan, open_before, run_id=run_id, now=now,
+                                  dag_id=dag_id, buttons=buttons)
+    # after the finding's own message, so a closing reply never points at a thread not posted yet
+    result["superseded"] = _close_superseded(db, conn, store, finding, superseded_threads(finding, open_before),
+                                             own_thread=result["decision"] != "posted", run_id=run_id, now=now)
+    return result, keys
+
+
+def _on_own_thread(db, conn, store: ThreadStore, finding: Mapping[str, Any], plan: Mapping[str, Any] | None,
+                   open_before: list[ThreadState], *, run_id: str, now: datetime, dag_id: str | None,
+                   buttons: bool) -> tuple[dict[str, Any], list[IncidentKey]]:
     stamp = now.isoformat()
     key = IncidentKey.of(finding)
     state = store.get(key, conn=conn)
     if state is None or state.status != "open":
         # rule 7: a provisional thread whose candidates include this cause carries on
-        adopted = provisional_thread_for(finding, store.open_threads(key.cluster, key.group_id, key.topic, conn=conn))
+        adopted = provisional_thread_for(finding, open_before)
         if adopted is not None:
             state = store.rekey(adopted, key.diagnosis, conn=conn)
     decision = decide(finding, state, run_id=run_id)
@@ -281,6 +295,24 @@ def _on_problem(db, conn, store: ThreadStore, finding: Mapping[str, Any], plan: 
         result = "replied"
     store.save(remember(state, finding, run_id=run_id, now=stamp, opened=decision.kind == "post"), conn=conn)
     return {"decision": result, "changes": list(decision.changes), "decided": decision.kind == "decided"}, [key]
+
+
+def _close_superseded(db, conn, store: ThreadStore, finding: Mapping[str, Any], threads: list[ThreadState], *,
+                      own_thread: bool, run_id: str, now: datetime) -> list[str]:
+    """Rule 8: close each provisional thread the finding did not land in, with one reply saying what
+    it became and where that is followed (``own_thread``: a thread that was open already, else the
+    one this finding just posted). Not held back by an acknowledgement or snooze: it ends a promise."""
+    stamp = now.isoformat()
+    existing = store.get(IncidentKey.of(finding), conn=conn) if own_thread else None
+    opened = datetime.fromisoformat(existing.opened_at) if existing and existing.opened_at else None
+    for state in threads:
+        msg = render.render_superseded(finding, state.deciding_between, existing_since=opened if own_thread else None)
+        outbox.queue_message(db, conn, dedupe_key=f"incident:{state.key.digest()}:{_thread_anchor(state)}:superseded",
+                             text=msg["text"], blocks=msg["blocks"], now=now, **_reply_target(state))
+        state.status, state.closed_at, state.replies = "closed", stamp, state.replies + 1
+        state.last_run_id, state.updated_at = run_id, stamp
+        store.save(state, conn=conn)
+    return [s.key.diagnosis for s in threads]
 
 
 def post_incident_run(

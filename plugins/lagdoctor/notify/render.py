@@ -516,6 +516,12 @@ def decided_by_text(finding: Mapping[str, Any]) -> str:
     return f"will know at the first sweep after {when}"
 
 
+def _utc(value: Any):
+    from datetime import timezone
+
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
 def _parse_iso(value: Any):
     from datetime import datetime, timezone
 
@@ -715,6 +721,25 @@ def render_decided(finding: Mapping[str, Any], was_between: Sequence[str], plan:
         blocks.append(incident_buttons(controls))
     return {"text": render("decided_fallback", diagnosis=v["diagnosis"].replace("_", " "), group=v["group"],
                            topic=v["topic"]), "blocks": blocks}
+
+
+def render_superseded(finding: Mapping[str, Any], was_between: Sequence[str], *,
+                      existing_since: Any = None) -> dict[str, Any]:
+    """The closing reply of a provisional thread the finding did not land in (threads rule 8): what
+    it became, and where that is followed: its own new thread, or (``existing_since``, a datetime)
+    the thread already open since then. Short: the evidence is in the thread that follows it."""
+    v = _values(finding)
+    if is_provisional(finding):
+        now = "still deciding between " + deciding_between_text(finding)
+    else:
+        now = v["diagnosis"].replace("_", " ")
+    between = deciding_between_text({"deciding_between": list(was_between), "diagnosis": finding.get("diagnosis")})
+    decided = not is_provisional(finding) and finding.get("diagnosis") in set(was_between)
+    where = (f"its existing thread, opened {_utc(existing_since):%H:%M} UTC" if existing_since is not None
+             else "its own thread")
+    text = render("superseded", decided=decided, now=now, between=between, where=where)
+    return {"text": render("superseded_fallback", now=now, where=where, group=v["group"], topic=v["topic"]),
+            "blocks": [_text_section(text)]}
 
 
 def report_link(url: object, label: str = "HTML report") -> str:

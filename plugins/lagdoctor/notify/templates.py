@@ -27,6 +27,11 @@ TEMPLATES: dict[str, str] = {
     "provisional_fallback": "{{ group }}: still deciding between {{ between }} on {{ where }}; {{ by }}",
     "decided": ":white_check_mark: *Decided:* {{ diagnosis }} (was still deciding between {{ between }})",
     "decided_fallback": "Decided for {{ group }} on {{ topic }}: {{ diagnosis }}",
+    # A provisional thread the sweep's finding did not land in: closed, pointing at the thread that follows it.
+    "superseded": "{% if decided %}:white_check_mark: *Decided:* {{ now }}{% else %}:arrow_right: *Now {{ now }}*"
+                  "{% endif %} (was still deciding between {{ between }}): followed in {{ where }}. "
+                  "This thread is closed.",
+    "superseded_fallback": "{{ group }} on {{ topic }}: now {{ now }}, followed in {{ where }}",
     "field_cluster": "*Cluster*\n{{ cluster }}",
     "field_topic": "*Topic*\n{{ topic }}",
     "field_pattern": "*Lag pattern*\n{{ pattern }}",
