@@ -369,3 +369,68 @@ def test_a_provisional_thread_decided_into_a_cause_another_open_thread_holds_is_
                                    now=T0 + timedelta(minutes=15))["decision"] == "unchanged"
     assert len(server.messages) == 3
     assert [s.key.diagnosis for s in ThreadStore().all() if s.status == "open"] == ["stalled_consumer"]
+
+
+def still_provisional(decided_by: str, **kw):
+    f = provisional(**kw)
+    f["decided_by"] = decided_by
+    return f
+
+
+def test_a_provisional_thread_says_once_per_new_promise_that_it_is_still_undecided_after_the_time_it_gave(
+        settings, slack_connection):
+    server = slack_connection
+    sweeps = [  # (minutes after 10:00, decided_by of the sweep's finding, expected decision)
+        (0, "2026-11-21T10:10:00Z", "posted"),
+        (5, "2026-11-21T10:10:00Z", "unchanged"),   # before the promised 10:10
+        (10, "2026-11-21T10:19:40Z", "replied"),    # the 10:10 sweep is still unsure: say so, and the new time
+        (15, "2026-11-21T10:19:40Z", "unchanged"),  # the new promise stands
+        (20, "2026-11-21T10:20:00Z", "unchanged"),  # 10:20 is the promise said: not a new one, nothing twice
+        (25, "2026-11-21T10:31:00Z", "replied"),    # overdue again, with a new time: once more
+        (30, "2026-11-21T10:31:00Z", "unchanged"),
+    ]
+    for i, (minutes, by, expected) in enumerate(sweeps):
+        result = post_or_update_incident(still_provisional(by), None, run_id=f"run-{i}",
+                                         now=T0 + timedelta(minutes=minutes))
+        assert result["decision"] == expected, minutes
+    replies = texts_in_thread(server, 0)
+    assert replies == [
+        ":hourglass: *Still deciding between partition imbalance and stalled consumer on orders.v1[1]:* not decided "
+        "at the first sweep after 10:10 UTC as promised; will know at the first sweep after 10:20 UTC\n"
+        "_Not decided yet because_ the commit on partition 1 has stood still for 1m00s",
+        ":hourglass: *Still deciding between partition imbalance and stalled consumer on orders.v1[1]:* not decided "
+        "at the first sweep after 10:20 UTC as promised; will know at the first sweep after 10:31 UTC\n"
+        "_Not decided yet because_ the commit on partition 1 has stood still for 1m00s",
+    ]
+    (thread,) = [s for s in ThreadStore().all() if s.status == "open"]
+    assert thread.provisional and thread.decided_by == "2026-11-21T10:31:00Z"
+    decided = post_or_update_incident(stalled(), None, run_id="run-9", now=T0 + timedelta(minutes=35))
+    assert decided["decided"] is True and "Decided" in server.messages[-1]["text"]
+    (thread,) = [s for s in ThreadStore().all() if s.status == "open"]
+    assert thread.decided_by is None and not thread.provisional
+
+
+def test_a_provisional_thread_stored_before_decided_by_was_kept_learns_its_promise_from_the_next_sweep(
+        settings, slack_connection):
+    """A row written by the previous release has no decided_by in its data (the thread's fields live in
+    the JSON column, so the field needs no table change): it loads, and the next sweep's time is kept."""
+    import sqlalchemy as sa
+
+    from lagdoctor.state import incident_threads
+
+    server = slack_connection
+    assert post_or_update_incident(provisional(), None, run_id="run-1", now=T0)["decision"] == "posted"
+    store = ThreadStore()
+    with store.db.transaction() as conn:
+        row = conn.execute(sa.select(incident_threads.c.id, incident_threads.c.data)).one()
+        old = {k: v for k, v in row.data.items() if k != "decided_by"}
+        conn.execute(sa.update(incident_threads).where(incident_threads.c.id == row.id).values(data=old))
+    dispose_engines()
+    (thread,) = ThreadStore().all()
+    assert thread.provisional and thread.decided_by is None
+    assert post_or_update_incident(still_provisional("2026-11-21T10:10:00Z"), None, run_id="run-2",
+                                   now=T0 + timedelta(minutes=5))["decision"] == "unchanged"
+    assert [s.decided_by for s in ThreadStore().all()] == ["2026-11-21T10:10:00Z"]
+    assert post_or_update_incident(still_provisional("2026-11-21T10:20:00Z"), None, run_id="run-3",
+                                   now=T0 + timedelta(minutes=10))["decision"] == "replied"
+    assert "not decided at the first sweep after 10:10 UTC as promised" in texts_in_thread(server, 0)[0]

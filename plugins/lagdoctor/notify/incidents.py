@@ -265,8 +265,13 @@ def _on_own_thread(db, conn, store: ThreadStore, finding: Mapping[str, Any], pla
         adopted = provisional_thread_for(finding, open_before)
         if adopted is not None:
             state = store.rekey(adopted, key.diagnosis, conn=conn)
-    decision = decide(finding, state, run_id=run_id)
+    decision = decide(finding, state, run_id=run_id, now=now)
     if decision.kind == "nothing":
+        if state is not None and state.status == "open" and state.provisional and state.decided_by is None \
+                and finding.get("provisional") is True and finding.get("decided_by"):
+            # a thread stored before rule 9: from now on its promise is known (nothing is said)
+            state.decided_by = str(finding["decided_by"])
+            store.save(state, conn=conn)
         return {"decision": "unchanged"}, [key] if state else []
     controls = key.digest() if buttons else None
     if decision.kind == "post":
@@ -278,7 +283,7 @@ def _on_own_thread(db, conn, store: ThreadStore, finding: Mapping[str, Any], pla
     else:
         assert state is not None
         # the first post promised the decision: an acknowledgement or snooze does not hold it back
-        quiet = None if decision.kind == "decided" else quiet_reason(conn, state, finding, now)
+        quiet = None if decision.kind in ("decided", "undecided") else quiet_reason(conn, state, finding, now)
         if quiet:
             # Remembered, not said: the next reply (after the snooze, or a new severity) compares with now.
             store.save(remember(state, finding, run_id=run_id, now=stamp), conn=conn)
@@ -287,14 +292,18 @@ def _on_own_thread(db, conn, store: ThreadStore, finding: Mapping[str, Any], pla
         if decision.kind == "decided":
             msg = render.render_decided(finding, state.deciding_between, plan, run_id=run_id, dag_id=dag_id,
                                         controls=controls)
+        elif decision.kind == "undecided":
+            msg = render.render_still_undecided(finding, state.decided_by, decision.changes)
         else:
             msg = render.render_update(finding, decision.changes, run_id=run_id, dag_id=dag_id, controls=controls)
         outbox.queue_message(db, conn, dedupe_key=f"incident:{key.digest()}:{_thread_anchor(state)}:reply:{run_id}",
                              text=msg["text"], blocks=msg["blocks"], now=now, **_reply_target(state))
         state.replies += 1
         result = "replied"
-    store.save(remember(state, finding, run_id=run_id, now=stamp, opened=decision.kind == "post"), conn=conn)
-    return {"decision": result, "changes": list(decision.changes), "decided": decision.kind == "decided"}, [key]
+    store.save(remember(state, finding, run_id=run_id, now=stamp, opened=decision.kind == "post",
+                        promised=decision.kind == "undecided"), conn=conn)
+    return {"decision": result, "changes": list(decision.changes), "decided": decision.kind == "decided",
+            "undecided": decision.kind == "undecided"}, [key]
 
 
 def _close_superseded(db, conn, store: ThreadStore, finding: Mapping[str, Any], threads: list[ThreadState], *,

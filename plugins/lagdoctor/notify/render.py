@@ -504,16 +504,42 @@ def decided_by_text(finding: Mapping[str, Any]) -> str:
     """``will know at the first sweep after 03:20 UTC``; the date too when it is not the window
     end's. The minute is rounded up (never a promise earlier than the rule's), and no sample
     count: a sweep's samples come in bursts, so the answer comes with the first sweep after it."""
-    from datetime import timedelta
-
-    by = _parse_iso(finding.get("decided_by"))
+    by = promised_at(finding.get("decided_by"))
     if by is None:
         return "will know at a later sweep"
-    if by.second or by.microsecond:
+    return f"will know at the first sweep after {_promise_time(by, finding.get('window_end'))}"
+
+
+def promised_at(decided_by: Any):
+    """The time a provisional finding's ``decided_by`` promises, as said: the minute rounded up; None
+    when it has none. A sweep at or after it that is still undecided broke the promise."""
+    from datetime import timedelta
+
+    by = _parse_iso(decided_by)
+    if by is not None and (by.second or by.microsecond):
         by = by.replace(second=0, microsecond=0) + timedelta(minutes=1)
-    end = _parse_iso(finding.get("window_end"))
-    when = by.strftime("%H:%M UTC") if end is None or end.date() == by.date() else by.strftime("%Y-%m-%d %H:%M UTC")
-    return f"will know at the first sweep after {when}"
+    return by
+
+
+def _promise_time(by: Any, window_end: Any = None) -> str:
+    """``03:20 UTC``; the date too when it is not ``window_end``'s."""
+    end = _parse_iso(window_end)
+    return by.strftime("%H:%M UTC") if end is None or end.date() == by.date() else by.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def promise_overdue(decided_by: Any, now: Any) -> bool:
+    """Whether the promised time passed by ``now`` (a datetime; None: never)."""
+    by = promised_at(decided_by)
+    return by is not None and now is not None and _utc(now) >= by
+
+
+def promise_text(finding: Mapping[str, Any], now: Any = None) -> str:
+    """``will know at the first sweep after 10:10 UTC``, or once that passed by ``now``:
+    ``was due at the first sweep after 10:10 UTC: overdue``."""
+    if promise_overdue(finding.get("decided_by"), now):
+        by = promised_at(finding.get("decided_by"))
+        return f"was due at the first sweep after {_promise_time(by, finding.get('window_end'))}: overdue"
+    return decided_by_text(finding)
 
 
 def _utc(value: Any):
@@ -721,6 +747,18 @@ def render_decided(finding: Mapping[str, Any], was_between: Sequence[str], plan:
         blocks.append(incident_buttons(controls))
     return {"text": render("decided_fallback", diagnosis=v["diagnosis"].replace("_", " "), group=v["group"],
                            topic=v["topic"]), "blocks": blocks}
+
+
+def render_still_undecided(finding: Mapping[str, Any], was_promised: Any, changes: Sequence[str] = ()) -> dict[str, Any]:
+    """The one reply in a provisional thread whose promised time passed while the sweep is still
+    undecided (threads rule 9): that it is, why, and the new time."""
+    pv = _provisional_values(finding)
+    by = promised_at(was_promised)
+    was = _promise_time(by, finding.get("window_end")) if by is not None else "the time promised"
+    text = render("still_undecided", was=was, **pv)
+    if changes:
+        text += "\n" + render("still_undecided_changes", changes="; ".join(changes))
+    return {"text": render("still_undecided_fallback", was=was, **pv), "blocks": [_text_section(text)]}
 
 
 def render_superseded(finding: Mapping[str, Any], was_between: Sequence[str], *,

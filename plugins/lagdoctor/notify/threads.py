@@ -28,6 +28,9 @@ The decision rules (pure; one test case each in tests/test_notify_threads.py):
                one reply saying what it became and which thread follows it. The diagnosis
                writes one finding per (cluster, group, topic) per sweep, so that finding is
                the sweep's whole verdict.
+  9. undecided a provisional thread whose promised time (decided_by, stored on the thread)
+               passed while the sweep is still provisional gets one reply saying so, with the
+               new time; once per new promise, not every sweep.
   6. unknown   a ``healthy`` finding whose ``evidence.data_complete`` is false is
                not recovery: it never closes a thread, posts nothing without an
                open thread, and replies once that the data is incomplete (not again
@@ -97,6 +100,8 @@ class ThreadState:
     data_incomplete: bool = False  # rule 6: the thread was told the data is incomplete
     provisional: bool = False  # rule 7: the thread last said the cause is not decided yet
     deciding_between: list[str] = field(default_factory=list)
+    # rule 9: the decided_by the thread last promised (ISO); rows written before it read None
+    decided_by: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -259,8 +264,11 @@ def superseded_threads(finding: Mapping[str, Any], open_threads: list[ThreadStat
     return [s for s in open_threads if s.provisional and s.status == "open" and s.key != key]
 
 
-def decide(finding: Mapping[str, Any], state: ThreadState | None, *, run_id: str) -> Decision:
-    """Rules 1-4 and 7 for a non-healthy finding (rules 5-6 are ``decide_healthy``)."""
+def decide(finding: Mapping[str, Any], state: ThreadState | None, *, run_id: str,
+           now: datetime | None = None) -> Decision:
+    """Rules 1-4, 7 and 9 for a non-healthy finding (rules 5-6 are ``decide_healthy``)."""
+    from lagdoctor.notify.render import promise_overdue, promised_at
+
     if state is None or state.status != "open":
         return Decision("post")
     if run_id and state.last_run_id == run_id:
@@ -268,15 +276,19 @@ def decide(finding: Mapping[str, Any], state: ThreadState | None, *, run_id: str
     if state.provisional and finding.get("provisional") is not True:
         return Decision("decided", tuple(changes_since(state, finding)))
     changes = changes_since(state, finding)
+    if (state.provisional and finding.get("provisional") is True and promise_overdue(state.decided_by, now)
+            and promised_at(finding.get("decided_by")) != promised_at(state.decided_by)):  # a new time, as said
+        return Decision("undecided", tuple(changes))
     return Decision("reply", tuple(changes)) if changes else Decision("nothing")
 
 
 def remember(state: ThreadState, finding: Mapping[str, Any], *, run_id: str, now: str,
-             opened: bool = False) -> ThreadState:
+             opened: bool = False, promised: bool = False) -> ThreadState:
     """Record what the thread last told people about. It is provisional only while
     what it said was "still deciding": a provisional thread stays so until a decided
     finding; a thread that named a cause (or stayed quiet since `opened`) does not
-    become provisional because a later sweep is unsure."""
+    become provisional because a later sweep is unsure. Its decided_by is the time it
+    promised: set when it said one (`opened`, `promised`), kept otherwise."""
     state.severity = str(finding.get("severity", ""))
     state.pattern = str(finding.get("pattern", ""))
     state.partitions = sorted(p for p in finding.get("partitions") or [] if isinstance(p, int))
@@ -286,4 +298,9 @@ def remember(state: ThreadState, finding: Mapping[str, Any], *, run_id: str, now
     state.data_incomplete = False
     state.provisional = finding.get("provisional") is True and (opened or state.provisional)
     state.deciding_between = [str(d) for d in finding.get("deciding_between") or []] if state.provisional else []
+    if not state.provisional:
+        state.decided_by = None
+    elif opened or promised or state.decided_by is None:  # None: a thread stored before rule 9
+        by = finding.get("decided_by")
+        state.decided_by = str(by) if by else None
     return state
