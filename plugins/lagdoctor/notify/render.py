@@ -685,13 +685,7 @@ def render_incident(finding: Mapping[str, Any], plan: Mapping[str, Any] | None =
     table = evidence_table(finding)
     if table:
         blocks.append(_text_section(render("evidence_title") + "\n```\n" + table + "\n```"))
-    steps = list(plan.get("next_steps") or [])
-    if steps:
-        body = "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
-        blocks.append(_text_section(render("next_steps_title", runbook=plan.get("runbook", "")) + "\n" + body))
-    lines = action_lines(actions if actions is not None else plan.get("actions") or [])
-    if lines:
-        blocks.append(_text_section(render("actions_title") + "\n" + "\n".join(lines)))
+    blocks.extend(_plan_blocks(plan, actions if actions is not None else plan.get("actions") or []))
     window = " → ".join(str(finding[k]) for k in ("window_start", "window_end") if finding.get(k))
     context = render("context", window=window or "-", run_id=run_id or "-")
     link = links_text(finding, dag_id=dag_id, run_id=run_id)
@@ -716,7 +710,33 @@ def render_decided(finding: Mapping[str, Any], was_between: Sequence[str], plan:
     v = _values(finding)
     between = deciding_between_text({"deciding_between": list(was_between), "diagnosis": finding.get("diagnosis")})
     decided = render("decided", diagnosis=v["diagnosis"].replace("_", " "), between=between)
-    blocks = [_text_section(decided + "\n" + render("summary", **v)),
+    plan = plan or {}
+    blocks = _reply_blocks(finding, v, decided + "\n" + render("summary", **v),
+                           _plan_blocks(plan, plan.get("actions") or []),
+                           run_id=run_id, dag_id=dag_id, controls=controls)
+    return {"text": render("decided_fallback", diagnosis=v["diagnosis"].replace("_", " "), group=v["group"],
+                           topic=v["topic"]), "blocks": blocks}
+
+
+def _plan_blocks(plan: Mapping[str, Any], actions: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The plan's next steps and the action lines, each a section when there is any."""
+    blocks = []
+    steps = list(plan.get("next_steps") or [])
+    if steps:
+        body = "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
+        blocks.append(_text_section(render("next_steps_title", runbook=plan.get("runbook", "")) + "\n" + body))
+    lines = action_lines(actions)
+    if lines:
+        blocks.append(_text_section(render("actions_title") + "\n" + "\n".join(lines)))
+    return blocks
+
+
+def _reply_blocks(finding: Mapping[str, Any], v: Mapping[str, Any], lead: str,
+                  middle: Sequence[Mapping[str, Any]] = (), *, run_id: str, dag_id: str | None,
+                  controls: str | None) -> list[dict[str, Any]]:
+    """A thread reply about a finding: ``lead``, the four fields, forecast, incomplete data, the
+    evidence table, ``middle`` (e.g. the plan), links, the owner note and the buttons."""
+    blocks = [_text_section(lead),
               {"type": "section", "fields": [
                   {"type": "mrkdwn", "text": render(n, **v)} for n in ("field_pattern", "field_time_lag", "field_lag", "field_severity")]}]
     forecast = forecast_text(finding)
@@ -728,14 +748,7 @@ def render_decided(finding: Mapping[str, Any], was_between: Sequence[str], plan:
     table = evidence_table(finding)
     if table:
         blocks.append(_text_section("```\n" + table + "\n```"))
-    plan = plan or {}
-    steps = list(plan.get("next_steps") or [])
-    if steps:
-        body = "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
-        blocks.append(_text_section(render("next_steps_title", runbook=plan.get("runbook", "")) + "\n" + body))
-    lines = action_lines(plan.get("actions") or [])
-    if lines:
-        blocks.append(_text_section(render("actions_title") + "\n" + "\n".join(lines)))
+    blocks.extend(middle)
     link = links_text(finding, dag_id=dag_id, run_id=run_id)
     if link:
         blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": link}]})
@@ -745,8 +758,7 @@ def render_decided(finding: Mapping[str, Any], was_between: Sequence[str], plan:
         from lagdoctor.notify.interactive import incident_buttons
 
         blocks.append(incident_buttons(controls))
-    return {"text": render("decided_fallback", diagnosis=v["diagnosis"].replace("_", " "), group=v["group"],
-                           topic=v["topic"]), "blocks": blocks}
+    return blocks
 
 
 def render_still_undecided(finding: Mapping[str, Any], was_promised: Any, changes: Sequence[str] = ()) -> dict[str, Any]:
@@ -797,27 +809,8 @@ def render_update(finding: Mapping[str, Any], changes: Sequence[str], *, run_id:
     """A reply in an incident's thread: what changed, with the same links and buttons as the first message."""
     v = _values(finding)
     changes_text = "; ".join(changes)
-    blocks = [_text_section(render("update", changes=changes_text, **{k: v[k] for k in ("emoji", "summary")})),
-              {"type": "section", "fields": [
-                  {"type": "mrkdwn", "text": render(n, **v)} for n in ("field_pattern", "field_time_lag", "field_lag", "field_severity")]}]
-    forecast = forecast_text(finding)
-    if forecast:
-        blocks.append(_text_section(forecast))
-    incomplete = incomplete_data_text(finding)
-    if incomplete:
-        blocks.append(_text_section(incomplete))
-    table = evidence_table(finding)
-    if table:
-        blocks.append(_text_section("```\n" + table + "\n```"))
-    link = links_text(finding, dag_id=dag_id, run_id=run_id)
-    if link:
-        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": link}]})
-    if v["owner_unknown"]:
-        blocks.append(_owner_note_block())
-    if controls:
-        from lagdoctor.notify.interactive import incident_buttons
-
-        blocks.append(incident_buttons(controls))
+    lead = render("update", changes=changes_text, **{k: v[k] for k in ("emoji", "summary")})
+    blocks = _reply_blocks(finding, v, lead, run_id=run_id, dag_id=dag_id, controls=controls)
     return {"text": render("update_fallback", changes=changes_text, group=v["group"], topic=v["topic"]), "blocks": blocks}
 
 
