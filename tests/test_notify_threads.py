@@ -434,3 +434,37 @@ def test_a_provisional_thread_stored_before_decided_by_was_kept_learns_its_promi
     assert post_or_update_incident(still_provisional("2026-11-21T10:20:00Z"), None, run_id="run-3",
                                    now=T0 + timedelta(minutes=10))["decision"] == "replied"
     assert "not decided at the first sweep after 10:10 UTC as promised" in texts_in_thread(server, 0)[0]
+
+
+def test_a_provisional_thread_is_not_closed_by_another_finding_of_the_same_sweep(settings, slack_connection):
+    """A sweep may find a rebalance loop beside the imbalance it is still deciding on: the loop gets its
+    own thread and the provisional thread stays open, whichever finding is posted first."""
+    server = slack_connection
+    assert post_or_update_incident(provisional(), None, run_id="run-1", now=T0)["decision"] == "posted"
+    loop = finding("rebalance_loop", "warning", partitions=(0, 1), lag=5000, summary="12 rebalances")
+    sweep = [loop, provisional()]
+    result = post_or_update_incident(loop, None, run_id="run-2", now=T0 + timedelta(minutes=5), sweep=sweep)
+    assert result["decision"] == "posted" and result["superseded"] == []
+    assert post_or_update_incident(provisional(), None, run_id="run-2", now=T0 + timedelta(minutes=5),
+                                   sweep=sweep)["decision"] == "unchanged"
+    assert len(server.messages) == 2 and texts_in_thread(server, 0) == []
+    assert sorted((s.key.diagnosis, s.provisional) for s in ThreadStore().all() if s.status == "open") == [
+        ("partition_imbalance", True), ("rebalance_loop", False)]
+
+
+def test_the_sweeps_post_task_keeps_a_provisional_thread_another_of_its_findings_lands_in(settings, slack_connection,
+                                                                                         tmp_path):
+    from lagdoctor import orchestration
+
+    server = slack_connection
+    assert post_or_update_incident(provisional(), None, run_id="run-1", now=T0)["decision"] == "posted"
+    loop = finding("rebalance_loop", "warning", partitions=(0, 1), lag=5000, summary="12 rebalances")
+    plans = tmp_path / "run-2" / "plans.json"
+    plans.parent.mkdir()
+    plans.write_text(json.dumps([{"finding": f, "plan": {"actions": [], "next_steps": []}}
+                                 for f in (loop, provisional())]))
+    orchestration.post_findings(str(plans), "run-2", settings=Settings.from_env())
+    assert len(server.messages) == 2 and "rebalance_loop" in server.messages[1]["text"]
+    assert texts_in_thread(server, 0) == []
+    assert sorted(s.key.diagnosis for s in ThreadStore().all() if s.status == "open") == [
+        "partition_imbalance", "rebalance_loop"]

@@ -168,6 +168,7 @@ def post_or_update_incident(
     now: datetime | None = None,
     dag_id: str | None = None,
     buttons: bool | None = None,
+    sweep: list[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Post a new incident thread, reply when it changed, or close it on recovery.
 
@@ -181,14 +182,18 @@ def post_or_update_incident(
     "quiet" is a change left unsaid because the thread was acknowledged or snoozed.
     ``dag_id`` (default: the running task's DAG) is linked; ``buttons`` (default:
     when enabled, lagdoctor.notify.interactive) adds Acknowledge / Snooze.
+    ``sweep``: every finding of this sweep for the same (cluster, group, topic), so a provisional
+    thread another of them lands in is not closed as superseded (threads rule 8); None: this one alone.
     """
     args = {"finding": dict(finding), "plan": dict(plan) if plan is not None else None, "run_id": run_id,
-            "now": _now(now).isoformat(), "dag_id": _dag_id(dag_id, SWEEP_DAG_ID), "buttons": _buttons(buttons)}
+            "now": _now(now).isoformat(), "dag_id": _dag_id(dag_id, SWEEP_DAG_ID), "buttons": _buttons(buttons),
+            "sweep": [{k: f.get(k) for k in ("cluster", "group_id", "topic", "diagnosis")} for f in sweep]
+            if sweep is not None else None}
     return _call("incident", args, settings=settings, sender=sender, now=now, spooled={"threads": []})
 
 
 def _incident_in(db, conn, *, finding: Mapping[str, Any], plan: Mapping[str, Any] | None, run_id: str, now: str,
-                 dag_id: str, buttons: bool) -> tuple[dict[str, Any], Any]:
+                 dag_id: str, buttons: bool, sweep: list[Mapping[str, Any]] | None = None) -> tuple[dict[str, Any], Any]:
     store = ThreadStore(db)
     key = IncidentKey.of(finding)
     at = datetime.fromisoformat(now)
@@ -197,7 +202,7 @@ def _incident_in(db, conn, *, finding: Mapping[str, Any], plan: Mapping[str, Any
         result, keys = _on_healthy(db, conn, store, finding, run_id=run_id, now=at)
     else:
         result, keys = _on_problem(db, conn, store, finding, plan, run_id=run_id, now=at,
-                                   dag_id=dag_id, buttons=buttons)
+                                   dag_id=dag_id, buttons=buttons, sweep=sweep)
 
     def threads(db) -> dict[str, Any]:
         # After delivery, so they carry the Slack ts of a thread just posted.
@@ -242,14 +247,14 @@ def _on_healthy(db, conn, store: ThreadStore, finding: Mapping[str, Any], *, run
 
 
 def _on_problem(db, conn, store: ThreadStore, finding: Mapping[str, Any], plan: Mapping[str, Any] | None, *,
-                run_id: str, now: datetime, dag_id: str | None = None,
-                buttons: bool = False) -> tuple[dict[str, Any], list[IncidentKey]]:
+                run_id: str, now: datetime, dag_id: str | None = None, buttons: bool = False,
+                sweep: list[Mapping[str, Any]] | None = None) -> tuple[dict[str, Any], list[IncidentKey]]:
     key = IncidentKey.of(finding)
     open_before = store.open_threads(key.cluster, key.group_id, key.topic, conn=conn)
     result, keys = _on_own_thread(db, conn, store, finding, plan, open_before, run_id=run_id, now=now,
                                   dag_id=dag_id, buttons=buttons)
     # after the finding's own message, so a closing reply never points at a thread not posted yet
-    result["superseded"] = _close_superseded(db, conn, store, finding, superseded_threads(finding, open_before),
+    result["superseded"] = _close_superseded(db, conn, store, finding, superseded_threads(finding, open_before, sweep),
                                              own_thread=result["decision"] != "posted", run_id=run_id, now=now)
     return result, keys
 

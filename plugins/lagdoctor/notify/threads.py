@@ -22,19 +22,19 @@ The decision rules (pure; one test case each in tests/test_notify_threads.py):
                the same thread, re-keyed to the decided cause, not a new one and not a
                change of diagnosis. A provisional finding whose leading candidate changed
                stays in the thread too. Between decided causes a new thread, as before.
-  8. superseded  an open provisional thread that a non-healthy finding of its (cluster, group,
-               topic) did not land in (the decided cause is outside its candidates, another
-               open thread already holds it, or other candidates lead now) is closed with
-               one reply saying what it became and which thread follows it. The diagnosis
-               writes one finding per (cluster, group, topic) per sweep, so that finding is
-               the sweep's whole verdict.
-  9. undecided a provisional thread whose promised time (decided_by, stored on the thread)
-               passed while the sweep is still provisional gets one reply saying so, with the
-               new time; once per new promise, not every sweep.
   6. unknown   a ``healthy`` finding whose ``evidence.data_complete`` is false is
                not recovery: it never closes a thread, posts nothing without an
                open thread, and replies once that the data is incomplete (not again
                until a complete finding came in between).
+  8. superseded  an open provisional thread that a non-healthy finding of its (cluster, group,
+               topic) did not land in (the decided cause is outside its candidates, another
+               open thread already holds it, or other candidates lead now) is closed with
+               one reply saying what it became and which thread follows it; unless
+               another finding of the same sweep lands in it (a sweep may find a rebalance
+               loop beside the imbalance it is still deciding on).
+  9. undecided a provisional thread whose promised time (decided_by, stored on the thread)
+               passed while the sweep is still provisional gets one reply saying so, with the
+               new time; once per new promise, not every sweep.
 """
 
 from __future__ import annotations
@@ -256,12 +256,19 @@ def provisional_thread_for(finding: Mapping[str, Any], open_threads: list[Thread
     return next((s for s in open_threads if s.provisional and diagnosis in s.deciding_between), None)
 
 
-def superseded_threads(finding: Mapping[str, Any], open_threads: list[ThreadState]) -> list[ThreadState]:
+def superseded_threads(finding: Mapping[str, Any], open_threads: list[ThreadState],
+                       sweep: list[Mapping[str, Any]] | None = None) -> list[ThreadState]:
     """Rule 8: the open provisional threads of this (cluster, group, topic) that the (non-healthy)
-    finding did not land in; ``open_threads`` as read before the finding's own thread was chosen
-    (a thread adopted by rule 7 carries the finding's key by then)."""
+    finding did not land in, nor any other finding of its sweep (``sweep``: the sweep's findings of
+    this (cluster, group, topic); None: this one alone) would land in. ``open_threads`` as read
+    before the finding's own thread was chosen (one adopted by rule 7 carries its key by then)."""
     key = IncidentKey.of(finding)
-    return [s for s in open_threads if s.provisional and s.status == "open" and s.key != key]
+    others = [f for f in sweep or [] if IncidentKey.of(f) != key]
+
+    def lands_in(state: ThreadState) -> bool:
+        return any(str(f.get("diagnosis", "")) in (state.key.diagnosis, *state.deciding_between) for f in others)
+
+    return [s for s in open_threads if s.provisional and s.status == "open" and s.key != key and not lands_in(s)]
 
 
 def decide(finding: Mapping[str, Any], state: ThreadState | None, *, run_id: str,
