@@ -468,3 +468,39 @@ def test_the_sweeps_post_task_keeps_a_provisional_thread_another_of_its_findings
     assert texts_in_thread(server, 0) == []
     assert sorted(s.key.diagnosis for s in ThreadStore().all() if s.status == "open") == [
         "partition_imbalance", "rebalance_loop"]
+
+
+def _provisional_state(decided_by="2026-11-21T10:10:00Z"):
+    return state_for(provisional(), provisional=True, deciding_between=["partition_imbalance", "stalled_consumer"],
+                     decided_by=decided_by)
+
+
+# (current finding, thread state, now, expected decision, why)
+PROMISE_RULES = [
+    (still_provisional("2026-11-21T10:20:00Z"), _provisional_state(), T0 + timedelta(minutes=9, seconds=59),
+     "nothing", "9: before the promised 10:10"),
+    (still_provisional("2026-11-21T10:20:00Z"), _provisional_state(), T0 + timedelta(minutes=10),
+     "undecided", "9: at 10:10 and still provisional: say so, with the new time"),
+    (still_provisional("2026-11-21T10:09:30Z"), _provisional_state(), T0 + timedelta(minutes=15),
+     "nothing", "9: the same promise as said (minute rounded up): said once"),
+    (still_provisional("2026-11-21T10:20:00Z"), _provisional_state(None), T0 + timedelta(minutes=15),
+     "nothing", "9: a thread stored before decided_by was kept: no promise known to break"),
+    (stalled(), _provisional_state(), T0 + timedelta(minutes=15), "decided", "7 before 9: decided late is decided"),
+]
+
+
+@pytest.mark.parametrize("current,state,now,expected,why", PROMISE_RULES, ids=[r[4] for r in PROMISE_RULES])
+def test_promise_rules(current, state, now, expected, why):
+    assert decide(current, state, run_id="run-2", now=now).kind == expected
+
+
+def test_superseded_rule_picks_only_provisional_threads_no_finding_of_the_sweep_lands_in():
+    from lagdoctor.notify.threads import superseded_threads
+
+    waiting = _provisional_state()
+    named = state_for(finding("slow_consumer"))
+    crashed = finding("crashed_consumer", "critical")
+    assert superseded_threads(crashed, [waiting, named]) == [waiting]
+    assert superseded_threads(crashed, [waiting], [crashed, provisional()]) == []
+    assert superseded_threads(crashed, [waiting], [crashed, stalled()]) == []
+    assert superseded_threads(provisional(), [waiting]) == [], "its own thread"
