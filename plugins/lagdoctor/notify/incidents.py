@@ -320,7 +320,7 @@ def _close_superseded(db, conn, store: ThreadStore, finding: Mapping[str, Any], 
     existing = store.get(IncidentKey.of(finding), conn=conn) if own_thread else None
     opened = datetime.fromisoformat(existing.opened_at) if existing and existing.opened_at else None
     for state in threads:
-        msg = render.render_superseded(finding, state.deciding_between, existing_since=opened if own_thread else None)
+        msg = render.render_superseded(finding, state.deciding_between, existing=own_thread, existing_since=opened)
         outbox.queue_message(db, conn, dedupe_key=f"incident:{state.key.digest()}:{_thread_anchor(state)}:superseded",
                              text=msg["text"], blocks=msg["blocks"], now=now, **_reply_target(state))
         state.status, state.closed_at, state.replies = "closed", stamp, state.replies + 1

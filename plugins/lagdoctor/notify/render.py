@@ -773,11 +773,11 @@ def render_still_undecided(finding: Mapping[str, Any], was_promised: Any, change
     return {"text": render("still_undecided_fallback", was=was, **pv), "blocks": [_text_section(text)]}
 
 
-def render_superseded(finding: Mapping[str, Any], was_between: Sequence[str], *,
+def render_superseded(finding: Mapping[str, Any], was_between: Sequence[str], *, existing: bool = False,
                       existing_since: Any = None) -> dict[str, Any]:
     """The closing reply of a provisional thread the finding did not land in (threads rule 8): what
-    it became, and where that is followed: its own new thread, or (``existing_since``, a datetime)
-    the thread already open since then. Short: the evidence is in the thread that follows it."""
+    it became, and where that is followed: its own new thread, or (``existing``) the thread already
+    open (since ``existing_since``, a datetime, when known). Short: the evidence is in that thread."""
     v = _values(finding)
     if is_provisional(finding):
         now = "still deciding between " + deciding_between_text(finding)
@@ -785,8 +785,10 @@ def render_superseded(finding: Mapping[str, Any], was_between: Sequence[str], *,
         now = v["diagnosis"].replace("_", " ")
     between = deciding_between_text({"deciding_between": list(was_between), "diagnosis": finding.get("diagnosis")})
     decided = not is_provisional(finding) and finding.get("diagnosis") in set(was_between)
-    where = (f"its existing thread, opened {_utc(existing_since):%H:%M} UTC" if existing_since is not None
-             else "its own thread")
+    where = "its own thread"
+    if existing:
+        where = ("its existing thread" + (f", opened {_utc(existing_since):%H:%M} UTC"
+                                          if existing_since is not None else ""))
     text = render("superseded", decided=decided, now=now, between=between, where=where)
     return {"text": render("superseded_fallback", now=now, where=where, group=v["group"], topic=v["topic"]),
             "blocks": [_text_section(text)]}
