@@ -193,7 +193,8 @@ def post_or_update_incident(
 
 
 def _incident_in(db, conn, *, finding: Mapping[str, Any], plan: Mapping[str, Any] | None, run_id: str, now: str,
-                 dag_id: str, buttons: bool, sweep: list[Mapping[str, Any]] | None = None) -> tuple[dict[str, Any], Any]:
+                 dag_id: str, buttons: bool,
+                 sweep: list[Mapping[str, Any]] | None = None) -> tuple[dict[str, Any], Any]:
     store = ThreadStore(db)
     key = IncidentKey.of(finding)
     at = datetime.fromisoformat(now)

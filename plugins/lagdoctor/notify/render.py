@@ -761,7 +761,8 @@ def _reply_blocks(finding: Mapping[str, Any], v: Mapping[str, Any], lead: str,
     return blocks
 
 
-def render_still_undecided(finding: Mapping[str, Any], was_promised: Any, changes: Sequence[str] = ()) -> dict[str, Any]:
+def render_still_undecided(finding: Mapping[str, Any], was_promised: Any,
+                           changes: Sequence[str] = ()) -> dict[str, Any]:
     """The one reply in a provisional thread whose promised time passed while the sweep is still
     undecided (threads rule 9): that it is, why, and the new time."""
     pv = _provisional_values(finding)
