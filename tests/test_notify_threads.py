@@ -291,3 +291,216 @@ def test_a_provisional_incident_confirmed_as_its_leading_cause_gets_the_decided_
     root, reply = server.messages
     assert reply["thread_ts"] == server.posts[0].ts and "Decided" in reply["text"]
     assert "partition imbalance" in reply["text"]
+
+
+def stalled(**kw):
+    return finding("stalled_consumer", "critical", partitions=(1,), lag=5000, provisional=False,
+                   summary="partition 1 stopped committing", **kw)
+
+
+def test_an_action_posted_before_is_not_posted_again_after_a_provisional_thread_takes_its_key(settings,
+                                                                                              slack_connection):
+    """A stalled-consumer thread posted an action result and closed; a provisional thread later decides
+    stalled_consumer and takes that key. The retried action task must still find its marker, even once
+    retention removed the old Slack message (the outbox's own dedupe no longer knows it)."""
+    from lagdoctor.state import prune_notifications
+
+    server = slack_connection
+    record = {"cluster": "prod", "group_id": "orders", "topic": "orders.v1", "diagnosis": "stalled_consumer",
+              "idempotency_key": "k1", "action": "restart_consumer", "status": "executed",
+              "message": "restarted shop/orders-7"}
+    assert post_or_update_incident(stalled(), None, run_id="run-1", now=T0)["decision"] == "posted"
+    assert post_action_result(record, now=T0 + timedelta(minutes=1))["decision"] == "replied"
+    healthy_again = post_or_update_incident(healthy(), None, run_id="run-2", now=T0 + timedelta(minutes=10))
+    assert healthy_again["decision"] == "recovered"
+    assert post_or_update_incident(provisional(), None, run_id="run-3",
+                                   now=T0 + timedelta(minutes=15))["decision"] == "posted"
+    prune_notifications(ThreadStore().db, T0 + timedelta(minutes=5))
+    decided = post_or_update_incident(stalled(), None, run_id="run-4", now=T0 + timedelta(minutes=20))
+    assert decided["decided"] is True
+    # the retried action task of run-1
+    assert post_action_result(record, now=T0 + timedelta(minutes=21))["decision"] == "unchanged"
+    assert sum("restart_consumer" in json.dumps(m) for m in server.messages) == 1
+
+
+def texts_in_thread(server, root_index: int) -> list[str]:
+    ts = server.posts[root_index].ts
+    return [m["blocks"][0]["text"]["text"] for m in server.messages if m.get("thread_ts") == ts]
+
+
+def test_a_provisional_thread_whose_cause_turned_out_outside_its_candidates_is_closed_pointing_on(
+        settings, slack_connection):
+    """Deciding between partition imbalance and stalled consumer, then the group crashed: the crash gets
+    its own thread, and the provisional one one closing reply, not left saying "still deciding"."""
+    server = slack_connection
+    assert post_or_update_incident(provisional(), None, run_id="run-1", now=T0)["decision"] == "posted"
+    crashed = finding("crashed_consumer", "critical", partitions=(0, 1), lag=9000, provisional=False,
+                      summary="no live members")
+    result = post_or_update_incident(crashed, None, run_id="run-2", now=T0 + timedelta(minutes=5))
+    assert result["decision"] == "posted" and result["superseded"] == ["partition_imbalance"]
+    provisional_root, crash_root, closing = server.messages
+    assert "thread_ts" not in crash_root and "crashed_consumer" in crash_root["text"]
+    assert closing["thread_ts"] == server.posts[0].ts
+    assert texts_in_thread(server, 0) == [
+        ":arrow_right: *Now crashed consumer* (was still deciding between partition imbalance and stalled "
+        "consumer): followed in its own thread. This thread is closed."]
+    # the next sweep says nothing more anywhere, and no thread is left "still deciding"
+    again = post_or_update_incident(crashed, None, run_id="run-3", now=T0 + timedelta(minutes=10))
+    assert again["decision"] == "unchanged" and len(server.messages) == 3
+    assert [(s.key.diagnosis, s.provisional) for s in ThreadStore().all() if s.status == "open"] == [
+        ("crashed_consumer", False)]
+
+
+def test_a_provisional_thread_decided_into_a_cause_another_open_thread_holds_is_closed_pointing_there(
+        settings, slack_connection):
+    server = slack_connection
+    assert post_or_update_incident(stalled(), None, run_id="run-1", now=T0)["decision"] == "posted"
+    # an unsure sweep with the other candidate leading: a thread of its own says "still deciding"
+    assert post_or_update_incident(provisional(), None, run_id="run-2",
+                                   now=T0 + timedelta(minutes=5))["decision"] == "posted"
+    result = post_or_update_incident(stalled(), None, run_id="run-3", now=T0 + timedelta(minutes=10))
+    assert result["decision"] == "unchanged" and result["superseded"] == ["partition_imbalance"]
+    assert texts_in_thread(server, 1) == [
+        ":white_check_mark: *Decided:* stalled consumer (was still deciding between partition imbalance and "
+        "stalled consumer): followed in its existing thread, opened 10:00 UTC. This thread is closed."]
+    assert texts_in_thread(server, 0) == [], "the stalled thread said it already: nothing twice"
+    assert len(server.messages) == 3
+    assert post_or_update_incident(stalled(), None, run_id="run-4",
+                                   now=T0 + timedelta(minutes=15))["decision"] == "unchanged"
+    assert len(server.messages) == 3
+    assert [s.key.diagnosis for s in ThreadStore().all() if s.status == "open"] == ["stalled_consumer"]
+
+
+def still_provisional(decided_by: str, **kw):
+    f = provisional(**kw)
+    f["decided_by"] = decided_by
+    return f
+
+
+def test_a_provisional_thread_says_once_per_new_promise_that_it_is_still_undecided_after_the_time_it_gave(
+        settings, slack_connection):
+    server = slack_connection
+    sweeps = [  # (minutes after 10:00, decided_by of the sweep's finding, expected decision)
+        (0, "2026-11-21T10:10:00Z", "posted"),
+        (5, "2026-11-21T10:10:00Z", "unchanged"),   # before the promised 10:10
+        (10, "2026-11-21T10:19:40Z", "replied"),    # the 10:10 sweep is still unsure: say so, and the new time
+        (15, "2026-11-21T10:19:40Z", "unchanged"),  # the new promise stands
+        (20, "2026-11-21T10:20:00Z", "unchanged"),  # 10:20 is the promise said: not a new one, nothing twice
+        (25, "2026-11-21T10:31:00Z", "replied"),    # overdue again, with a new time: once more
+        (30, "2026-11-21T10:31:00Z", "unchanged"),
+    ]
+    for i, (minutes, by, expected) in enumerate(sweeps):
+        result = post_or_update_incident(still_provisional(by), None, run_id=f"run-{i}",
+                                         now=T0 + timedelta(minutes=minutes))
+        assert result["decision"] == expected, minutes
+    replies = texts_in_thread(server, 0)
+    assert replies == [
+        ":hourglass: *Still deciding between partition imbalance and stalled consumer on orders.v1[1]:* not decided "
+        "at the first sweep after 10:10 UTC as promised; will know at the first sweep after 10:20 UTC\n"
+        "_Not decided yet because_ the commit on partition 1 has stood still for 1m00s",
+        ":hourglass: *Still deciding between partition imbalance and stalled consumer on orders.v1[1]:* not decided "
+        "at the first sweep after 10:20 UTC as promised; will know at the first sweep after 10:31 UTC\n"
+        "_Not decided yet because_ the commit on partition 1 has stood still for 1m00s",
+    ]
+    (thread,) = [s for s in ThreadStore().all() if s.status == "open"]
+    assert thread.provisional and thread.decided_by == "2026-11-21T10:31:00Z"
+    decided = post_or_update_incident(stalled(), None, run_id="run-9", now=T0 + timedelta(minutes=35))
+    assert decided["decided"] is True and "Decided" in server.messages[-1]["text"]
+    (thread,) = [s for s in ThreadStore().all() if s.status == "open"]
+    assert thread.decided_by is None and not thread.provisional
+
+
+def test_a_provisional_thread_stored_before_decided_by_was_kept_learns_its_promise_from_the_next_sweep(
+        settings, slack_connection):
+    """A row written by the previous release has no decided_by in its data (the thread's fields live in
+    the JSON column, so the field needs no table change): it loads, and the next sweep's time is kept."""
+    import sqlalchemy as sa
+
+    from lagdoctor.state import incident_threads
+
+    server = slack_connection
+    assert post_or_update_incident(provisional(), None, run_id="run-1", now=T0)["decision"] == "posted"
+    store = ThreadStore()
+    with store.db.transaction() as conn:
+        row = conn.execute(sa.select(incident_threads.c.id, incident_threads.c.data)).one()
+        old = {k: v for k, v in row.data.items() if k != "decided_by"}
+        conn.execute(sa.update(incident_threads).where(incident_threads.c.id == row.id).values(data=old))
+    dispose_engines()
+    (thread,) = ThreadStore().all()
+    assert thread.provisional and thread.decided_by is None
+    assert post_or_update_incident(still_provisional("2026-11-21T10:10:00Z"), None, run_id="run-2",
+                                   now=T0 + timedelta(minutes=5))["decision"] == "unchanged"
+    assert [s.decided_by for s in ThreadStore().all()] == ["2026-11-21T10:10:00Z"]
+    assert post_or_update_incident(still_provisional("2026-11-21T10:20:00Z"), None, run_id="run-3",
+                                   now=T0 + timedelta(minutes=10))["decision"] == "replied"
+    assert "not decided at the first sweep after 10:10 UTC as promised" in texts_in_thread(server, 0)[0]
+
+
+def test_a_provisional_thread_is_not_closed_by_another_finding_of_the_same_sweep(settings, slack_connection):
+    """A sweep may find a rebalance loop beside the imbalance it is still deciding on: the loop gets its
+    own thread and the provisional thread stays open, whichever finding is posted first."""
+    server = slack_connection
+    assert post_or_update_incident(provisional(), None, run_id="run-1", now=T0)["decision"] == "posted"
+    loop = finding("rebalance_loop", "warning", partitions=(0, 1), lag=5000, summary="12 rebalances")
+    sweep = [loop, provisional()]
+    result = post_or_update_incident(loop, None, run_id="run-2", now=T0 + timedelta(minutes=5), sweep=sweep)
+    assert result["decision"] == "posted" and result["superseded"] == []
+    assert post_or_update_incident(provisional(), None, run_id="run-2", now=T0 + timedelta(minutes=5),
+                                   sweep=sweep)["decision"] == "unchanged"
+    assert len(server.messages) == 2 and texts_in_thread(server, 0) == []
+    assert sorted((s.key.diagnosis, s.provisional) for s in ThreadStore().all() if s.status == "open") == [
+        ("partition_imbalance", True), ("rebalance_loop", False)]
+
+
+def test_the_sweeps_post_task_keeps_a_provisional_thread_another_of_its_findings_lands_in(settings, slack_connection,
+                                                                                         tmp_path):
+    from lagdoctor import orchestration
+
+    server = slack_connection
+    assert post_or_update_incident(provisional(), None, run_id="run-1", now=T0)["decision"] == "posted"
+    loop = finding("rebalance_loop", "warning", partitions=(0, 1), lag=5000, summary="12 rebalances")
+    plans = tmp_path / "run-2" / "plans.json"
+    plans.parent.mkdir()
+    plans.write_text(json.dumps([{"finding": f, "plan": {"actions": [], "next_steps": []}}
+                                 for f in (loop, provisional())]))
+    orchestration.post_findings(str(plans), "run-2", settings=Settings.from_env())
+    assert len(server.messages) == 2 and "rebalance_loop" in server.messages[1]["text"]
+    assert texts_in_thread(server, 0) == []
+    assert sorted(s.key.diagnosis for s in ThreadStore().all() if s.status == "open") == [
+        "partition_imbalance", "rebalance_loop"]
+
+
+def _provisional_state(decided_by="2026-11-21T10:10:00Z"):
+    return state_for(provisional(), provisional=True, deciding_between=["partition_imbalance", "stalled_consumer"],
+                     decided_by=decided_by)
+
+
+# (current finding, thread state, now, expected decision, why)
+PROMISE_RULES = [
+    (still_provisional("2026-11-21T10:20:00Z"), _provisional_state(), T0 + timedelta(minutes=9, seconds=59),
+     "nothing", "9: before the promised 10:10"),
+    (still_provisional("2026-11-21T10:20:00Z"), _provisional_state(), T0 + timedelta(minutes=10),
+     "undecided", "9: at 10:10 and still provisional: say so, with the new time"),
+    (still_provisional("2026-11-21T10:09:30Z"), _provisional_state(), T0 + timedelta(minutes=15),
+     "nothing", "9: the same promise as said (minute rounded up): said once"),
+    (still_provisional("2026-11-21T10:20:00Z"), _provisional_state(None), T0 + timedelta(minutes=15),
+     "nothing", "9: a thread stored before decided_by was kept: no promise known to break"),
+    (stalled(), _provisional_state(), T0 + timedelta(minutes=15), "decided", "7 before 9: decided late is decided"),
+]
+
+
+@pytest.mark.parametrize("current,state,now,expected,why", PROMISE_RULES, ids=[r[4] for r in PROMISE_RULES])
+def test_promise_rules(current, state, now, expected, why):
+    assert decide(current, state, run_id="run-2", now=now).kind == expected
+
+
+def test_superseded_rule_picks_only_provisional_threads_no_finding_of_the_sweep_lands_in():
+    from lagdoctor.notify.threads import superseded_threads
+
+    waiting = _provisional_state()
+    named = state_for(finding("slow_consumer"))
+    crashed = finding("crashed_consumer", "critical")
+    assert superseded_threads(crashed, [waiting, named]) == [waiting]
+    assert superseded_threads(crashed, [waiting], [crashed, provisional()]) == []
+    assert superseded_threads(crashed, [waiting], [crashed, stalled()]) == []
+    assert superseded_threads(provisional(), [waiting]) == [], "its own thread"

@@ -7,6 +7,7 @@ import html as htmllib
 import json
 import re
 import shutil
+from datetime import datetime
 
 import pytest
 from fastapi import FastAPI
@@ -21,8 +22,8 @@ from tests.fixtures.web import (  # noqa: F401  (fixtures)
 )
 
 
-def client_for(root, can_read=lambda dag_id: True) -> TestClient:
-    app = create_app(lambda: Settings(data_root=str(root)))
+def client_for(root, can_read=lambda dag_id: True, clock=None) -> TestClient:
+    app = create_app(lambda: Settings(data_root=str(root)), **({"clock": clock} if clock else {}))
     app.dependency_overrides[dag_run_reader] = lambda: can_read
     return TestClient(app)
 
@@ -346,9 +347,16 @@ def test_a_retried_diagnosis_rewriting_a_complete_run_is_skipped_until_it_finish
         assert _severities(client, root)[2]["orders-processor"] == "critical"
 
 
+def _window_end_of(lag_data_root) -> datetime:
+    path = lag_data_root.findings_root / lag_data_root.sweep_run_key / "findings.jsonl"
+    end = json.loads(path.read_text().splitlines()[0])["window_end"]
+    return datetime.fromisoformat(end.replace("Z", "+00:00"))
+
+
 def test_a_provisional_finding_is_shown_as_such_on_the_page_and_in_the_api(lag_data_root):
     """Issue 18: the page names no cause for a provisional finding; the API passes its fields through."""
-    client = client_for(lag_data_root.root)
+    # the page looked at before the promised 14:40
+    client = client_for(lag_data_root.root, clock=lambda: _window_end_of(lag_data_root).replace(hour=14, minute=30))
     sweep = lag_data_root.findings_root / lag_data_root.sweep_run_key
     path = sweep / "findings.jsonl"
     findings = [json.loads(line) for line in path.read_text().splitlines()]
@@ -368,3 +376,32 @@ def test_a_provisional_finding_is_shown_as_such_on_the_page_and_in_the_api(lag_d
     assert api["provisional"] is True and api["deciding_between"] == ["partition_imbalance", "stalled_consumer"]
     assert api["provisional_label"] == ("Still deciding: partition imbalance or stalled consumer · "
                                         "will know at the first sweep after 14:40 UTC")
+
+
+def test_a_provisional_finding_whose_promised_time_passed_says_overdue_on_page_group_view_and_api(lag_data_root):
+    """Issue 18 review: "will know at the first sweep after 14:40 UTC" read at 15:05 is a stale promise."""
+    day = _window_end_of(lag_data_root)
+    path = lag_data_root.findings_root / lag_data_root.sweep_run_key / "findings.jsonl"
+    findings = [json.loads(line) for line in path.read_text().splitlines()]
+    for f in findings:
+        if f["group_id"] == "orders-processor":
+            f.update(provisional=True, deciding_between=["partition_imbalance", "stalled_consumer"],
+                     decided_by=f["window_end"][:11] + "14:39:30Z", samples_needed=2,
+                     undecided_because="the commit on partition 1 has stood still for 1m00s")
+    path.write_text("".join(json.dumps(f) + "\n" for f in findings))
+    late = client_for(lag_data_root.root, clock=lambda: day.replace(hour=15, minute=5, second=0, microsecond=0))
+    card = late.get("/").text
+    card = card[card.index('data-group="orders-processor"'):card.index('data-group="payments-ledger"')]
+    assert "provisional · was due at the first sweep after 14:40 UTC: overdue" in card
+    assert "will know" not in card
+    (api,) = [f for f in late.get("/api/findings").json()["findings"] if f["group_id"] == "orders-processor"]
+    assert api["provisional_label"].endswith("· was due at the first sweep after 14:40 UTC: overdue")
+    assert api["decision_overdue"] is True
+    (cluster,) = {f["cluster"] for f in findings if f["group_id"] == "orders-processor"}
+    group_page = late.get(f"/group/{cluster}/orders-processor").text
+    assert "was due at the first sweep after 14:40 UTC: overdue" in group_page
+    # at 14:39:50 the rounded-up 14:40 has not passed yet
+    early = client_for(lag_data_root.root, clock=lambda: day.replace(hour=14, minute=39, second=50, microsecond=0))
+    (api,) = [f for f in early.get("/api/findings").json()["findings"] if f["group_id"] == "orders-processor"]
+    assert api["provisional_label"].endswith("· will know at the first sweep after 14:40 UTC")
+    assert api["decision_overdue"] is False

@@ -832,6 +832,10 @@ def post_quarantine_notice(output: str, *, settings: Settings | None = None) -> 
     return post_notice(render_quarantine_notice(entries), dedupe_key=key, settings=settings)
 
 
+def _finding_key(finding: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(str(finding.get(k) or "") for k in ("cluster", "group_id", "topic"))
+
+
 def post_findings(
     plans_path: str, run_id: str, *, incident_scope: str | None = None, settings: Settings | None = None
 ) -> dict[str, int]:
@@ -856,8 +860,14 @@ def post_findings(
             summary = {"problems": result["problems"], "findings": result["findings"]}
         else:
             summary = {}
+            # each finding with its sweep's others of the same (cluster, group, topic): a provisional thread
+            # one of them still lands in is not superseded by another (notify.threads rule 8)
+            sweeps: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
             for item in items:
-                result = post_or_update_incident(item["finding"], item["plan"], run_id=run_id, settings=settings)
+                sweeps.setdefault(_finding_key(item["finding"]), []).append(item["finding"])
+            for item in items:
+                result = post_or_update_incident(item["finding"], item["plan"], run_id=run_id, settings=settings,
+                                                 sweep=sweeps[_finding_key(item["finding"])])
                 results.append(result)
                 summary[result["decision"]] = summary.get(result["decision"], 0) + 1
     log.info("slack: %s", summary)

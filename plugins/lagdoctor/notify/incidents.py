@@ -41,6 +41,7 @@ from lagdoctor.notify.threads import (
     decide_healthy,
     provisional_thread_for,
     remember,
+    superseded_threads,
 )
 
 log = logging.getLogger(__name__)
@@ -167,6 +168,7 @@ def post_or_update_incident(
     now: datetime | None = None,
     dag_id: str | None = None,
     buttons: bool | None = None,
+    sweep: list[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Post a new incident thread, reply when it changed, or close it on recovery.
 
@@ -180,14 +182,19 @@ def post_or_update_incident(
     "quiet" is a change left unsaid because the thread was acknowledged or snoozed.
     ``dag_id`` (default: the running task's DAG) is linked; ``buttons`` (default:
     when enabled, lagdoctor.notify.interactive) adds Acknowledge / Snooze.
+    ``sweep``: every finding of this sweep for the same (cluster, group, topic), so a provisional
+    thread another of them lands in is not closed as superseded (threads rule 8); None: this one alone.
     """
     args = {"finding": dict(finding), "plan": dict(plan) if plan is not None else None, "run_id": run_id,
-            "now": _now(now).isoformat(), "dag_id": _dag_id(dag_id, SWEEP_DAG_ID), "buttons": _buttons(buttons)}
+            "now": _now(now).isoformat(), "dag_id": _dag_id(dag_id, SWEEP_DAG_ID), "buttons": _buttons(buttons),
+            "sweep": [{k: f.get(k) for k in ("cluster", "group_id", "topic", "diagnosis")} for f in sweep]
+            if sweep is not None else None}
     return _call("incident", args, settings=settings, sender=sender, now=now, spooled={"threads": []})
 
 
 def _incident_in(db, conn, *, finding: Mapping[str, Any], plan: Mapping[str, Any] | None, run_id: str, now: str,
-                 dag_id: str, buttons: bool) -> tuple[dict[str, Any], Any]:
+                 dag_id: str, buttons: bool,
+                 sweep: list[Mapping[str, Any]] | None = None) -> tuple[dict[str, Any], Any]:
     store = ThreadStore(db)
     key = IncidentKey.of(finding)
     at = datetime.fromisoformat(now)
@@ -196,7 +203,7 @@ def _incident_in(db, conn, *, finding: Mapping[str, Any], plan: Mapping[str, Any
         result, keys = _on_healthy(db, conn, store, finding, run_id=run_id, now=at)
     else:
         result, keys = _on_problem(db, conn, store, finding, plan, run_id=run_id, now=at,
-                                   dag_id=dag_id, buttons=buttons)
+                                   dag_id=dag_id, buttons=buttons, sweep=sweep)
 
     def threads(db) -> dict[str, Any]:
         # After delivery, so they carry the Slack ts of a thread just posted.
@@ -241,18 +248,36 @@ def _on_healthy(db, conn, store: ThreadStore, finding: Mapping[str, Any], *, run
 
 
 def _on_problem(db, conn, store: ThreadStore, finding: Mapping[str, Any], plan: Mapping[str, Any] | None, *,
-                run_id: str, now: datetime, dag_id: str | None = None,
-                buttons: bool = False) -> tuple[dict[str, Any], list[IncidentKey]]:
+                run_id: str, now: datetime, dag_id: str | None = None, buttons: bool = False,
+                sweep: list[Mapping[str, Any]] | None = None) -> tuple[dict[str, Any], list[IncidentKey]]:
+    key = IncidentKey.of(finding)
+    open_before = store.open_threads(key.cluster, key.group_id, key.topic, conn=conn)
+    result, keys = _on_own_thread(db, conn, store, finding, plan, open_before, run_id=run_id, now=now,
+                                  dag_id=dag_id, buttons=buttons)
+    # after the finding's own message, so a closing reply never points at a thread not posted yet
+    result["superseded"] = _close_superseded(db, conn, store, finding, superseded_threads(finding, open_before, sweep),
+                                             own_thread=result["decision"] != "posted", run_id=run_id, now=now)
+    return result, keys
+
+
+def _on_own_thread(db, conn, store: ThreadStore, finding: Mapping[str, Any], plan: Mapping[str, Any] | None,
+                   open_before: list[ThreadState], *, run_id: str, now: datetime, dag_id: str | None,
+                   buttons: bool) -> tuple[dict[str, Any], list[IncidentKey]]:
     stamp = now.isoformat()
     key = IncidentKey.of(finding)
     state = store.get(key, conn=conn)
     if state is None or state.status != "open":
         # rule 7: a provisional thread whose candidates include this cause carries on
-        adopted = provisional_thread_for(finding, store.open_threads(key.cluster, key.group_id, key.topic, conn=conn))
+        adopted = provisional_thread_for(finding, open_before)
         if adopted is not None:
             state = store.rekey(adopted, key.diagnosis, conn=conn)
-    decision = decide(finding, state, run_id=run_id)
+    decision = decide(finding, state, run_id=run_id, now=now)
     if decision.kind == "nothing":
+        if state is not None and state.status == "open" and state.provisional and state.decided_by is None \
+                and finding.get("provisional") is True and finding.get("decided_by"):
+            # a thread stored before rule 9: from now on its promise is known (nothing is said)
+            state.decided_by = str(finding["decided_by"])
+            store.save(state, conn=conn)
         return {"decision": "unchanged"}, [key] if state else []
     controls = key.digest() if buttons else None
     if decision.kind == "post":
@@ -264,7 +289,7 @@ def _on_problem(db, conn, store: ThreadStore, finding: Mapping[str, Any], plan: 
     else:
         assert state is not None
         # the first post promised the decision: an acknowledgement or snooze does not hold it back
-        quiet = None if decision.kind == "decided" else quiet_reason(conn, state, finding, now)
+        quiet = None if decision.kind in ("decided", "undecided") else quiet_reason(conn, state, finding, now)
         if quiet:
             # Remembered, not said: the next reply (after the snooze, or a new severity) compares with now.
             store.save(remember(state, finding, run_id=run_id, now=stamp), conn=conn)
@@ -273,14 +298,36 @@ def _on_problem(db, conn, store: ThreadStore, finding: Mapping[str, Any], plan: 
         if decision.kind == "decided":
             msg = render.render_decided(finding, state.deciding_between, plan, run_id=run_id, dag_id=dag_id,
                                         controls=controls)
+        elif decision.kind == "undecided":
+            msg = render.render_still_undecided(finding, state.decided_by, decision.changes)
         else:
             msg = render.render_update(finding, decision.changes, run_id=run_id, dag_id=dag_id, controls=controls)
         outbox.queue_message(db, conn, dedupe_key=f"incident:{key.digest()}:{_thread_anchor(state)}:reply:{run_id}",
                              text=msg["text"], blocks=msg["blocks"], now=now, **_reply_target(state))
         state.replies += 1
         result = "replied"
-    store.save(remember(state, finding, run_id=run_id, now=stamp, opened=decision.kind == "post"), conn=conn)
-    return {"decision": result, "changes": list(decision.changes), "decided": decision.kind == "decided"}, [key]
+    store.save(remember(state, finding, run_id=run_id, now=stamp, opened=decision.kind == "post",
+                        promised=decision.kind == "undecided"), conn=conn)
+    return {"decision": result, "changes": list(decision.changes), "decided": decision.kind == "decided",
+            "undecided": decision.kind == "undecided"}, [key]
+
+
+def _close_superseded(db, conn, store: ThreadStore, finding: Mapping[str, Any], threads: list[ThreadState], *,
+                      own_thread: bool, run_id: str, now: datetime) -> list[str]:
+    """Rule 8: close each provisional thread the finding did not land in, with one reply saying what
+    it became and where that is followed (``own_thread``: a thread that was open already, else the
+    one this finding just posted). Not held back by an acknowledgement or snooze: it ends a promise."""
+    stamp = now.isoformat()
+    existing = store.get(IncidentKey.of(finding), conn=conn) if own_thread else None
+    opened = datetime.fromisoformat(existing.opened_at) if existing and existing.opened_at else None
+    for state in threads:
+        msg = render.render_superseded(finding, state.deciding_between, existing=own_thread, existing_since=opened)
+        outbox.queue_message(db, conn, dedupe_key=f"incident:{state.key.digest()}:{_thread_anchor(state)}:superseded",
+                             text=msg["text"], blocks=msg["blocks"], now=now, **_reply_target(state))
+        state.status, state.closed_at, state.replies = "closed", stamp, state.replies + 1
+        state.last_run_id, state.updated_at = run_id, stamp
+        store.save(state, conn=conn)
+    return [s.key.diagnosis for s in threads]
 
 
 def post_incident_run(

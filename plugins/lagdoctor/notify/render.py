@@ -504,16 +504,48 @@ def decided_by_text(finding: Mapping[str, Any]) -> str:
     """``will know at the first sweep after 03:20 UTC``; the date too when it is not the window
     end's. The minute is rounded up (never a promise earlier than the rule's), and no sample
     count: a sweep's samples come in bursts, so the answer comes with the first sweep after it."""
-    from datetime import timedelta
-
-    by = _parse_iso(finding.get("decided_by"))
+    by = promised_at(finding.get("decided_by"))
     if by is None:
         return "will know at a later sweep"
-    if by.second or by.microsecond:
+    return f"will know at the first sweep after {_promise_time(by, finding.get('window_end'))}"
+
+
+def promised_at(decided_by: Any):
+    """The time a provisional finding's ``decided_by`` promises, as said: the minute rounded up; None
+    when it has none. A sweep at or after it that is still undecided broke the promise."""
+    from datetime import timedelta
+
+    by = _parse_iso(decided_by)
+    if by is not None and (by.second or by.microsecond):
         by = by.replace(second=0, microsecond=0) + timedelta(minutes=1)
-    end = _parse_iso(finding.get("window_end"))
-    when = by.strftime("%H:%M UTC") if end is None or end.date() == by.date() else by.strftime("%Y-%m-%d %H:%M UTC")
-    return f"will know at the first sweep after {when}"
+    return by
+
+
+def _promise_time(by: Any, window_end: Any = None) -> str:
+    """``03:20 UTC``; the date too when it is not ``window_end``'s."""
+    end = _parse_iso(window_end)
+    return by.strftime("%H:%M UTC") if end is None or end.date() == by.date() else by.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def promise_overdue(decided_by: Any, now: Any) -> bool:
+    """Whether the promised time passed by ``now`` (a datetime; None: never)."""
+    by = promised_at(decided_by)
+    return by is not None and now is not None and _utc(now) >= by
+
+
+def promise_text(finding: Mapping[str, Any], now: Any = None) -> str:
+    """``will know at the first sweep after 10:10 UTC``, or once that passed by ``now``:
+    ``was due at the first sweep after 10:10 UTC: overdue``."""
+    if promise_overdue(finding.get("decided_by"), now):
+        by = promised_at(finding.get("decided_by"))
+        return f"was due at the first sweep after {_promise_time(by, finding.get('window_end'))}: overdue"
+    return decided_by_text(finding)
+
+
+def _utc(value: Any):
+    from datetime import timezone
+
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
 def _parse_iso(value: Any):
@@ -653,13 +685,7 @@ def render_incident(finding: Mapping[str, Any], plan: Mapping[str, Any] | None =
     table = evidence_table(finding)
     if table:
         blocks.append(_text_section(render("evidence_title") + "\n```\n" + table + "\n```"))
-    steps = list(plan.get("next_steps") or [])
-    if steps:
-        body = "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
-        blocks.append(_text_section(render("next_steps_title", runbook=plan.get("runbook", "")) + "\n" + body))
-    lines = action_lines(actions if actions is not None else plan.get("actions") or [])
-    if lines:
-        blocks.append(_text_section(render("actions_title") + "\n" + "\n".join(lines)))
+    blocks.extend(_plan_blocks(plan, actions if actions is not None else plan.get("actions") or []))
     window = " → ".join(str(finding[k]) for k in ("window_start", "window_end") if finding.get(k))
     context = render("context", window=window or "-", run_id=run_id or "-")
     link = links_text(finding, dag_id=dag_id, run_id=run_id)
@@ -684,7 +710,33 @@ def render_decided(finding: Mapping[str, Any], was_between: Sequence[str], plan:
     v = _values(finding)
     between = deciding_between_text({"deciding_between": list(was_between), "diagnosis": finding.get("diagnosis")})
     decided = render("decided", diagnosis=v["diagnosis"].replace("_", " "), between=between)
-    blocks = [_text_section(decided + "\n" + render("summary", **v)),
+    plan = plan or {}
+    blocks = _reply_blocks(finding, v, decided + "\n" + render("summary", **v),
+                           _plan_blocks(plan, plan.get("actions") or []),
+                           run_id=run_id, dag_id=dag_id, controls=controls)
+    return {"text": render("decided_fallback", diagnosis=v["diagnosis"].replace("_", " "), group=v["group"],
+                           topic=v["topic"]), "blocks": blocks}
+
+
+def _plan_blocks(plan: Mapping[str, Any], actions: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The plan's next steps and the action lines, each a section when there is any."""
+    blocks = []
+    steps = list(plan.get("next_steps") or [])
+    if steps:
+        body = "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
+        blocks.append(_text_section(render("next_steps_title", runbook=plan.get("runbook", "")) + "\n" + body))
+    lines = action_lines(actions)
+    if lines:
+        blocks.append(_text_section(render("actions_title") + "\n" + "\n".join(lines)))
+    return blocks
+
+
+def _reply_blocks(finding: Mapping[str, Any], v: Mapping[str, Any], lead: str,
+                  middle: Sequence[Mapping[str, Any]] = (), *, run_id: str, dag_id: str | None,
+                  controls: str | None) -> list[dict[str, Any]]:
+    """A thread reply about a finding: ``lead``, the four fields, forecast, incomplete data, the
+    evidence table, ``middle`` (e.g. the plan), links, the owner note and the buttons."""
+    blocks = [_text_section(lead),
               {"type": "section", "fields": [
                   {"type": "mrkdwn", "text": render(n, **v)} for n in ("field_pattern", "field_time_lag", "field_lag", "field_severity")]}]
     forecast = forecast_text(finding)
@@ -696,14 +748,7 @@ def render_decided(finding: Mapping[str, Any], was_between: Sequence[str], plan:
     table = evidence_table(finding)
     if table:
         blocks.append(_text_section("```\n" + table + "\n```"))
-    plan = plan or {}
-    steps = list(plan.get("next_steps") or [])
-    if steps:
-        body = "\n".join(f"{i}. {s}" for i, s in enumerate(steps, 1))
-        blocks.append(_text_section(render("next_steps_title", runbook=plan.get("runbook", "")) + "\n" + body))
-    lines = action_lines(plan.get("actions") or [])
-    if lines:
-        blocks.append(_text_section(render("actions_title") + "\n" + "\n".join(lines)))
+    blocks.extend(middle)
     link = links_text(finding, dag_id=dag_id, run_id=run_id)
     if link:
         blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": link}]})
@@ -713,8 +758,41 @@ def render_decided(finding: Mapping[str, Any], was_between: Sequence[str], plan:
         from lagdoctor.notify.interactive import incident_buttons
 
         blocks.append(incident_buttons(controls))
-    return {"text": render("decided_fallback", diagnosis=v["diagnosis"].replace("_", " "), group=v["group"],
-                           topic=v["topic"]), "blocks": blocks}
+    return blocks
+
+
+def render_still_undecided(finding: Mapping[str, Any], was_promised: Any,
+                           changes: Sequence[str] = ()) -> dict[str, Any]:
+    """The one reply in a provisional thread whose promised time passed while the sweep is still
+    undecided (threads rule 9): that it is, why, and the new time."""
+    pv = _provisional_values(finding)
+    by = promised_at(was_promised)
+    was = _promise_time(by, finding.get("window_end")) if by is not None else "the time promised"
+    text = render("still_undecided", was=was, **pv)
+    if changes:
+        text += "\n" + render("still_undecided_changes", changes="; ".join(changes))
+    return {"text": render("still_undecided_fallback", was=was, **pv), "blocks": [_text_section(text)]}
+
+
+def render_superseded(finding: Mapping[str, Any], was_between: Sequence[str], *, existing: bool = False,
+                      existing_since: Any = None) -> dict[str, Any]:
+    """The closing reply of a provisional thread the finding did not land in (threads rule 8): what
+    it became, and where that is followed: its own new thread, or (``existing``) the thread already
+    open (since ``existing_since``, a datetime, when known). Short: the evidence is in that thread."""
+    v = _values(finding)
+    if is_provisional(finding):
+        now = "still deciding between " + deciding_between_text(finding)
+    else:
+        now = v["diagnosis"].replace("_", " ")
+    between = deciding_between_text({"deciding_between": list(was_between), "diagnosis": finding.get("diagnosis")})
+    decided = not is_provisional(finding) and finding.get("diagnosis") in set(was_between)
+    where = "its own thread"
+    if existing:
+        where = ("its existing thread" + (f", opened {_utc(existing_since):%H:%M} UTC"
+                                          if existing_since is not None else ""))
+    text = render("superseded", decided=decided, now=now, between=between, where=where)
+    return {"text": render("superseded_fallback", now=now, where=where, group=v["group"], topic=v["topic"]),
+            "blocks": [_text_section(text)]}
 
 
 def report_link(url: object, label: str = "HTML report") -> str:
@@ -734,27 +812,8 @@ def render_update(finding: Mapping[str, Any], changes: Sequence[str], *, run_id:
     """A reply in an incident's thread: what changed, with the same links and buttons as the first message."""
     v = _values(finding)
     changes_text = "; ".join(changes)
-    blocks = [_text_section(render("update", changes=changes_text, **{k: v[k] for k in ("emoji", "summary")})),
-              {"type": "section", "fields": [
-                  {"type": "mrkdwn", "text": render(n, **v)} for n in ("field_pattern", "field_time_lag", "field_lag", "field_severity")]}]
-    forecast = forecast_text(finding)
-    if forecast:
-        blocks.append(_text_section(forecast))
-    incomplete = incomplete_data_text(finding)
-    if incomplete:
-        blocks.append(_text_section(incomplete))
-    table = evidence_table(finding)
-    if table:
-        blocks.append(_text_section("```\n" + table + "\n```"))
-    link = links_text(finding, dag_id=dag_id, run_id=run_id)
-    if link:
-        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": link}]})
-    if v["owner_unknown"]:
-        blocks.append(_owner_note_block())
-    if controls:
-        from lagdoctor.notify.interactive import incident_buttons
-
-        blocks.append(incident_buttons(controls))
+    lead = render("update", changes=changes_text, **{k: v[k] for k in ("emoji", "summary")})
+    blocks = _reply_blocks(finding, v, lead, run_id=run_id, dag_id=dag_id, controls=controls)
     return {"text": render("update_fallback", changes=changes_text, group=v["group"], topic=v["topic"]), "blocks": blocks}
 
 

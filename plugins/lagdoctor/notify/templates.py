@@ -27,6 +27,16 @@ TEMPLATES: dict[str, str] = {
     "provisional_fallback": "{{ group }}: still deciding between {{ between }} on {{ where }}; {{ by }}",
     "decided": ":white_check_mark: *Decided:* {{ diagnosis }} (was still deciding between {{ between }})",
     "decided_fallback": "Decided for {{ group }} on {{ topic }}: {{ diagnosis }}",
+    # A provisional thread still undecided after the time it promised: said once per new promise.
+    "still_undecided": ":hourglass: *Still deciding between {{ between }} on {{ where }}:* not decided at the "
+                       "first sweep after {{ was }} as promised; {{ by }}\n_Not decided yet because_ {{ because }}",
+    "still_undecided_changes": "*Changed:* {{ changes }}",
+    "still_undecided_fallback": "{{ group }}: still deciding between {{ between }} after {{ was }}; {{ by }}",
+    # A provisional thread the sweep's finding did not land in: closed, pointing at the thread that follows it.
+    "superseded": "{% if decided %}:white_check_mark: *Decided:* {{ now }}{% else %}:arrow_right: *Now {{ now }}*"
+                  "{% endif %} (was still deciding between {{ between }}): followed in {{ where }}. "
+                  "This thread is closed.",
+    "superseded_fallback": "{{ group }} on {{ topic }}: now {{ now }}, followed in {{ where }}",
     "field_cluster": "*Cluster*\n{{ cluster }}",
     "field_topic": "*Topic*\n{{ topic }}",
     "field_pattern": "*Lag pattern*\n{{ pattern }}",

@@ -26,6 +26,15 @@ The decision rules (pure; one test case each in tests/test_notify_threads.py):
                not recovery: it never closes a thread, posts nothing without an
                open thread, and replies once that the data is incomplete (not again
                until a complete finding came in between).
+  8. superseded  an open provisional thread that a non-healthy finding of its (cluster, group,
+               topic) did not land in (the decided cause is outside its candidates, another
+               open thread already holds it, or other candidates lead now) is closed with
+               one reply saying what it became and which thread follows it; unless
+               another finding of the same sweep lands in it (a sweep may find a rebalance
+               loop beside the imbalance it is still deciding on).
+  9. undecided a provisional thread whose promised time (decided_by, stored on the thread)
+               passed while the sweep is still provisional gets one reply saying so, with the
+               new time; once per new promise, not every sweep.
 """
 
 from __future__ import annotations
@@ -91,6 +100,8 @@ class ThreadState:
     data_incomplete: bool = False  # rule 6: the thread was told the data is incomplete
     provisional: bool = False  # rule 7: the thread last said the cause is not decided yet
     deciding_between: list[str] = field(default_factory=list)
+    # rule 9: the decided_by the thread last promised (ISO); rows written before it read None
+    decided_by: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -159,18 +170,24 @@ class ThreadStore:
 
     def rekey(self, state: ThreadState, diagnosis: str, *, conn: sa.Connection) -> ThreadState:
         """Rule 7: the thread now belongs to the decided cause. A closed thread left under that
-        key is replaced, as a new post would replace it."""
+        key is replaced, as a new post would replace it, but its posted-action markers carry
+        over: an action result already posted for that diagnosis must not be posted again."""
         from lagdoctor.state import incident_threads as t
 
         old, new = state.key, IncidentKey(state.key.cluster, state.key.group_id, state.key.topic, diagnosis)
         if new == old:
             return state
+        replaced = self.get(new, conn=conn)
+        if replaced is not None:
+            state.posted_actions = [*replaced.posted_actions,
+                                    *(m for m in state.posted_actions if m not in replaced.posted_actions)]
         conn.execute(sa.delete(t).where(t.c.cluster == new.cluster, t.c.group_id == new.group_id,
                                         t.c.topic == new.topic, t.c.diagnosis == new.diagnosis))
         conn.execute(sa.update(t).where(t.c.cluster == old.cluster, t.c.group_id == old.group_id,
                                         t.c.topic == old.topic, t.c.diagnosis == old.diagnosis)
                      .values(diagnosis=new.diagnosis))
         state.key = new
+        self.save(state, conn=conn)  # the carried markers are stored even if nothing is said now
         return state
 
     def all(self) -> Iterator[ThreadState]:
@@ -239,8 +256,26 @@ def provisional_thread_for(finding: Mapping[str, Any], open_threads: list[Thread
     return next((s for s in open_threads if s.provisional and diagnosis in s.deciding_between), None)
 
 
-def decide(finding: Mapping[str, Any], state: ThreadState | None, *, run_id: str) -> Decision:
-    """Rules 1-4 and 7 for a non-healthy finding (rules 5-6 are ``decide_healthy``)."""
+def superseded_threads(finding: Mapping[str, Any], open_threads: list[ThreadState],
+                       sweep: list[Mapping[str, Any]] | None = None) -> list[ThreadState]:
+    """Rule 8: the open provisional threads of this (cluster, group, topic) that the (non-healthy)
+    finding did not land in, nor any other finding of its sweep (``sweep``: the sweep's findings of
+    this (cluster, group, topic); None: this one alone) would land in. ``open_threads`` as read
+    before the finding's own thread was chosen (one adopted by rule 7 carries its key by then)."""
+    key = IncidentKey.of(finding)
+    others = [f for f in sweep or [] if IncidentKey.of(f) != key]
+
+    def lands_in(state: ThreadState) -> bool:
+        return any(str(f.get("diagnosis", "")) in (state.key.diagnosis, *state.deciding_between) for f in others)
+
+    return [s for s in open_threads if s.provisional and s.status == "open" and s.key != key and not lands_in(s)]
+
+
+def decide(finding: Mapping[str, Any], state: ThreadState | None, *, run_id: str,
+           now: datetime | None = None) -> Decision:
+    """Rules 1-4, 7 and 9 for a non-healthy finding (rules 5-6 are ``decide_healthy``)."""
+    from lagdoctor.notify.render import promise_overdue, promised_at
+
     if state is None or state.status != "open":
         return Decision("post")
     if run_id and state.last_run_id == run_id:
@@ -248,15 +283,19 @@ def decide(finding: Mapping[str, Any], state: ThreadState | None, *, run_id: str
     if state.provisional and finding.get("provisional") is not True:
         return Decision("decided", tuple(changes_since(state, finding)))
     changes = changes_since(state, finding)
+    if (state.provisional and finding.get("provisional") is True and promise_overdue(state.decided_by, now)
+            and promised_at(finding.get("decided_by")) != promised_at(state.decided_by)):  # a new time, as said
+        return Decision("undecided", tuple(changes))
     return Decision("reply", tuple(changes)) if changes else Decision("nothing")
 
 
 def remember(state: ThreadState, finding: Mapping[str, Any], *, run_id: str, now: str,
-             opened: bool = False) -> ThreadState:
+             opened: bool = False, promised: bool = False) -> ThreadState:
     """Record what the thread last told people about. It is provisional only while
     what it said was "still deciding": a provisional thread stays so until a decided
     finding; a thread that named a cause (or stayed quiet since `opened`) does not
-    become provisional because a later sweep is unsure."""
+    become provisional because a later sweep is unsure. Its decided_by is the time it
+    promised: set when it said one (`opened`, `promised`), kept otherwise."""
     state.severity = str(finding.get("severity", ""))
     state.pattern = str(finding.get("pattern", ""))
     state.partitions = sorted(p for p in finding.get("partitions") or [] if isinstance(p, int))
@@ -266,4 +305,9 @@ def remember(state: ThreadState, finding: Mapping[str, Any], *, run_id: str, now
     state.data_incomplete = False
     state.provisional = finding.get("provisional") is True and (opened or state.provisional)
     state.deciding_between = [str(d) for d in finding.get("deciding_between") or []] if state.provisional else []
+    if not state.provisional:
+        state.decided_by = None
+    elif opened or promised or state.decided_by is None:  # None: a thread stored before rule 9
+        by = finding.get("decided_by")
+        state.decided_by = str(by) if by else None
     return state

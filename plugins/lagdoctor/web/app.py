@@ -141,7 +141,7 @@ def create_app(
         history = _history(s, states)  # after filtering: only the groups shown are read
         base = _airflow_base(request, url_prefix)
         root = _page_root(request)
-        views = [group_view(st, history[st.key], airflow_base=base, page_root=root) for st in states]
+        views = [group_view(st, history[st.key], airflow_base=base, page_root=root, now=clock()) for st in states]
         _link_local_reports(s, views, root)
         body = render(
             "page.html", views=views, runs=runs, counts=severity_counts(matched),
@@ -167,6 +167,7 @@ def create_app(
         severity: str | None = Query(None, max_length=64),
     ) -> JSONResponse:
         from lagdoctor.web.data import current_index, incomplete_runs, incomplete_text, latest_states
+        from lagdoctor.notify.render import is_provisional, promise_overdue
         from lagdoctor.web.views import dag_run_href, provisional_label
 
         s = settings()
@@ -180,11 +181,14 @@ def create_app(
             shown_runs = {st.run.run_key for st in states}
             runs = [r for r in runs if r.run_key in shown_runs or r.has_overrides]
         base = _airflow_base(request, url_prefix)
+        now = clock()
         findings = [
             {**f, "run_key": st.run.run_key, "dag_id": st.run.dag_id, "run_id": st.run.run_id,
              "dag_run_url": dag_run_href(st.run, base),
              # issue 18: a provisional finding's short label (the fields themselves pass through)
-             **({"provisional_label": " · ".join(provisional_label(f))} if provisional_label(f)[0] else {}),
+             **({"provisional_label": " · ".join(provisional_label(f, now))} if provisional_label(f)[0] else {}),
+             # issue 18: whether the time a provisional finding promised passed (the page says "overdue")
+             **({"decision_overdue": promise_overdue(f.get("decided_by"), now)} if is_provisional(f) else {}),
              # null while current; else the newest sweep of the cluster did not collect it: a last verdict
              "not_collected_since": st.not_collected_since.isoformat() if st.not_collected_since else None}
             for st in states for f in st.findings
@@ -234,7 +238,7 @@ def create_app(
         history = _history(s, states)
         base = _airflow_base(request, url_prefix)
         root = _page_root(request)
-        views = [group_view(st, history[st.key], airflow_base=base, with_rates=True) for st in states]
+        views = [group_view(st, history[st.key], airflow_base=base, with_rates=True, now=now) for st in states]
         _link_local_reports(s, views, root)
         body = render(
             "group.html", cluster=cluster, group_id=group_id, views=views, timeline=timeline,

@@ -107,14 +107,15 @@ def title_of(diagnosis: str) -> str:
     return diagnosis.replace("_", " ").capitalize() if diagnosis else "Finding"
 
 
-def provisional_label(finding: Mapping[str, Any]) -> tuple[str, str]:
+def provisional_label(finding: Mapping[str, Any], now: datetime | None = None) -> tuple[str, str]:
     """("Still deciding: partition imbalance or stalled consumer", "will know at the first sweep after 10:40 UTC")
-    for a provisional finding (issue 18), ("", "") for a decided one."""
-    from lagdoctor.notify.render import decided_by_text, deciding_between_text, is_provisional
+    for a provisional finding (issue 18), ("", "") for a decided one. Once that time passed by ``now``
+    the note says so: "was due at the first sweep after 10:40 UTC: overdue"."""
+    from lagdoctor.notify.render import deciding_between_text, is_provisional, promise_text
 
     if not is_provisional(finding):
         return "", ""
-    return "Still deciding: " + deciding_between_text(finding).replace(" and ", " or "), decided_by_text(finding)
+    return "Still deciding: " + deciding_between_text(finding).replace(" and ", " or "), promise_text(finding, now)
 
 
 def finding_title(finding: Mapping[str, Any]) -> str:
@@ -416,8 +417,9 @@ def stuck_record_of(finding: Mapping[str, Any]) -> StuckRecord | None:
 
 
 def group_view(state: GroupState, history: GroupHistory, *, airflow_base: str = "", with_rates: bool = False,
-               page_root: str | None = None) -> GroupView:
-    """``page_root``: the app's mount path, to link the group's view; None (the report) links nothing."""
+               page_root: str | None = None, now: datetime | None = None) -> GroupView:
+    """``page_root``: the app's mount path, to link the group's view; None (the report) links nothing.
+    ``now``: the page's time, to mark a provisional finding's promise overdue (None: never)."""
     start, end = state.window
     x_range = (start, end) if start and end else None
     name = f"{state.group_id} on {state.topic}"
@@ -429,7 +431,7 @@ def group_view(state: GroupState, history: GroupHistory, *, airflow_base: str = 
                     severity=str(f.get("severity") or "ok"), pattern=str(f.get("pattern") or "-"),
                     summary=display_summary(str(f.get("summary") or "")), partitions=list(f.get("partitions") or []),
                     report_url=f.get("report_url"), plan=state.plans.get(str(f.get("diagnosis")), {}), raw=f,
-                    provisional_note=provisional_label(f)[1])
+                    provisional_note=provisional_label(f, now)[1])
         for f in state.findings
     ]
     return GroupView(
