@@ -73,7 +73,9 @@ THRESHOLDS = {k: type(v)(v / COMPRESSION) for k, v in SCALED.items()}
 WARMUP_S = 150.0
 AFTER_ONSET_S = 330.0
 SWEEP_MIN_INTERVAL_S = 60.0
-STALL_NEED = (Thresholds().stall_min_snapshots, THRESHOLDS["stall_min_seconds"])  # a stall, a loop: counted in time
+# a stall, a loop: counted in time. The stall rule counts the snapshots after the first that shows the
+# commit still (frozen_snapshots), so it needs stall_min_snapshots + 1 samples after onset.
+STALL_NEED = (Thresholds().stall_min_snapshots + 1, THRESHOLDS["stall_min_seconds"])
 PATTERN_NEED = (2, THRESHOLDS["pattern_min_seconds"])  # any rate rule: two samples a pattern's time apart
 
 
