@@ -15,7 +15,7 @@ export PATH := $(BIN):$(PATH)
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 
-.PHONY: demo test install clean bench airflow browser postgres kafka
+.PHONY: demo test install clean bench airflow browser postgres kafka redis
 
 install: $(STAMP)
 
@@ -38,7 +38,7 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP) kafka
 	@$(BIN)/python -m lagdoctor.lab.demo
 
-test: $(STAMP) browser postgres kafka
+test: $(STAMP) browser postgres kafka redis
 	@$(BIN)/python -m pytest
 
 # Headless Chromium for the lag page's browser test (Debian's package, ~25 s once).
@@ -61,6 +61,18 @@ postgres:
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
 		else \
 			echo "==> no PostgreSQL binaries and no root: the PostgreSQL state tests will be skipped"; \
+		fi; \
+	fi
+
+# Debian's redis-server: the Celery broker of the cluster topology (its test and
+# `lagdoctor topology`), run by lagdoctor on a loopback port, never as a service.
+redis:
+	@if ! command -v redis-server >/dev/null; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "==> installing Debian's redis-server for the cluster topology"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
+		else \
+			echo "==> no redis-server and no root: the cluster topology test will be skipped"; \
 		fi; \
 	fi
 
