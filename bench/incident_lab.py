@@ -236,16 +236,19 @@ class Director(threading.Thread):
 def run_sweep(n: int, tag: str, groups: set[str]) -> Sweep:
     import pyarrow.parquet as pq
 
-    from lagdoctor import orchestration
-    from lagdoctor.orchestration import run_key
     from lagdoctor.settings import Settings
+    from lagdoctor.stages.collect import snapshot_cluster
+    from lagdoctor.stages.common import run_key
+    from lagdoctor.stages.diagnose import prepare_diagnosis, read_findings
+    from lagdoctor.stages.notify import post_findings
+    from lagdoctor.stages.plan import plan_findings
     from lagdoctor.store import find_keyed_snapshots
 
     settings = Settings.from_env()
     run_id = f"lab__{tag}_{n:03d}"
     started = time.time()
     form = {"group_pattern": None, "topic": None, "samples": SAMPLES, "interval_seconds": SAMPLE_INTERVAL_S}
-    orchestration.snapshot_cluster(CLUSTER, run_id, form, dag_id=SWEEP_DAG, settings=settings)
+    snapshot_cluster(CLUSTER, run_id, form, dag_id=SWEEP_DAG, settings=settings)
     keys = [f"{run_key(run_id, SWEEP_DAG)}-{i}" for i in range(SAMPLES)]
     paths = find_keyed_snapshots(settings.snapshots_root, CLUSTER, keys)
     samples, last_sample = [], {}
@@ -258,7 +261,7 @@ def run_sweep(n: int, tag: str, groups: set[str]) -> Sweep:
         if i == SAMPLES - 1:
             last_sample = {(r["topic"], r["partition"]): (r["committed_offset"], r["snapshot_ts"].timestamp())
                            for r in rows if r["group_id"] in groups and r["committed_offset"] is not None}
-    prep = orchestration.prepare_diagnosis([CLUSTER], run_id, window_minutes=WINDOW_MINUTES, thresholds=THRESHOLDS,
+    prep = prepare_diagnosis([CLUSTER], run_id, window_minutes=WINDOW_MINUTES, thresholds=THRESHOLDS,
                                            dag_id=SWEEP_DAG, settings=settings)
     cmd = [prep["spark_submit"], "--master", "local[*]", "--name", "lagdoctor-diagnose-lag",
            "--py-files", prep["py_files"], "--conf", f"spark.pyspark.python={prep['python']}",
@@ -269,16 +272,16 @@ def run_sweep(n: int, tag: str, groups: set[str]) -> Sweep:
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"diagnosis of sweep {n} failed ({done.returncode}): {done.stderr[-800:]}")
-    summary = orchestration.plan_findings(prep["output"], dag_id=SWEEP_DAG, run_id=run_id, kind="sweep",
+    summary = plan_findings(prep["output"], dag_id=SWEEP_DAG, run_id=run_id, kind="sweep",
                                           threshold_overrides=THRESHOLDS, clusters=[CLUSTER])
     outbox = Path(settings.data_root) / "outbox" / "slack.jsonl"
     before = len(outbox.read_text().splitlines()) if outbox.exists() else 0
-    orchestration.post_findings(summary["plans"], run_id, settings=settings)
+    post_findings(summary["plans"], run_id, settings=settings)
     posted = time.time()
     lines = outbox.read_text().splitlines()[before:] if outbox.exists() else []
     texts = [json.dumps(json.loads(line)) for line in lines if line.strip()]
     findings: dict[str, list[dict[str, Any]]] = {}
-    for f in orchestration.read_findings(prep["output"]):
+    for f in read_findings(prep["output"]):
         if f["group_id"] in groups:
             findings.setdefault(f["group_id"], []).append(f)
     statuses = [json.loads(line) for line in

@@ -38,7 +38,7 @@ T0 = datetime(2026, 11, 14, tzinfo=timezone.utc)
 
 def build(root: Path, runs: int, groups: int, partitions: int, first: int = 0) -> list[str]:
     """Run folders oldest first (the `first`-th sweep on); returns their names. Lags vary by run."""
-    from lagdoctor.orchestration import run_key
+    from lagdoctor.stages.common import run_key
 
     names = []
     for i in range(first, first + runs):

@@ -8,8 +8,8 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, Param
 
 from lagdoctor.notify.incidents import notify_failure, notify_recovery
-from lagdoctor.orchestration import sweep_clusters_default
 from lagdoctor.pipeline import build_pipeline, clusters_param, thresholds_param
+from lagdoctor.stages.params import sweep_clusters_default
 
 with DAG(
     dag_id="kafka_lag_health_sweep",

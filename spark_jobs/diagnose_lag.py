@@ -141,11 +141,12 @@ def main(argv=None) -> int:
 def read_carried(spark, path: str):
     """The previous run's surges (lagdoctor.diagnosis.classify.carried_baselines), or None with a
     one-line warning when its findings cannot be read: the run is then judged on its window alone."""
+    from lagdoctor.contracts import FINDINGS_FILE
     from lagdoctor.diagnosis.classify import carried_baselines
     from lagdoctor.diagnosis.output import print_error_line
     from lagdoctor.diagnosis.snapshots import one_line
 
-    source = path if path.endswith(".jsonl") else path.rstrip("/") + "/findings.jsonl"
+    source = path if path.endswith(".jsonl") else path.rstrip("/") + "/" + FINDINGS_FILE
     schema = ("cluster string, group_id string, topic string, diagnosis string, provisional boolean, "
               "evidence struct<baseline_produce_rate: double, baseline_consume_rate: double, data_end: string>")
     try:

@@ -9,8 +9,9 @@ import json
 import pytest
 from markdown_it import MarkdownIt
 
-from lagdoctor.orchestration import (REJECT_ALL, RemediationBlocked, approval_form, approval_needed,
-                                     approved_targets, not_offered_targets, remediate)
+from lagdoctor.stages.plan import (REJECT_ALL, approval_form, approval_needed, approved_targets,
+                                    not_offered_targets)
+from lagdoctor.stages.remediate import RemediationBlocked, remediate
 from tests.fixtures.k8s import k8s_server  # noqa: F401
 from tests.fixtures.slack import slack_connection, slack_server  # noqa: F401
 from tests.test_remediation import T0, audit, finding, k8s, settings, write_plans  # noqa: F401
@@ -220,7 +221,7 @@ def test_a_target_shown_blocked_now_is_recorded_blocked_with_the_forms_reason_an
 
 
 def test_a_target_over_the_forms_limit_is_not_called_rejected_by_a_human():
-    from lagdoctor.orchestration import APPROVAL_OPTIONS_MAX
+    from lagdoctor.stages.plan import APPROVAL_OPTIONS_MAX
 
     form = {"targets": [{"key": "a", "option": "Approve 1: a", "blocked": None},
                         {"key": "b", "option": None, "blocked": None}]}

@@ -152,8 +152,8 @@ def test_incident_form_rejects_bad_input(dagbag):
 
 
 def test_every_registered_action_has_a_branch(dagbag):
-    from lagdoctor.orchestration import branch_target
     from lagdoctor.remediation import action_names
+    from lagdoctor.stages.plan import branch_target
 
     for dag_id, approvals in ((SWEEP_DAG_ID, False), (INCIDENT_DAG_ID, True)):
         task_ids = set(dagbag.dags[dag_id].task_ids)

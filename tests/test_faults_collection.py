@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from lagdoctor import orchestration, store
-from lagdoctor.kafka.collector import CollectionError, collect_snapshot, undiagnosed_groups
+from lagdoctor import store
 from lagdoctor.kafka.clients import admin_client
-from lagdoctor.settings import Settings
+from lagdoctor.kafka.collector import CollectionError, collect_snapshot, undiagnosed_groups
 from lagdoctor.lab.workload import commit_offsets, create_topic, produce_counts
+from lagdoctor.settings import Settings
+from lagdoctor.stages.collect import take_snapshots
 from tests.fixtures.failing_admin import FailingAdmin
 
 pytestmark = pytest.mark.broker
@@ -199,7 +200,7 @@ def test_a_rerun_of_the_same_run_samples_only_what_is_missing(kafka_bootstrap, l
     root = Path(settings.snapshots_root)
 
     def run():
-        return orchestration.take_snapshots("kafka_default", "scheduled__2026-11-21T03:15:00+00:00",
+        return take_snapshots("kafka_default", "scheduled__2026-11-21T03:15:00+00:00",
                                             group_pattern=pattern, samples=3, interval_s=0, settings=settings)
 
     first = run()
@@ -248,7 +249,7 @@ def test_broker_killed_between_samples(kafka_env, tmp_path, monkeypatch, unique,
         monkeypatch.setattr(store, "write_snapshot", write_then_kill_the_broker)
 
         def run():
-            return orchestration.take_snapshots("kafka_default", "manual__outage", group_pattern=re.escape(group),
+            return take_snapshots("kafka_default", "manual__outage", group_pattern=re.escape(group),
                                                 samples=3, interval_s=0, settings=settings)
 
         with pytest.raises(CollectionError) as first:

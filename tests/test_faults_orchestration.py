@@ -1,4 +1,4 @@
-"""Faults at the orchestration layer, met the way a user meets them: through
+"""Faults at the stages layer (lagdoctor.stages), met the way a user meets them: through
 `dag.test()` with a run's form, or the task functions the DAGs call.
 
 Each test asserts what the on-call engineer sees (one line naming the field,
@@ -16,8 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from lagdoctor import orchestration
 from lagdoctor.settings import Settings
+from lagdoctor.stages.collect import take_snapshots
+from lagdoctor.stages.common import run_key
+from lagdoctor.stages.diagnose import prepare_diagnosis
+from lagdoctor.stages.notify import SlackUndelivered, post_findings
+from lagdoctor.stages.params import validate_params
+from lagdoctor.stages.plan import plan_findings
 
 pytestmark = [pytest.mark.airflow]
 
@@ -103,10 +108,10 @@ def test_a_catastrophic_pattern_is_accepted_and_matches_as_it_should(kafka_boots
     for group in (matching, evil):
         commit_offsets(kafka_bootstrap, group, topic, {0: 2})
 
-    form = orchestration.validate_params({"cluster": "kafka_default", "group_pattern": "(a+)+$", "topic": topic,
+    form = validate_params({"cluster": "kafka_default", "group_pattern": "(a+)+$", "topic": topic,
                                           "samples": 1, "interval_seconds": 0, "window_minutes": 30})
     assert form["group_pattern"] == "(a+)+$"
-    snap = orchestration.take_snapshots("kafka_default", "manual__evil", group_pattern=form["group_pattern"],
+    snap = take_snapshots("kafka_default", "manual__evil", group_pattern=form["group_pattern"],
                                         topic=topic, samples=1, interval_s=0, settings=settings)
     import pyarrow.dataset as ds
 
@@ -121,7 +126,7 @@ def test_a_catastrophic_pattern_is_accepted_and_matches_as_it_should(kafka_boots
              "window_start": "2026-11-21T10:00:00Z", "window_end": "2026-11-21T10:30:00Z"} for g in (matching, evil)]
     (output / "findings.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (output / "partition_status.jsonl").write_text("")
-    summary = orchestration.plan_findings(str(output), group_pattern="(a+)+$", topic=topic, kind="incident")
+    summary = plan_findings(str(output), group_pattern="(a+)+$", topic=topic, kind="incident")
     planned = json.loads(Path(summary["plans"]).read_text())
     assert [p["finding"]["group_id"] for p in planned] == [matching]
 
@@ -130,14 +135,14 @@ def test_a_catastrophic_pattern_is_accepted_and_matches_as_it_should(kafka_boots
 def test_hostile_run_ids_keep_every_output_inside_its_root(run_id, tmp_path, monkeypatch):
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "airflow"))
     settings = Settings(data_root=str(tmp_path / "data"))
-    prep = orchestration.prepare_diagnosis("kafka_default", run_id, window_minutes=30, dag_id="kafka_lag_incident",
+    prep = prepare_diagnosis("kafka_default", run_id, window_minutes=30, dag_id="kafka_lag_incident",
                                            settings=settings)
     output = Path(prep["output"])
     findings_root = (tmp_path / "data" / "findings").resolve()
     assert output.resolve().parent == findings_root
     assert prep["args"][prep["args"].index("--output") + 1] == prep["output"]
     # Two hostile ids never share a folder with an honest one.
-    assert output.name != orchestration.run_key("b", "kafka_lag_incident")
+    assert output.name != run_key("b", "kafka_lag_incident")
 
 
 def _plans(folder: Path, findings: list[dict]) -> str:
@@ -165,8 +170,8 @@ def test_slack_down_queues_everything_then_says_so_in_one_line(slack_connection,
          "reason": "not a Parquet file"}) + "\n")
 
     slack_connection.fail_all(500)
-    with pytest.raises(orchestration.SlackUndelivered) as err:
-        orchestration.post_findings(plans, "scheduled__1", settings=settings)
+    with pytest.raises(SlackUndelivered) as err:
+        post_findings(plans, "scheduled__1", settings=settings)
     message = str(err.value)
     assert re.fullmatch(r"Slack: 3 message\(s\) not delivered, kept in the outbox: .+", message), message
     assert "\n" not in message and "xoxb-" not in message
@@ -183,7 +188,7 @@ def test_slack_down_queues_everything_then_says_so_in_one_line(slack_connection,
     assert sum("bad.parquet" in t and "not a Parquet file" in t for t in texts) == 1
     assert sum("orders-0" in t for t in texts) == 1 and sum("orders-1" in t for t in texts) == 1
     # A retried task posts nothing twice.
-    assert orchestration.post_findings(plans, "scheduled__1", settings=settings)
+    assert post_findings(plans, "scheduled__1", settings=settings)
     assert len(slack_connection.posts) == 3
 
 

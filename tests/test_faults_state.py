@@ -241,7 +241,7 @@ def test_a_sweep_posting_with_the_state_database_paused_waits_once_spools_all_an
     timeout for the whole task, not one per finding; every message spooled; the task
     fails in one line; once the database is back each message goes out once."""
     import lagdoctor.state as state
-    from lagdoctor import orchestration
+    from lagdoctor.stages.notify import post_findings, SlackUndelivered
 
     server, pg = slack_connection, own_state
     findings = [finding(f"orders-{i}", "crashed_consumer", "critical") for i in range(4)]
@@ -258,8 +258,8 @@ def test_a_sweep_posting_with_the_state_database_paused_waits_once_spools_all_an
     state.dispose_engines()  # nothing cached: every call has to open the database
 
     pg.pause()
-    with pytest.raises(orchestration.SlackUndelivered) as err:
-        bounded(orchestration.post_findings, str(plans), "scheduled__1", settings=Settings.from_env())
+    with pytest.raises(SlackUndelivered) as err:
+        bounded(post_findings, str(plans), "scheduled__1", settings=Settings.from_env())
     message = str(err.value)
     assert re.fullmatch(r"Slack: 5 message\(s\) not delivered, kept in the outbox: .*timeout.*spool.*", message), message
     assert len(opened) == 1  # the batch's later messages went straight to the spool
@@ -271,5 +271,5 @@ def test_a_sweep_posting_with_the_state_database_paused_waits_once_spools_all_an
     assert len(texts) == 5 and sum("bad.parquet" in t for t in texts) == 1
     assert all(sum(f"orders-{i}" in t for t in texts) == 1 for i in range(4))
     # The task retried now posts nothing twice.
-    orchestration.post_findings(str(plans), "scheduled__1", settings=Settings.from_env())
+    post_findings(str(plans), "scheduled__1", settings=Settings.from_env())
     assert len(server.posts) == 5

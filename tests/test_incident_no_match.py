@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from lagdoctor import orchestration
 from lagdoctor.settings import Settings
+from lagdoctor.stages.collect import no_match_message, NoGroupMatched, take_snapshots
 
 SEEN = ["orders-processor", "orders-archiver", "billing-orders", "payments-ledger", "mailer", "x", "inventory"]
 
@@ -27,7 +27,7 @@ SEEN = ["orders-processor", "orders-archiver", "billing-orders", "payments-ledge
     ("zzzz", "group_pattern 'zzzz' (full match) matched none of 7 groups on kafka_default; closest: none alike"),
 ])
 def test_no_match_line_names_the_closest_groups_and_a_pattern_that_would_match(pattern, line):
-    assert orchestration.no_match_message(pattern, "kafka_default", SEEN) == line
+    assert no_match_message(pattern, "kafka_default", SEEN) == line
     suggestion = re.search(r"Did you mean '(.+)'\?$", line)
     if suggestion:  # the suggestion really matches what it names, in full
         from lagdoctor.kafka.collector import compile_group_pattern
@@ -36,7 +36,7 @@ def test_no_match_line_names_the_closest_groups_and_a_pattern_that_would_match(p
 
 
 def test_a_cluster_without_groups_says_so():
-    assert orchestration.no_match_message(".*", "kafka_eu", []) == (
+    assert no_match_message(".*", "kafka_eu", []) == (
         "group_pattern '.*' (full match) matched no group on kafka_eu: it has no consumer groups")
 
 
@@ -59,8 +59,8 @@ def test_a_topic_none_of_the_groups_reads_fails_naming_their_topics(kafka_bootst
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps(
         {"conn_type": "kafka", "extra": {"bootstrap.servers": kafka_bootstrap}}))
     base, topic = near_misses
-    with pytest.raises(orchestration.NoGroupMatched) as no_topic:
-        orchestration.take_snapshots("kafka_default", "manual__t", group_pattern=f"{base}-.*", topic="refunds",
+    with pytest.raises(NoGroupMatched) as no_topic:
+        take_snapshots("kafka_default", "manual__t", group_pattern=f"{base}-.*", topic="refunds",
                                      samples=3, interval_s=60, settings=Settings(data_root=str(tmp_path)),
                                      require_match=True)
     assert str(no_topic.value) == (f"topic 'refunds': none of the 2 group(s) matching '{base}-.*' on kafka_default "

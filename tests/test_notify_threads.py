@@ -18,8 +18,8 @@ from airflow.providers.slack.hooks.slack import SlackHook  # noqa: F401
 from lagdoctor.notify import notify_failure, post_action_result, post_or_update_incident, slack_sender
 from lagdoctor.notify.slack import OutboxSender, ProviderSlackSender
 from lagdoctor.notify.threads import IncidentKey, ThreadState, ThreadStore, decide, decide_healthy
-from lagdoctor.state import dispose_engines
 from lagdoctor.settings import Settings
+from lagdoctor.state import dispose_engines
 from tests.fixtures.slack import SLACK_TEST_TOKEN, slack_connection, slack_server  # noqa: F401
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
@@ -454,7 +454,7 @@ def test_a_provisional_thread_is_not_closed_by_another_finding_of_the_same_sweep
 
 def test_the_sweeps_post_task_keeps_a_provisional_thread_another_of_its_findings_lands_in(settings, slack_connection,
                                                                                          tmp_path):
-    from lagdoctor import orchestration
+    from lagdoctor.stages.notify import post_findings
 
     server = slack_connection
     assert post_or_update_incident(provisional(), None, run_id="run-1", now=T0)["decision"] == "posted"
@@ -463,7 +463,7 @@ def test_the_sweeps_post_task_keeps_a_provisional_thread_another_of_its_findings
     plans.parent.mkdir()
     plans.write_text(json.dumps([{"finding": f, "plan": {"actions": [], "next_steps": []}}
                                  for f in (loop, provisional())]))
-    orchestration.post_findings(str(plans), "run-2", settings=Settings.from_env())
+    post_findings(str(plans), "run-2", settings=Settings.from_env())
     assert len(server.messages) == 2 and "rebalance_loop" in server.messages[1]["text"]
     assert texts_in_thread(server, 0) == []
     assert sorted(s.key.diagnosis for s in ThreadStore().all() if s.status == "open") == [

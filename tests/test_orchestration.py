@@ -10,8 +10,13 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from lagdoctor import orchestration
 from lagdoctor.settings import Settings
+from lagdoctor.stages.common import run_key
+from lagdoctor.stages.diagnose import diagnosis_failure_line
+from lagdoctor.stages.housekeeping import compact_history, prune_history
+from lagdoctor.stages.notify import incident_scope
+from lagdoctor.stages.params import FormError, check_cluster, check_thresholds, validate_params
+from lagdoctor.stages.plan import choose_branches
 
 
 def _age(path, days: float) -> None:
@@ -31,7 +36,7 @@ def test_retention_prunes_old_findings_and_reports_but_keeps_recent_ones(tmp_pat
         (d / "partition_status.jsonl").write_text("{}\n")
     _age(old_run, 10)
     _age(old_report, 10)
-    removed = orchestration.prune_history(keep_days=7, settings=settings)
+    removed = prune_history(keep_days=7, settings=settings)
     assert removed == 2
     assert not old_run.exists() and not old_report.exists() and new_run.exists()
 
@@ -44,7 +49,7 @@ def test_retention_keeps_a_week_of_history_for_the_longest_window_plus_a_grace_d
     for folder in days.values():
         folder.mkdir(parents=True)
         (folder / "a.parquet").write_bytes(b"x")
-    orchestration.prune_history(keep_days=1, settings=settings, now=now)
+    prune_history(keep_days=1, settings=settings, now=now)
     assert days[7].exists() and days[8].exists() and not days[9].exists()
 
 
@@ -63,51 +68,51 @@ def test_retention_keeps_a_run_still_writing_and_removes_an_abandoned_one(tmp_pa
     (report / "a.html").write_text("x")
     for d in (abandoned, report):
         _age(d, 30)
-    assert orchestration.prune_history(settings=settings) == 2
+    assert prune_history(settings=settings) == 2
     assert running.exists() and not abandoned.exists() and not report.exists()
 
 
 @pytest.mark.parametrize("run_id", ["..", ".", "a/../../b", "/etc/passwd", "", "a" * 500,
                                     "scheduled__2026-11-21T03:15:00+00:00"])
 def test_run_key_is_one_safe_folder_name(run_id, tmp_path):
-    key = orchestration.run_key(run_id, "kafka_lag_incident")
+    key = run_key(run_id, "kafka_lag_incident")
     assert re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}", key)  # what the reports route accepts
     assert key not in (".", "..") and len(key) <= 100
     assert (tmp_path / key).resolve().parent == tmp_path.resolve()
-    assert key == orchestration.run_key(run_id, "kafka_lag_incident")  # stable across retries
+    assert key == run_key(run_id, "kafka_lag_incident")  # stable across retries
 
 
 def test_run_keys_differ_where_run_ids_or_dags_differ():
     ids = ["a/b", "a_b", "a:b", "a b", "..", "...", "a/../b", "a_.._b"]
-    keys = {orchestration.run_key(r, "kafka_lag_incident") for r in ids}
+    keys = {run_key(r, "kafka_lag_incident") for r in ids}
     assert len(keys) == len(ids)
-    assert orchestration.run_key("manual__1", "kafka_lag_incident") != orchestration.run_key(
+    assert run_key("manual__1", "kafka_lag_incident") != run_key(
         "manual__1", "kafka_lag_health_sweep")
-    assert orchestration.run_key("scheduled__2026-11-21T03:15:00+00:00", "kafka_lag_health_sweep").startswith(
+    assert run_key("scheduled__2026-11-21T03:15:00+00:00", "kafka_lag_health_sweep").startswith(
         "kafka_lag_health_sweep__scheduled__2026-11-21T03_15_00_00_00-")
 
 
 def test_branches_are_one_group_per_wanted_action():
     summary = {"plans": "/x/plans.json",
                "actions": {"restart_consumers": 2, "recommend_consumer_config": 1, "not_an_action": 1}}
-    assert orchestration.choose_branches(summary) == [
+    assert choose_branches(summary) == [
         "remediate_recommend_consumer_config.run", "remediate_restart_consumers.gate",
     ]
     # The sweep has no approval gate: it proposes, never waits.
-    assert orchestration.choose_branches(summary, approvals=False) == [
+    assert choose_branches(summary, approvals=False) == [
         "remediate_recommend_consumer_config.run", "remediate_restart_consumers.run",
     ]
-    assert orchestration.choose_branches({"plans": "/x/plans.json", "actions": {}}) == []
-    assert orchestration.choose_branches(None) == []  # the plan task failed: no branch at all
+    assert choose_branches({"plans": "/x/plans.json", "actions": {}}) == []
+    assert choose_branches(None) == []  # the plan task failed: no branch at all
 
 
 def test_incident_scope_names_what_was_looked_at():
-    assert orchestration.incident_scope({"cluster": "prod", "group_pattern": "orders-.*", "topic": ""}) == \
+    assert incident_scope({"cluster": "prod", "group_pattern": "orders-.*", "topic": ""}) == \
         "prod / orders-.*"
-    assert orchestration.incident_scope({"cluster": "prod", "group_pattern": "", "topic": "clicks"}) == \
+    assert incident_scope({"cluster": "prod", "group_pattern": "", "topic": "clicks"}) == \
         "prod / .* / clicks"
     # The validated form lists its clusters: the scope names them all.
-    assert orchestration.incident_scope({"cluster": "eu", "clusters": ["eu", "us"], "group_pattern": "g"}) == \
+    assert incident_scope({"cluster": "eu", "clusters": ["eu", "us"], "group_pattern": "g"}) == \
         "eu, us / g"
 
 
@@ -119,7 +124,7 @@ def test_incident_scope_names_what_was_looked_at():
     ({"warning_lag": 5000.0}, {"warning_lag": 5000}),
 ])
 def test_threshold_overrides_accept_an_object_or_its_text(overrides, expected):
-    assert orchestration.check_thresholds(overrides) == expected
+    assert check_thresholds(overrides) == expected
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -132,8 +137,8 @@ def test_threshold_overrides_accept_an_object_or_its_text(overrides, expected):
     ("[1, 2]", "thresholds: expected a JSON object"),
 ])
 def test_bad_threshold_names_the_field(overrides, message):
-    with pytest.raises(orchestration.FormError) as err:
-        orchestration.check_thresholds(overrides)
+    with pytest.raises(FormError) as err:
+        check_thresholds(overrides)
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
@@ -150,7 +155,7 @@ def _form(**kw):
 
 
 def test_a_good_form_comes_back_normalised(kafka_conn):
-    form = orchestration.validate_params(_form(thresholds='{"warning_lag": "10"}', window_minutes="30"))
+    form = validate_params(_form(thresholds='{"warning_lag": "10"}', window_minutes="30"))
     assert form == {"cluster": "kafka_default", "clusters": ["kafka_default"], "group_pattern": "orders-.*",
                     "topic": None, "window_minutes": 30.0, "samples": 3, "interval_seconds": 5.0,
                     "thresholds": {"warning_lag": 10}}
@@ -168,8 +173,8 @@ def test_a_good_form_comes_back_normalised(kafka_conn):
     ({"thresholds": {"warning_lag": "abc"}}, "thresholds.warning_lag: expected a number, got 'abc'"),
 ])
 def test_a_bad_form_fails_with_one_line_naming_the_field(kafka_conn, change, message):
-    with pytest.raises(orchestration.FormError) as err:
-        orchestration.validate_params(_form(**change))
+    with pytest.raises(FormError) as err:
+        validate_params(_form(**change))
     assert str(err.value).startswith(message), str(err.value)
     assert "\n" not in str(err.value)
 
@@ -177,17 +182,17 @@ def test_a_bad_form_fails_with_one_line_naming_the_field(kafka_conn, change, mes
 def test_the_default_cluster_falls_back_to_the_environment_but_no_other_does(monkeypatch):
     monkeypatch.delenv("AIRFLOW_CONN_KAFKA_DEFAULT", raising=False)
     env = {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9092"}
-    assert orchestration.check_cluster("kafka_default", env) == "kafka_default"
-    with pytest.raises(orchestration.FormError, match="KAFKA_BOOTSTRAP_SERVERS is not set"):
-        orchestration.check_cluster("kafka_default", {})
-    with pytest.raises(orchestration.FormError, match="^cluster: no Airflow connection 'other' of type kafka$"):
-        orchestration.check_cluster("other", env)
+    assert check_cluster("kafka_default", env) == "kafka_default"
+    with pytest.raises(FormError, match="KAFKA_BOOTSTRAP_SERVERS is not set"):
+        check_cluster("kafka_default", {})
+    with pytest.raises(FormError, match="^cluster: no Airflow connection 'other' of type kafka$"):
+        check_cluster("other", env)
 
 
 def test_a_connection_of_another_type_is_named(monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_PROD", json.dumps({"conn_type": "postgres", "host": "db", "password": "s3cret!"}))
-    with pytest.raises(orchestration.FormError) as err:
-        orchestration.check_cluster("prod")
+    with pytest.raises(FormError) as err:
+        check_cluster("prod")
     assert str(err.value) == "cluster: connection 'prod' is of type 'postgres', expected kafka"
 
 
@@ -198,7 +203,7 @@ def test_a_connection_of_another_type_is_named(monkeypatch):
     ("Cannot execute: spark-submit ... Error code is: 1.", 1, "diagnosis: spark-submit failed (exit code 1)"),
 ])
 def test_the_jobs_own_failure_line_is_what_the_task_says(message, code, line):
-    assert orchestration.diagnosis_failure_line(message) == (code, line)
+    assert diagnosis_failure_line(message) == (code, line)
 
 
 def test_the_sweep_compacts_closed_hours_and_reads_the_same_rows(tmp_path):
@@ -224,13 +229,13 @@ def test_the_sweep_compacts_closed_hours_and_reads_the_same_rows(tmp_path):
     sample(now)
     before = store.read_snapshots(settings.snapshots_root).sort_by("snapshot_ts").to_pylist()
 
-    done = orchestration.compact_history(settings=settings, now=now)
+    done = compact_history(settings=settings, now=now)
 
     assert done["hours"] == 1 and done["files_folded"] == 12
     hour5 = [p.name for p in (tmp_path / "snapshots/cluster=prod/date=2026-11-21/hour=05").glob("*.parquet")]
     assert sum(n.startswith("compacted-") for n in hour5) == 1
     assert store.read_snapshots(settings.snapshots_root).sort_by("snapshot_ts").to_pylist() == before
-    orchestration.compact_history(settings=settings, now=now + timedelta(hours=2))  # past the grace: originals go
+    compact_history(settings=settings, now=now + timedelta(hours=2))  # past the grace: originals go
     assert [p.name.startswith("compacted-") for p in
             (tmp_path / "snapshots/cluster=prod/date=2026-11-21/hour=05").glob("*.parquet")] == [True]
     assert store.read_snapshots(settings.snapshots_root).sort_by("snapshot_ts").to_pylist() == before
@@ -245,7 +250,7 @@ def test_retention_also_prunes_the_state_database(tmp_path):
     db = StateDB.from_settings(settings)
     db.acquire_lease("deployment orders", "a-run-that-died", timedelta(minutes=15), now=now - timedelta(days=20))
     db.acquire_lease("deployment search", "a-live-run", timedelta(minutes=15), now=now)
-    orchestration.prune_history(settings=settings, now=now)
+    prune_history(settings=settings, now=now)
     assert db.lease_holder("deployment search", now=now) == "a-live-run"
     from sqlalchemy import func, select
 

@@ -422,7 +422,7 @@ def test_an_index_stored_before_the_rule_judges_its_half_written_folders_again(t
 def test_a_sweep_carries_surges_from_the_newest_earlier_run_of_its_own_dag(tmp_path, new_process):
     """Rule case 27's input: the diagnosis of a sweep reads the findings of the sweep before it (never an
     incident run's, a later run's, or its own folder from a try before a retry)."""
-    from lagdoctor import orchestration
+    from lagdoctor.stages.diagnose import previous_findings
 
     settings = Settings(data_root=str(tmp_path / "data"))
     root = Path(settings.findings_root)
@@ -435,7 +435,7 @@ def test_a_sweep_carries_surges_from_the_newest_earlier_run_of_its_own_dag(tmp_p
     write_run(root, "sweep-later", keys, T0 + timedelta(minutes=15), rng)
     before = T0 + timedelta(minutes=9)
     own = str(root / "sweep-own")
-    assert orchestration.previous_findings(settings, SWEEP, own, before) == str(root / "sweep-b" / "findings.jsonl")
-    assert orchestration.previous_findings(settings, INCIDENT, own, before) == str(
+    assert previous_findings(settings, SWEEP, own, before) == str(root / "sweep-b" / "findings.jsonl")
+    assert previous_findings(settings, INCIDENT, own, before) == str(
         root / "incident-c" / "findings.jsonl")
-    assert orchestration.previous_findings(settings, SWEEP, own, T0) is None  # the first sweep carries nothing
+    assert previous_findings(settings, SWEEP, own, T0) is None  # the first sweep carries nothing

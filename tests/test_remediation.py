@@ -522,7 +522,7 @@ def stuck_at(offset, group="payments-ledger"):
 
 
 def test_the_approval_names_the_record_the_topic_and_the_offset_it_will_commit(settings, tmp_path):
-    from lagdoctor.orchestration import approval_form
+    from lagdoctor.stages.plan import approval_form
 
     form = approval_form("skip_poison_pill", write_plans(tmp_path, [(stuck_at(120), "skip_poison_pill")]), now=T0)
     change = ("copy the record at payments p0@120 to payments.dlq and commit offset 121 "
@@ -540,7 +540,7 @@ def test_the_approval_names_the_record_the_topic_and_the_offset_it_will_commit(s
 
 
 def test_the_approval_says_when_a_guardrail_would_block_it(settings, tmp_path, monkeypatch):
-    from lagdoctor.orchestration import approval_form
+    from lagdoctor.stages.plan import approval_form
 
     monkeypatch.setenv("LAGDOCTOR_REMEDIATION_CONFIG", json.dumps({
         "deny_groups": ["payments-*"], "deployments": {"orders": {"namespace": "shop", "name": "orders-consumer"}},
@@ -563,7 +563,7 @@ def test_the_approval_says_when_a_guardrail_would_block_it(settings, tmp_path, m
 
 def test_an_approved_action_its_guard_blocks_is_reported_and_raised_not_returned(
         settings, k8s, slack_connection, tmp_path, monkeypatch):
-    from lagdoctor.orchestration import RemediationBlocked, remediate
+    from lagdoctor.stages.remediate import remediate, RemediationBlocked
 
     monkeypatch.setenv("LAGDOCTOR_REMEDIATION_CONFIG", json.dumps({
         "deny_groups": ["orders"], "deployments": {"orders": {"namespace": "shop", "name": "orders-consumer"}},
@@ -583,7 +583,7 @@ def test_an_approved_action_its_guard_blocks_is_reported_and_raised_not_returned
 
 
 def test_blocked_for_one_group_after_acting_for_another_says_something_changed(settings, k8s, tmp_path, monkeypatch):
-    from lagdoctor.orchestration import RemediationBlocked, remediate
+    from lagdoctor.stages.remediate import remediate, RemediationBlocked
 
     monkeypatch.setenv("LAGDOCTOR_REMEDIATION_CONFIG", json.dumps({
         "deployments": {"orders": {"namespace": "shop", "name": "orders-consumer"}}, "kubernetes": {"host": k8s.url}}))

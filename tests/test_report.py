@@ -208,7 +208,8 @@ def test_an_incomplete_run_gets_no_report_and_no_plan(sweep, lag_data_root, tmp_
     """A diagnosis stopped after findings.jsonl: the report writer and the plan refuse the
     folder in one line (the same rule as the page), and nothing is written for it."""
     from lagdoctor.diagnosis import output
-    from lagdoctor.orchestration import plan_findings, write_reports
+    from lagdoctor.stages.notify import write_reports
+    from lagdoctor.stages.plan import plan_findings
 
     settings, run_dir = sweep
     killed = tmp_path / "killed-run"

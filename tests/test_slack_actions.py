@@ -395,7 +395,7 @@ def test_the_signing_secret_never_reaches_a_log_line(app_url, clock, airflow_api
 # ---------------------------------------------------------------- per target, scoped, re-run (issue 17)
 
 def targets(*clusters: str) -> list[dict]:
-    """Targets as orchestration.approval_form lists them: one per group, the last blocked now."""
+    """Targets as stages.plan.approval_form lists them: one per group, the last blocked now."""
     out = [{"key": f"k{i}", "option": f"Approve {i}: orders-{i} on {c} / orders", "cluster": c,
             "group_id": f"orders-{i}", "topic": "orders", "blocked": None, "does": f"rollout restart shop/o{i}"}
            for i, c in enumerate(clusters, start=1)]

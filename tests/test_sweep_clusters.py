@@ -17,8 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from lagdoctor import orchestration
 from lagdoctor.settings import Settings
+from lagdoctor.stages.collect import ClusterUnreadable, snapshot_cluster
+from lagdoctor.stages.diagnose import prepare_diagnosis
+from lagdoctor.stages.params import FormError, sweep_clusters_default, validate_params
+from lagdoctor.stages.plan import plan_findings
+from lagdoctor.stages.remediate import remediate
 
 pytestmark = pytest.mark.airflow
 DAGS = Path(__file__).resolve().parents[1] / "dags"
@@ -80,7 +84,7 @@ def test_the_clusters_field_takes_a_list_its_text_or_nothing(dagbag, value):
     (["kafka_eu"], {"cluster": "kafka_us", "clusters": ["kafka_eu"]}, ["kafka_eu"]),
 ])
 def test_which_clusters_a_run_covers(two_conns, clusters, conf, expected):
-    form = orchestration.validate_params({"cluster": "kafka_us", "clusters": clusters}, conf=conf)
+    form = validate_params({"cluster": "kafka_us", "clusters": clusters}, conf=conf)
     assert form["clusters"] == expected
     assert form["cluster"] == expected[0]
 
@@ -93,34 +97,34 @@ def test_which_clusters_a_run_covers(two_conns, clusters, conf, expected):
     ({"a": 1}, "clusters: expected a list of connection ids"),
 ])
 def test_a_bad_cluster_id_fails_the_form_in_one_line_naming_it(two_conns, clusters, line):
-    with pytest.raises(orchestration.FormError) as err:
-        orchestration.validate_params({"cluster": "kafka_eu", "clusters": clusters})
+    with pytest.raises(FormError) as err:
+        validate_params({"cluster": "kafka_eu", "clusters": clusters})
     assert str(err.value).startswith(line), str(err.value)
     assert "\n" not in str(err.value)
 
 
 def test_an_id_of_another_type_is_named_with_the_field_it_came_from(two_conns, monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_PG", json.dumps({"conn_type": "postgres", "host": "db"}))
-    with pytest.raises(orchestration.FormError, match=r"^clusters: connection 'pg' is of type 'postgres'"):
-        orchestration.validate_params({"cluster": "kafka_eu", "clusters": ["kafka_eu", "pg"]})
-    with pytest.raises(orchestration.FormError, match=r"^cluster: connection 'pg' is of type 'postgres'"):
-        orchestration.validate_params({"cluster": "pg", "clusters": ""})
+    with pytest.raises(FormError, match=r"^clusters: connection 'pg' is of type 'postgres'"):
+        validate_params({"cluster": "kafka_eu", "clusters": ["kafka_eu", "pg"]})
+    with pytest.raises(FormError, match=r"^cluster: connection 'pg' is of type 'postgres'"):
+        validate_params({"cluster": "pg", "clusters": ""})
 
 
 def test_the_incident_dag_keeps_its_single_cluster(two_conns):
     """The incident form has no `clusters`; the shared validation gives its one cluster."""
-    form = orchestration.validate_params({"cluster": "kafka_us", "group_pattern": "orders-.*"})
+    form = validate_params({"cluster": "kafka_us", "group_pattern": "orders-.*"})
     assert form["clusters"] == ["kafka_us"] and form["cluster"] == "kafka_us"
 
 
 def test_scheduled_runs_take_the_list_from_the_environment(two_conns, monkeypatch):
-    assert orchestration.sweep_clusters_default({"LAGDOCTOR_SWEEP_CLUSTERS": "kafka_eu, kafka_us,"}) == [
+    assert sweep_clusters_default({"LAGDOCTOR_SWEEP_CLUSTERS": "kafka_eu, kafka_us,"}) == [
         "kafka_eu", "kafka_us"]
-    assert orchestration.sweep_clusters_default({}) == []
+    assert sweep_clusters_default({}) == []
     monkeypatch.setenv("LAGDOCTOR_SWEEP_CLUSTERS", "kafka_us,kafka_eu")
     dag = parse_sweep()
     assert dag.params["clusters"] == ["kafka_us", "kafka_eu"]  # shown in the form, used by the schedule
-    form = orchestration.validate_params({**dag.params, "samples": 1})
+    form = validate_params({**dag.params, "samples": 1})
     assert form["clusters"] == ["kafka_us", "kafka_eu"]
 
 
@@ -159,14 +163,14 @@ def test_check_failures_names_a_failed_cluster():
 def test_one_diagnosis_names_every_cluster_read(tmp_path, monkeypatch):
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "airflow"))
     settings = Settings(data_root=str(tmp_path / "data"))
-    prep = orchestration.prepare_diagnosis(["kafka_eu", "kafka_us", "kafka_eu"], "scheduled__1", window_minutes=30,
+    prep = prepare_diagnosis(["kafka_eu", "kafka_us", "kafka_eu"], "scheduled__1", window_minutes=30,
                                            dag_id="kafka_lag_health_sweep", settings=settings)
     args = prep["args"]
     assert args[args.index("--snapshots") + 1] == settings.snapshots_root
     assert args[args.index("--clusters") + 1] == "kafka_eu,kafka_us"
     assert prep["clusters"] == ["kafka_eu", "kafka_us"]
     # One cluster reads its own folder, exactly as before issue 9.
-    one = orchestration.prepare_diagnosis(["kafka_eu"], "scheduled__1", window_minutes=30,
+    one = prepare_diagnosis(["kafka_eu"], "scheduled__1", window_minutes=30,
                                           dag_id="kafka_lag_health_sweep", settings=settings)["args"]
     assert one[one.index("--snapshots") + 1] == settings.snapshots_root + "/cluster=kafka_eu"
     assert "--clusters" not in one
@@ -180,7 +184,7 @@ def test_the_run_says_which_clusters_it_could_not_read(tmp_path):
                "window_start": "2026-11-21T10:00:00Z", "window_end": "2026-11-21T10:30:00Z"}
     (output / "findings.jsonl").write_text(json.dumps(finding) + "\n")
     (output / "partition_status.jsonl").write_text("")
-    summary = orchestration.plan_findings(str(output), clusters=["kafka_eu"], clusters_unread=["kafka_us"])
+    summary = plan_findings(str(output), clusters=["kafka_eu"], clusters_unread=["kafka_us"])
     assert summary["clusters_unread"] == ["kafka_us"]
     meta = json.loads((output / "run.json").read_text())
     assert meta["clusters"] == ["kafka_eu"] and meta["clusters_unread"] == ["kafka_us"]
@@ -208,7 +212,7 @@ def test_two_clusters_down_are_both_named_once_in_the_failure_thread(slack_setti
     from lagdoctor.notify.incidents import notify_failure
 
     def fail(run: str, i: int, cluster: str) -> str:
-        reason = orchestration.ClusterUnreadable(f"cluster {cluster}: cannot reach Kafka at 10.0.0.{i}:9092: timed out")
+        reason = ClusterUnreadable(f"cluster {cluster}: cannot reach Kafka at 10.0.0.{i}:9092: timed out")
         return notify_failure({"ti": MappedTI("snapshot", run, i, cluster), "run_id": run, "exception": reason},
                               settings=slack_settings)["decision"]
 
@@ -233,15 +237,15 @@ def test_an_unreachable_cluster_fails_alone_and_a_retry_writes_nothing_twice(
     settings = Settings(data_root=str(tmp_path))
     form = {"group_pattern": re.escape(group), "topic": topic, "samples": 2, "interval_seconds": 0}
 
-    first = orchestration.snapshot_cluster(good, "scheduled__1", form, dag_id="sweep", settings=settings)
-    with pytest.raises(orchestration.ClusterUnreadable) as err:
-        orchestration.snapshot_cluster(down, "scheduled__1", form, dag_id="sweep", settings=settings)
+    first = snapshot_cluster(good, "scheduled__1", form, dag_id="sweep", settings=settings)
+    with pytest.raises(ClusterUnreadable) as err:
+        snapshot_cluster(down, "scheduled__1", form, dag_id="sweep", settings=settings)
     message = str(err.value)
     assert message.startswith(f"cluster {down}: cannot reach Kafka at {DOWN}") and "\n" not in message
     # The down cluster's retry does not touch the good one's samples; the good one's retry writes none.
-    with pytest.raises(orchestration.ClusterUnreadable):
-        orchestration.snapshot_cluster(down, "scheduled__1", form, dag_id="sweep", settings=settings)
-    again = orchestration.snapshot_cluster(good, "scheduled__1", form, dag_id="sweep", settings=settings)
+    with pytest.raises(ClusterUnreadable):
+        snapshot_cluster(down, "scheduled__1", form, dag_id="sweep", settings=settings)
+    again = snapshot_cluster(good, "scheduled__1", form, dag_id="sweep", settings=settings)
     assert (first["files"], again["files"], again["already_written"]) == (2, 0, 2)
     assert len(list((tmp_path / "snapshots" / f"cluster={good}").rglob("*.parquet"))) == 2
     assert not (tmp_path / "snapshots" / f"cluster={down}").exists()
@@ -278,7 +282,7 @@ def test_a_findings_remediation_uses_its_own_clusters_connection(kafka_bootstrap
     plans.write_text(json.dumps([{"finding": finding, "plan": {"actions": [
         {"action": "add_partitions", "params": {"total": 1}}], "next_steps": []}}]))
     settings = Settings(data_root=str(tmp_path / "data"))
-    statuses = orchestration.remediate("add_partitions", str(plans), "scheduled__1", dry_run=False, approved=True,
+    statuses = remediate("add_partitions", str(plans), "scheduled__1", dry_run=False, approved=True,
                                        settings=settings)
     assert statuses == {"noop": 1}
     assert asked == [second] and first not in asked

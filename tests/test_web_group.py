@@ -43,7 +43,7 @@ def _status(root, run_key: str) -> list[dict]:
 
 def _sweep(root, hours_ago: float, orders: dict | None):
     """An older sweep of prod: orders-processor as given (None: healthy), the other groups as they are."""
-    from lagdoctor.orchestration import run_key
+    from lagdoctor.stages.common import run_key
 
     base = _findings(root, run_key(SWEEP_RUN_ID))
     template = next(f for f in base if f["group_id"] == "orders-processor")
@@ -191,7 +191,7 @@ def test_page_links_each_group_to_its_view_and_the_view_back(history):
     "a?b#c%2Fd e&group=x", "ünï/cødé", "..", "trailing\r\n",
 ])
 def test_any_group_id_a_broker_accepts_has_a_working_link_from_the_page(history, group_id):
-    from lagdoctor.orchestration import run_key
+    from lagdoctor.stages.common import run_key
 
     root = history.root
     f = {**_findings(root, run_key(SWEEP_RUN_ID))[1], "group_id": group_id}
@@ -219,7 +219,7 @@ def test_links_built_for_slack_and_reports_take_the_same_form():
 
 
 def test_an_older_path_link_to_a_group_id_with_a_slash_still_answers(history):
-    from lagdoctor.orchestration import run_key
+    from lagdoctor.stages.common import run_key
 
     root = history.root
     f = {**_findings(root, run_key(SWEEP_RUN_ID))[1], "group_id": "team/ledger"}

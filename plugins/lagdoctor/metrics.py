@@ -50,7 +50,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-RUN_FILE = "run.json"  # written by orchestration.plan_findings
+RUN_FILE = "run.json"  # written by stages.plan.plan_findings
 
 # Burrow's StatusConstant order (NOTFOUND is 0); contract 3 lists the rest.
 STATUS_CODES: Mapping[str, int] = {

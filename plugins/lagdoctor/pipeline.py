@@ -1,6 +1,6 @@
 """The task graph both DAGs share: validate -> snapshot -> diagnose -> plan -> Slack -> branch -> remediation.
 
-Only wiring: each task body is a call into `lagdoctor.orchestration`. The
+Only wiring: each task body is a call into a `lagdoctor.stages` module. The
 remediation branches come from the actions registered in code, so editing a
 runbook never changes the DAG's shape. Run-time values come from the DAG's
 params, checked once by the first task, so the scheduled sweep and a manual
@@ -40,9 +40,11 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.providers.standard.operators.hitl import HITLOperator
 from airflow.sdk import TaskGroup, get_current_context, task
 
-from lagdoctor import orchestration
 from lagdoctor.notify.approvals import SlackApprovalNotifier
 from lagdoctor.remediation import action_names, approval_meta, get_action
+from lagdoctor.stages import collect as collect_stage, diagnose as diagnose_stage, housekeeping as housekeeping_stage
+from lagdoctor.stages import notify as notify_stage, params as params_stage, plan as plan_stage
+from lagdoctor.stages import remediate as remediate_stage
 
 VALIDATE_TASK_ID = "validate_params"
 POST_TASK_ID = "post_findings"
@@ -55,7 +57,7 @@ APPROVAL_TIMEOUT = timedelta(hours=1)
 SNAPSHOT_SAMPLE_BUDGET_S = 30  # one sample's reads; an unreachable cluster fails within 30 s
 SNAPSHOT_MARGIN_S = 60
 SNAPSHOT_TIMEOUT_CEILING = timedelta(
-    seconds=orchestration.MAX_SAMPLING_SECONDS + 60 * SNAPSHOT_SAMPLE_BUDGET_S + SNAPSHOT_MARGIN_S)
+    seconds=params_stage.MAX_SAMPLING_SECONDS + 60 * SNAPSHOT_SAMPLE_BUDGET_S + SNAPSHOT_MARGIN_S)
 TIMEOUTS = {
     "validate_params": timedelta(minutes=2),
     "list_clusters": timedelta(minutes=2),
@@ -98,7 +100,7 @@ class DiagnoseLagOperator(SparkSubmitOperator):
     """
 
     def __init__(self, *, prepare_task_id: str, **kwargs: Any) -> None:
-        kwargs.setdefault("conn_id", orchestration.SPARK_CONN_ID)
+        kwargs.setdefault("conn_id", diagnose_stage.SPARK_CONN_ID)
         kwargs.setdefault("name", "lagdoctor-diagnose-lag")
         super().__init__(application="", **kwargs)
         self.prepare_task_id = prepare_task_id
@@ -136,8 +138,8 @@ class DiagnoseLagOperator(SparkSubmitOperator):
         try:
             super().execute(context)
         except AirflowException as exc:
-            code, line = orchestration.diagnosis_failure_line(str(exc))
-            if code in (orchestration.DIAGNOSIS_USAGE_EXIT, orchestration.DIAGNOSIS_BAD_INPUT_EXIT):
+            code, line = diagnose_stage.diagnosis_failure_line(str(exc))
+            if code in (diagnose_stage.DIAGNOSIS_USAGE_EXIT, diagnose_stage.DIAGNOSIS_BAD_INPUT_EXIT):
                 # Bad arguments or unreadable input: the same run would fail the same way.
                 raise AirflowFailException(line) from None
             raise AirflowException(line) from None
@@ -187,8 +189,8 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
         if kind == "incident":
             params.pop("clusters", None)  # an incident looks at its one cluster
         dag_run = get_current_context().get("dag_run")
-        with no_retry(orchestration.FormError):
-            return orchestration.validate_params(params, conf=getattr(dag_run, "conf", None) or {})
+        with no_retry(params_stage.FormError):
+            return params_stage.validate_params(params, conf=getattr(dag_run, "conf", None) or {})
 
     # What the snapshot maps over: Airflow maps only over a task's whole return value.
     @task(task_id=CLUSTERS_TASK_ID, execution_timeout=TIMEOUTS["list_clusters"])
@@ -201,8 +203,8 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
           map_index_template="{{ task.op_kwargs['cluster'] }}")
     def snapshot(cluster: str, form: dict[str, Any]) -> dict[str, Any]:
         # An incident whose pattern selects nothing fails here, before Spark, never "no problem found".
-        with no_retry(orchestration.NoGroupMatched):
-            return orchestration.snapshot_cluster(cluster, _run_id(), form, dag_id=get_current_context()["dag"].dag_id,
+        with no_retry(collect_stage.NoGroupMatched):
+            return collect_stage.snapshot_cluster(cluster, _run_id(), form, dag_id=get_current_context()["dag"].dag_id,
                                                   require_match=kind == "incident")
 
     # After every snapshot is done (retries included), for the clusters that were read.
@@ -212,9 +214,9 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
     def prepare_diagnosis() -> dict[str, Any]:
         form, ti = _form(), get_current_context()["ti"]
         results = ti.xcom_pull(task_ids=SNAPSHOT_TASK_ID, map_indexes=list(range(len(form["clusters"]))))
-        read = orchestration.snapshotted_clusters(form["clusters"], list(results))
+        read = collect_stage.snapshotted_clusters(form["clusters"], list(results))
         scoped = kind == "incident"  # a sweep's verdict covers every group; an incident only its own
-        prep = orchestration.prepare_diagnosis(
+        prep = diagnose_stage.prepare_diagnosis(
             read, _run_id(), window_minutes=float(form["window_minutes"]), thresholds=form["thresholds"],
             group_pattern=form["group_pattern"] if scoped else None, topic=form["topic"] if scoped else None,
             dag_id=get_current_context()["dag"].dag_id,
@@ -228,7 +230,7 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
     def plan(prep: dict[str, Any], form: dict[str, Any]) -> dict[str, Any]:
         ctx = get_current_context()
         with no_retry(RunbookError):
-            return orchestration.plan_findings(
+            return plan_stage.plan_findings(
                 prep["output"], group_pattern=form["group_pattern"], topic=form["topic"],
                 dag_id=ctx["dag"].dag_id, run_id=str(ctx["run_id"]), kind=kind,
                 threshold_overrides=form["thresholds"], clusters=prep.get("clusters"),
@@ -240,18 +242,18 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
     @task.branch(trigger_rule="all_done", execution_timeout=TIMEOUTS["route"])
     def route() -> list[str]:
         summary = get_current_context()["ti"].xcom_pull(task_ids=PLAN_TASK_ID)
-        return orchestration.choose_branches(summary, approvals=approvals)
+        return plan_stage.choose_branches(summary, approvals=approvals)
 
     @task(task_id=POST_TASK_ID, execution_timeout=TIMEOUTS["post_findings"])
     def post_findings(summary: dict[str, Any]) -> dict[str, int]:
-        scope = orchestration.incident_scope(_form()) if one_thread_per_run else None
+        scope = notify_stage.incident_scope(_form()) if one_thread_per_run else None
         # Undelivered messages wait in the outbox for the next run: retrying now would not help.
-        with no_retry(orchestration.SlackUndelivered):
-            return orchestration.post_findings(summary["plans"], _run_id(), incident_scope=scope)
+        with no_retry(notify_stage.SlackUndelivered):
+            return notify_stage.post_findings(summary["plans"], _run_id(), incident_scope=scope)
 
     @task(execution_timeout=TIMEOUTS["write_reports"])
     def write_reports(prep: dict[str, Any]) -> int:
-        return orchestration.write_reports(prep["output"])
+        return notify_stage.write_reports(prep["output"])
 
     # Branch tasks (route, gates, approvals) skip what follows them, and the
     # run's state comes from its leaves: so a failure before the branch (Slack,
@@ -298,7 +300,7 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
         # all_done: a cluster that stays unreachable must not stop retention for the others.
         @task(execution_timeout=TIMEOUTS["prune_history"], trigger_rule="all_done")
         def prune_history() -> int:
-            return orchestration.prune_history()
+            return housekeeping_stage.prune_history()
 
         pruned = prune_history()
         snap >> pruned
@@ -306,7 +308,7 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
 
         @task(execution_timeout=TIMEOUTS["compact_history"], trigger_rule="all_done")
         def compact_history() -> dict[str, Any]:
-            return orchestration.compact_history()
+            return housekeeping_stage.compact_history()
 
         compacted = compact_history()
         snap >> compacted
@@ -334,14 +336,14 @@ class TargetApprovalOperator(HITLOperator):
     when the task starts and again when it resumes with the answer."""
 
     def __init__(self, *, gate_task_id: str, **kwargs: Any) -> None:
-        super().__init__(options=[orchestration.REJECT_ALL], defaults=[orchestration.REJECT_ALL], multiple=True,
+        super().__init__(options=[plan_stage.REJECT_ALL], defaults=[plan_stage.REJECT_ALL], multiple=True,
                          subject="lagdoctor approval", **kwargs)
         self.gate_task_id = gate_task_id
         self.approval_targets: list[dict[str, Any]] = []
 
     def _load_form(self, context: Any) -> dict[str, Any]:
         form = context["ti"].xcom_pull(task_ids=self.gate_task_id, key=APPROVAL_FORM_KEY) or {}
-        self.options = list(form.get("options") or [orchestration.REJECT_ALL])
+        self.options = list(form.get("options") or [plan_stage.REJECT_ALL])
         self.subject = form.get("subject") or self.subject
         self.body = form.get("body")
         self.approval_targets = list(form.get("targets") or [])
@@ -361,7 +363,7 @@ class TargetApprovalOperator(HITLOperator):
 def _remediation_group(action: str, branches, *, approvals: bool) -> None:
     """`gate` -> [`approve`] -> `run` for an action that changes state in a DAG that asks
     for approval; `run` alone for advice, and in the sweep (which proposes, never waits)."""
-    group_id = orchestration.action_task_id(action)
+    group_id = plan_stage.action_task_id(action)
     with TaskGroup(group_id=group_id, tooltip=f"remediation: {action}"):
         changes_state = get_action(action).changes_state
         asks = approvals and changes_state
@@ -376,20 +378,20 @@ def _remediation_group(action: str, branches, *, approvals: bool) -> None:
             form = ctx["ti"].xcom_pull(task_ids=f"{group_id}.gate", key=APPROVAL_FORM_KEY) if asks else None
             # approved=None where approval is needed and nobody was asked: the runner
             # records it blocked (the gate found every target blocked) or awaiting_approval.
-            keys = orchestration.approved_targets(form, approval.get("chosen_options")) if approval else None
+            keys = plan_stage.approved_targets(form, approval.get("chosen_options")) if approval else None
             # Targets the form did not offer (blocked when asked): recorded blocked, never "rejected".
-            not_offered = orchestration.not_offered_targets(form)
+            not_offered = plan_stage.not_offered_targets(form)
             by = approval_meta(approval)
             if by is not None:
                 from lagdoctor.notify.approvals import slack_answer
 
                 by = {**by, **slack_answer(ctx["ti"].dag_id, _run_id(), f"{group_id}.approve")}
             try:
-                return orchestration.remediate(
+                return remediate_stage.remediate(
                     action, summary["plans"], _run_id(), dry_run=bool(ctx["params"]["dry_run"]),
                     approved=None, approved_keys=keys, approval_by=by, not_offered=not_offered,
                 )
-            except orchestration.RemediationBlocked as exc:
+            except remediate_stage.RemediationBlocked as exc:
                 # Blocked is not done: never green. Where a human asked for it (the incident
                 # DAG) the run fails; the sweep, where a cooldown is routine, skips it
                 # (failed, when it ran for other groups).
@@ -412,7 +414,7 @@ def _remediation_group(action: str, branches, *, approvals: bool) -> None:
             # goes to `run` either way: what it showed blocked is recorded blocked there.
             if dry_run:
                 return f"{group_id}.run"
-            form = orchestration.approval_form(action, summary["plans"])
+            form = plan_stage.approval_form(action, summary["plans"])
             get_current_context()["ti"].xcom_push(key=APPROVAL_FORM_KEY, value=form)
             return f"{group_id}.approve" if any(t["option"] for t in form["targets"]) else f"{group_id}.run"
 

@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 
 INDEX_FILE = "_runindex.json"
 VERSION = 1
-RUN_FILE = "run.json"  # written by orchestration.plan_findings
+RUN_FILE = "run.json"  # written by stages.plan.plan_findings
 FINDINGS_FILE = "findings.jsonl"  # contract 2 (lagdoctor.contracts)
 PARTITION_STATUS_FILE = "partition_status.jsonl"
 SUCCESS_FILE = "_SUCCESS"  # the job's completion marker, written last (lagdoctor.diagnosis.output)

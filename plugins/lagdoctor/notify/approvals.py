@@ -48,7 +48,7 @@ def post_approval_request(*, dag_id: str, run_id: str, task_id: str, map_index: 
     nothing twice; a cleared and re-run task, a new try, asks again and supersedes the
     older rows, whose buttons then say so).
 
-    `targets` (orchestration.approval_form's): a button per target offered, "Approve all"
+    `targets` (stages.plan.approval_form's): a button per target offered, "Approve all"
     and "Reject all"; without them Approve / Reject (an ApprovalOperator's two options).
     In the run's thread when the run has one (a manual incident run), else top-level."""
     from lagdoctor.notify import interactive, outbox, render

@@ -53,7 +53,7 @@ APPROVE, REJECT, ACK, SNOOZE_ACTION = "lagdoctor.approve", "lagdoctor.reject", "
 APPROVAL_ACTIONS = {APPROVE: "Approve", REJECT: "Reject"}
 WAITING, APPROVED, REJECTED = "waiting", "approved", "rejected"
 ANSWERING, SUPERSEDED = "answering", "superseded"
-REJECT_ALL, APPROVE_ALL = "Reject all", "all"  # orchestration.REJECT_ALL; a button value's suffix
+REJECT_ALL, APPROVE_ALL = "Reject all", "all"  # stages.plan.REJECT_ALL; a button value's suffix
 CLAIM_STALE = timedelta(minutes=2)  # a claim whose click died mid-call (Airflow's call times out in 10 s)
 TARGET_BUTTONS_MAX = 20
 STALE_BUTTON = "This button no longer matches a waiting approval; nothing was done. Answer in Airflow."

@@ -4,7 +4,7 @@ Read-only, but for the run index (lagdoctor.runindex keeps
 ``<findings_root>/_runindex.json`` up to date when it can write it). A run is
 one folder under ``findings_root`` (contract 2's findings.jsonl and
 partition_status.jsonl, plus plans.json and run.json written by
-``orchestration.plan_findings``); only a complete one is read
+``stages.plan.plan_findings``); only a complete one is read
 (lagdoctor.runindex.run_completeness: the job's _SUCCESS marker, written last),
 and the page says which incomplete ones it skipped. The page shows, per (cluster, group, topic),
 the findings of the latest run that looked at it, among every run folder kept

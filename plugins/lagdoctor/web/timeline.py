@@ -286,7 +286,7 @@ def read_actions(settings, cluster: str, group_id: str, *, limit: int = MAX_ACTI
                                  # oldest try first: a re-run approval's answer replaces the earlier one
                                  .order_by(approvals.c.try_number, approvals.c.id))
             for run_id, task_id, status, by, at in found:
-                # The approval task sits in the action's group, "remediate_<action>" (orchestration.action_task_id).
+                # The approval task sits in the action's group, "remediate_<action>" (stages.plan.action_task_id).
                 answers[(run_id, str(task_id).split(".")[0])] = {
                     "by": by, "at": at.isoformat() if isinstance(at, datetime) else at, "status": status}
     for r in rows:

@@ -1,0 +1,38 @@
+"""What every stage shares: the run key, the run folder's plan file, limits the form and retention agree on.
+
+Imports no stage: every stage may import it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+
+DEFAULT_KAFKA_CONN_ID = "kafka_default"
+# The incident form accepts windows up to 7 days; retention keeps that much
+# plus a day, so a diagnosis started near a day boundary still finds its files.
+MAX_WINDOW_MINUTES = 10080
+PLANS_FILE = "plans.json"
+_RUN_KEY_PREFIX = 80
+
+
+def run_key(run_id: str, dag_id: str | None = None) -> str:
+    """A folder/file name for one DAG run: readable, safe, stable across retries.
+
+    The sanitised prefix is for people; the hash of the exact (dag_id, run_id)
+    keeps two runs apart that sanitise alike (`a/b`, `a_b`) or that would
+    otherwise name a path (`..`, `.`), and separates DAGs that share a run id.
+    """
+    raw = run_id if dag_id is None else f"{dag_id}__{run_id}"
+    prefix = re.sub(r"[^A-Za-z0-9_.-]+", "_", raw).strip("._-")[:_RUN_KEY_PREFIX].rstrip("._-") or "run"
+    digest = hashlib.sha1(f"{dag_id or ''}\x00{run_id}".encode()).hexdigest()[:10]
+    return f"{prefix}-{digest}"
+
+
+def read_plans(plans_path: str) -> list[dict[str, Any]]:
+    import fsspec
+
+    with fsspec.open(plans_path, "rt") as fh:
+        return json.load(fh)

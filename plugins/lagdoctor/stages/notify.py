@@ -1,0 +1,124 @@
+"""Telling people: the reports, the Slack posts of a run's findings and quarantine, what Slack kept back."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from lagdoctor.settings import Settings
+from lagdoctor.stages.common import read_plans
+from lagdoctor.stages.diagnose import read_quarantined
+
+log = logging.getLogger(__name__)
+
+
+def write_reports(output: str) -> int:
+    """One HTML report per problem (linked from Slack when LAGDOCTOR_REPORT_BASE_URL is set)."""
+    from lagdoctor.runindex import record_run
+    from lagdoctor.web.report import write_incident_report
+
+    record_run(output)  # the lag page and the exporter find this run without a scan (never raises)
+
+    try:
+        paths = write_incident_report(output)
+    except Exception as exc:  # a report is an extra: it must never hold back the Slack post
+        log.error("could not write the incident reports: %s", " ".join(str(exc).split()))
+        return 0
+    for path in paths:
+        log.info("report: %s", path)
+    return len(paths)
+
+
+class SlackUndelivered(RuntimeError):
+    """Slack did not take some messages; they wait in the outbox for the next run."""
+
+
+def undelivered(results: list[Mapping[str, Any]]) -> tuple[int | None, str | None]:
+    """(messages still in the outbox, why) after the last call: each call tries the
+    whole outbox, so the last one's count is the outbox's, not a share to add up.
+    None: some wait, how many is unknown (the state database went away mid-call)."""
+    reported = [r for r in results if isinstance(r, Mapping) and "undelivered" in r]
+    if not reported:
+        return 0, None
+    raw = reported[-1].get("undelivered")
+    count = None if raw is None else int(raw)
+    error = reported[-1].get("delivery_error") or next(
+        (r.get("delivery_error") for r in reversed(reported) if r.get("delivery_error")), None)
+    return count, error
+
+
+def raise_ifundelivered(results: list[Mapping[str, Any]]) -> None:
+    """After everything was queued: one line when Slack kept some of it back."""
+    count, error = undelivered(results)
+    if count is None or count:
+        from lagdoctor.notify.redact import one_line
+
+        how_many = "an unknown number of" if count is None else str(count)
+        raise SlackUndelivered(f"Slack: {how_many} message(s) not delivered, kept in the outbox: "
+                               f"{one_line(error) if error else 'no reason given'}")
+
+
+def post_quarantine_notice(output: str, *, settings: Settings | None = None) -> dict[str, Any] | None:
+    """One Slack notice for the files this run's diagnosis moved aside; None when none were."""
+    from lagdoctor.notify.incidents import post_notice
+    from lagdoctor.notify.render import render_quarantine_notice
+
+    entries = read_quarantined(output)
+    if not entries:
+        return None
+    # Keyed by the run's folder: a retried task does not post it again.
+    key = "quarantine:" + output.rstrip("/").rsplit("/", 1)[-1]
+    return post_notice(render_quarantine_notice(entries), dedupe_key=key, settings=settings)
+
+
+def _finding_key(finding: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(str(finding.get(k) or "") for k in ("cluster", "group_id", "topic"))
+
+
+def post_findings(
+    plans_path: str, run_id: str, *, incident_scope: str | None = None, settings: Settings | None = None
+) -> dict[str, int]:
+    """Tell Slack. A sweep posts, updates or closes each incident key's own thread;
+    a manual incident run (`incident_scope` set) keeps the whole run in one thread.
+    Both are deduplicated by their stores, so a retried task posts nothing twice.
+
+    Everything is handed to the notify layer first; only then, if Slack kept
+    messages back (they wait in the outbox), SlackUndelivered says how many.
+    """
+    from lagdoctor.notify.incidents import delivery_batch, post_incident_run, post_or_update_incident
+
+    items = read_plans(plans_path)
+    results: list[Mapping[str, Any]] = []
+    with delivery_batch():  # Slack down: queue everything, retry it once, not once per finding
+        notice = post_quarantine_notice(plans_path.rstrip("/").rsplit("/", 1)[0], settings=settings)
+        if notice is not None:
+            results.append(notice)
+        if incident_scope is not None:
+            result = post_incident_run(items, run_id=run_id, scope=incident_scope, settings=settings)
+            results.append(result)
+            summary = {"problems": result["problems"], "findings": result["findings"]}
+        else:
+            summary = {}
+            # each finding with its sweep's others of the same (cluster, group, topic): a provisional thread
+            # one of them still lands in is not superseded by another (notify.threads rule 8)
+            sweeps: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
+            for item in items:
+                sweeps.setdefault(_finding_key(item["finding"]), []).append(item["finding"])
+            for item in items:
+                result = post_or_update_incident(item["finding"], item["plan"], run_id=run_id, settings=settings,
+                                                 sweep=sweeps[_finding_key(item["finding"])])
+                results.append(result)
+                summary[result["decision"]] = summary.get(result["decision"], 0) + 1
+    log.info("slack: %s", summary)
+    raise_ifundelivered(results)
+    return summary
+
+
+def incident_scope(params: Mapping[str, Any]) -> str:
+    """How an incident run names what it looked at, e.g. `kafka_default / orders-.* / orders`."""
+    clusters = params.get("clusters") or [params.get("cluster", "")]
+    parts = [", ".join(str(c) for c in clusters), str(params.get("group_pattern") or ".*")]
+    if params.get("topic"):
+        parts.append(str(params["topic"]))
+    return " / ".join(parts)
