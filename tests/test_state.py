@@ -208,7 +208,8 @@ def test_pruning_slack_state_keeps_undelivered_messages_and_every_open_thread(st
     from types import SimpleNamespace
 
     from lagdoctor.notify import incidents, outbox
-    from lagdoctor.state import prune_state, run_threads, slack_messages
+    from lagdoctor.stages.housekeeping import prune_state
+    from lagdoctor.state import run_threads, slack_messages
 
     settings = Settings(data_root=str(tmp_path))
     db = StateDB.from_url(state_url)

@@ -161,7 +161,7 @@ def load_runbook(path: str | os.PathLike, actions: Mapping[str, Any] | None = No
 def parse_runbook(meta: Mapping[str, Any], body: str = "", *, name: str, path: str,
                   actions: Mapping[str, Any] | None = None) -> Runbook:
     if actions is None:
-        from lagdoctor.remediation.actions import registered_actions
+        from lagdoctor.remediation.registry import registered_actions
 
         actions = registered_actions()
 
@@ -252,7 +252,7 @@ def load_runbooks(path: str | os.PathLike | None = None) -> list[Runbook]:
     directory = Path(path) if path is not None else default_runbooks_dir()
     if not directory.is_dir():
         raise RunbookError(f"{directory}: not a directory of runbooks")
-    from lagdoctor.remediation.actions import registered_actions
+    from lagdoctor.remediation.registry import registered_actions
 
     actions = registered_actions()
     runbooks = [load_runbook(p, actions) for p in sorted(directory.glob("*.md")) if p.name.lower() != "readme.md"]
@@ -270,7 +270,7 @@ def load_runbooks(path: str | os.PathLike | None = None) -> list[Runbook]:
 def choose_actions(finding: Mapping[str, Any], runbooks: Iterable[Runbook]) -> Plan:
     """The runbook plan for one finding (contract 2). Pure: reads nothing but its arguments."""
     from lagdoctor.notify.templates import render_mrkdwn_source, render_plain, shell_quote
-    from lagdoctor.remediation.actions import get_action
+    from lagdoctor.remediation.registry import get_action
 
     diagnosis, severity = str(finding.get("diagnosis", "")), str(finding.get("severity", ""))
     runbook = next((rb for rb in runbooks if rb.matches(finding)), None)

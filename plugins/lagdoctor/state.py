@@ -17,7 +17,8 @@ A non-local data root (s3a://...) with neither of the first two is refused
 with one line: SQLite on each worker would keep per-host state, and
 guardrails that hold per host only are not guardrails.
 
-Retention (``prune_state``) removes what only grows: delivered Slack messages,
+Retention (``prune_notifications`` here; lagdoctor.stages.housekeeping.prune_state runs it
+with the action log's) removes what only grows: delivered Slack messages,
 closed incident threads, manual runs' threads and leases that expired long
 ago, and the old action log (lagdoctor.remediation.audit.prune_action_log);
 never an undelivered message, nor anything an open thread still replies under.
@@ -590,22 +591,4 @@ def prune_notifications(db: StateDB, before: datetime) -> dict[str, int]:
             slack_interactions.c.at < before)).rowcount or 0
         counts["spool_replays"] = conn.execute(sa.delete(spool_replays).where(
             spool_replays.c.replayed_at < before)).rowcount or 0
-    return counts
-
-
-def prune_state(keep_days: float, now: datetime, *, settings: Any = None) -> dict[str, int]:
-    """Retention for the whole state database: rows deleted per table.
-
-    Slack state older than ``keep_days`` (``prune_notifications``) and the
-    action log (``prune_action_log``: never inside a guardrail's window).
-    """
-    # Imported here: remediation sits above this module; one call prunes all.
-    from lagdoctor.remediation.audit import prune_action_log
-
-    db = state_db(settings)
-    counts = prune_notifications(db, as_utc(now) - timedelta(days=keep_days))
-    counts["action_log"] = prune_action_log(keep_days, now, db=db)
-    for table, n in counts.items():
-        if n:
-            log.info("retention: %d row(s) removed from %s", n, table)
     return counts

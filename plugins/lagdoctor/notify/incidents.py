@@ -41,6 +41,7 @@ from lagdoctor.notify.threads import (
     decide_healthy,
     provisional_thread_for,
     remember,
+    reply_target,
     superseded_threads,
 )
 
@@ -145,12 +146,6 @@ def _buttons(buttons: bool | None) -> bool:
     return buttons_enabled() if buttons is None else buttons
 
 
-def _reply_target(state: ThreadState) -> dict[str, Any]:
-    """Where a reply in `state`'s thread goes: the known ts, or the parent row to wait for."""
-    return {"parent_id": state.root_message_id, "thread_ts": state.thread_ts or None,
-            "channel": (state.channel or None) if state.thread_ts else None}
-
-
 def _thread_anchor(state: ThreadState) -> str:
     return str(state.root_message_id if state.root_message_id is not None else state.thread_ts)
 
@@ -228,7 +223,7 @@ def _on_healthy(db, conn, store: ThreadStore, finding: Mapping[str, Any], *, run
             duration = (now - opened).total_seconds() if opened else None
             msg = render.render_recovery(finding, diagnosis=state.key.diagnosis, duration_seconds=duration)
             outbox.queue_message(db, conn, dedupe_key=f"incident:{state.key.digest()}:{_thread_anchor(state)}:recovered",
-                                 text=msg["text"], blocks=msg["blocks"], now=now, **_reply_target(state))
+                                 text=msg["text"], blocks=msg["blocks"], now=now, **reply_target(state))
             state.status, state.closed_at, state.replies = "closed", stamp, state.replies + 1
             remember(state, finding, run_id=run_id, now=stamp)
         elif decision.kind == "incomplete":
@@ -237,7 +232,7 @@ def _on_healthy(db, conn, store: ThreadStore, finding: Mapping[str, Any], *, run
             msg = render.render_data_incomplete(finding, state.key.diagnosis)
             outbox.queue_message(
                 db, conn, dedupe_key=f"incident:{state.key.digest()}:{_thread_anchor(state)}:incomplete:{run_id}",
-                text=msg["text"], blocks=msg["blocks"], now=now, **_reply_target(state))
+                text=msg["text"], blocks=msg["blocks"], now=now, **reply_target(state))
             # Not remember(): what the thread last said about the problem still stands.
             state.data_incomplete, state.replies, state.updated_at = True, state.replies + 1, stamp
             replied += 1
@@ -303,7 +298,7 @@ def _on_own_thread(db, conn, store: ThreadStore, finding: Mapping[str, Any], pla
         else:
             msg = render.render_update(finding, decision.changes, run_id=run_id, dag_id=dag_id, controls=controls)
         outbox.queue_message(db, conn, dedupe_key=f"incident:{key.digest()}:{_thread_anchor(state)}:reply:{run_id}",
-                             text=msg["text"], blocks=msg["blocks"], now=now, **_reply_target(state))
+                             text=msg["text"], blocks=msg["blocks"], now=now, **reply_target(state))
         state.replies += 1
         result = "replied"
     store.save(remember(state, finding, run_id=run_id, now=stamp, opened=decision.kind == "post",
@@ -323,7 +318,7 @@ def _close_superseded(db, conn, store: ThreadStore, finding: Mapping[str, Any], 
     for state in threads:
         msg = render.render_superseded(finding, state.deciding_between, existing=own_thread, existing_since=opened)
         outbox.queue_message(db, conn, dedupe_key=f"incident:{state.key.digest()}:{_thread_anchor(state)}:superseded",
-                             text=msg["text"], blocks=msg["blocks"], now=now, **_reply_target(state))
+                             text=msg["text"], blocks=msg["blocks"], now=now, **reply_target(state))
         state.status, state.closed_at, state.replies = "closed", stamp, state.replies + 1
         state.last_run_id, state.updated_at = run_id, stamp
         store.save(state, conn=conn)
@@ -425,7 +420,7 @@ def _action_result_in(db, conn, *, record: Mapping[str, Any], now: str) -> tuple
         decision = "unchanged"
     else:
         msg = render.render_action_result(record)
-        target = _reply_target(state) if state is not None else {}
+        target = reply_target(state) if state is not None else {}
         outbox.queue_message(db, conn, dedupe_key=f"action:{marker}", text=msg["text"], blocks=msg["blocks"],
                              now=datetime.fromisoformat(now), **target)
         if state is not None:

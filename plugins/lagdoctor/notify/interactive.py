@@ -35,8 +35,10 @@ from typing import Any, Callable, Iterable, Mapping
 
 import sqlalchemy as sa
 
+from lagdoctor.notify.buttons import ACK, APPROVE, APPROVE_ALL, REJECT, REJECT_ALL, SNOOZE_ACTION
 from lagdoctor.notify.redact import one_line
 from lagdoctor.notify.templates import code_safe, escape_mrkdwn, mrkdwn_value
+from lagdoctor.notify.threads import ThreadState, reply_target
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +51,10 @@ SIGNATURE_WINDOW_S = 300
 SNOOZE = timedelta(hours=1)
 SEEN_KEEP = timedelta(minutes=10)  # longer than the window: an older replay fails the timestamp check
 
-APPROVE, REJECT, ACK, SNOOZE_ACTION = "lagdoctor.approve", "lagdoctor.reject", "lagdoctor.ack", "lagdoctor.snooze"
 APPROVAL_ACTIONS = {APPROVE: "Approve", REJECT: "Reject"}
 WAITING, APPROVED, REJECTED = "waiting", "approved", "rejected"
 ANSWERING, SUPERSEDED = "answering", "superseded"
-REJECT_ALL, APPROVE_ALL = "Reject all", "all"  # stages.plan.REJECT_ALL; a button value's suffix
 CLAIM_STALE = timedelta(minutes=2)  # a claim whose click died mid-call (Airflow's call times out in 10 s)
-TARGET_BUTTONS_MAX = 20
 STALE_BUTTON = "This button no longer matches a waiting approval; nothing was done. Answer in Airflow."
 
 
@@ -197,25 +196,6 @@ def first_seen(db, keys: Iterable[str], now: datetime) -> bool:
 
 # ---------------------------------------------------------------- blocks
 
-def _button(text: str, action_id: str, value: str, style: str | None = None,
-            confirm: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    button: dict[str, Any] = {"type": "button", "text": {"type": "plain_text", "text": text},
-                              "action_id": action_id, "value": value}
-    if style:
-        button["style"] = style
-    if confirm:
-        button["confirm"] = dict(confirm)
-    return button
-
-
-def incident_buttons(key_digest: str) -> dict[str, Any]:
-    """Acknowledge and Snooze 1 h for one incident key (the value is its digest only)."""
-    return {"type": "actions", "block_id": f"lagdoctor_incident_{key_digest}", "elements": [
-        _button("Acknowledge", ACK, key_digest),
-        _button("Snooze 1 h", SNOOZE_ACTION, key_digest),
-    ]}
-
-
 def approval_ref(row: Mapping[str, Any]) -> str:
     """What an approval's buttons carry: "<row id>.<nonce>". The id finds the row, the nonce
     proves the button was posted for that row and not for an earlier one with the same id."""
@@ -236,38 +216,6 @@ def shown_value(value: str) -> str:
     """A button value for a log line or the audit: an approval's nonce left out."""
     ref, sep, which = value.partition(":")
     return ref.partition(".")[0] + sep + which
-
-
-def approval_buttons(approval_id: str | int) -> dict[str, Any]:
-    value = str(approval_id)
-    confirm = {"title": {"type": "plain_text", "text": "Approve?"},
-               "text": {"type": "plain_text", "text": "Airflow runs the action once you approve."},
-               "confirm": {"type": "plain_text", "text": "Approve"},
-               "deny": {"type": "plain_text", "text": "Cancel"}}
-    return {"type": "actions", "block_id": f"lagdoctor_approval_{value.partition('.')[0]}", "elements": [
-        _button("Approve", APPROVE, value, "primary", confirm),
-        _button("Reject", REJECT, value, "danger"),
-    ]}
-
-
-def target_buttons(approval_id: str | int, targets: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """A per-target approval: "Approve n" for each target offered (a click approves that
-    one alone, the others are rejected), "Approve all" (when every one has its own
-    button) and "Reject all". Values carry the row's approval_ref and the target's number only."""
-    offered = [t for t in targets if t.get("option")]
-    numbers = [str(t["option"]).split(":", 1)[0].removeprefix("Approve ") for t in offered]
-    confirm = {"title": {"type": "plain_text", "text": "Approve?"},
-               "text": {"type": "plain_text", "text": "Airflow runs the action for what you approve, and for "
-                                                      "nothing else."},
-               "confirm": {"type": "plain_text", "text": "Approve"},
-               "deny": {"type": "plain_text", "text": "Cancel"}}
-    elements = [_button(f"Approve {n} only" if len(offered) > 1 else "Approve", APPROVE, f"{approval_id}:{n}",
-                        "primary", confirm) for n in numbers[:TARGET_BUTTONS_MAX]]
-    if 1 < len(offered) <= TARGET_BUTTONS_MAX:
-        elements.append(_button(f"Approve all {len(offered)}", APPROVE, f"{approval_id}:{APPROVE_ALL}", None, confirm))
-    elements.append(_button(REJECT_ALL, REJECT, str(approval_id), "danger"))
-    return [{"type": "actions", "block_id": f"lagdoctor_approval_{str(approval_id).partition('.')[0]}",
-             "elements": elements}]
 
 
 # ---------------------------------------------------------------- acknowledge / snooze, read by the coordinator
@@ -412,7 +360,6 @@ def handle_click(click: Click, *, db, now: datetime, hitl: Any = None,
 # -- acknowledge / snooze
 
 def _open_thread(conn: sa.Connection, digest: str):
-    from lagdoctor.notify.threads import ThreadState
     from lagdoctor.state import incident_threads as t
 
     # Few threads are open at a time; the digest is not a column (the buttons carry only it).
@@ -463,11 +410,9 @@ def _control_click(click: Click, *, db, now: datetime) -> Outcome:
             conn.execute(sa.insert(c).values(key_digest=click.value, **values))
         else:
             conn.execute(sa.update(c).where(c.c.key_digest == click.value).values(**values))
-        from lagdoctor.notify.incidents import _reply_target
-
         outbox.queue_message(db, conn, dedupe_key=f"click:{action}:{click.value}:{state.root_message_id}:{now.isoformat()}",
                              text=posted, blocks=[{"type": "section", "text": {"type": "mrkdwn", "text": posted}}],
-                             now=now, **_reply_target(state))
+                             now=now, **reply_target(state))
         _audit(db, conn, click, action, "done", None, now)
     return Outcome("done", None, posted)
 

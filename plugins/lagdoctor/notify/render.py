@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
+from lagdoctor.notify.buttons import approval_buttons, incident_buttons, target_buttons
 from lagdoctor.notify.templates import code_safe, escape_mrkdwn, mrkdwn_value, render, render_plain, TEMPLATES
 
 SEVERITY_EMOJI = {"critical": ":red_circle:", "warning": ":large_yellow_circle:", "ok": ":large_green_circle:"}
@@ -695,8 +696,6 @@ def render_incident(finding: Mapping[str, Any], plan: Mapping[str, Any] | None =
     if v["owner_unknown"]:
         blocks.append(_owner_note_block())
     if controls:
-        from lagdoctor.notify.interactive import incident_buttons
-
         blocks.append(incident_buttons(controls))
     # the notification text is mrkdwn too: values escaped, so no name can ping or link
     fallback = render("provisional_fallback", **_provisional_values(finding)) if provisional else render("fallback", **v)
@@ -755,8 +754,6 @@ def _reply_blocks(finding: Mapping[str, Any], v: Mapping[str, Any], lead: str,
     if v["owner_unknown"]:
         blocks.append(_owner_note_block())
     if controls:
-        from lagdoctor.notify.interactive import incident_buttons
-
         blocks.append(incident_buttons(controls))
     return blocks
 
@@ -989,8 +986,6 @@ def render_approval_prompt(subject: str, body: str | None, *, approval_id: str |
     if owner_unknown:
         blocks.append(_owner_note_block())
     if approval_id is not None:
-        from lagdoctor.notify.interactive import approval_buttons, target_buttons
-
         if targets is None:
             blocks.append(approval_buttons(approval_id))
         else:

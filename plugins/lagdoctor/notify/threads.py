@@ -48,6 +48,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import sqlalchemy as sa
 
+from lagdoctor.notify.render import _lag_total, promise_overdue, promised_at
+
 if TYPE_CHECKING:
     from lagdoctor.state import StateDB
 
@@ -112,6 +114,12 @@ class ThreadState:
         data["key"] = IncidentKey(**data["key"])
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def reply_target(state: ThreadState) -> dict[str, Any]:
+    """Where a reply in `state`'s thread goes: the known ts, or the parent row to wait for."""
+    return {"parent_id": state.root_message_id, "thread_ts": state.thread_ts or None,
+            "channel": (state.channel or None) if state.thread_ts else None}
 
 
 class ThreadStore:
@@ -213,8 +221,6 @@ class Decision:
 
 
 def lag_total_of(finding: Mapping[str, Any]) -> float | None:
-    from lagdoctor.notify.render import _lag_total
-
     value = _lag_total(finding)
     return float(value) if isinstance(value, (int, float)) else None
 
@@ -274,8 +280,6 @@ def superseded_threads(finding: Mapping[str, Any], open_threads: list[ThreadStat
 def decide(finding: Mapping[str, Any], state: ThreadState | None, *, run_id: str,
            now: datetime | None = None) -> Decision:
     """Rules 1-4, 7 and 9 for a non-healthy finding (rules 5-6 are ``decide_healthy``)."""
-    from lagdoctor.notify.render import promise_overdue, promised_at
-
     if state is None or state.status != "open":
         return Decision("post")
     if run_id and state.last_run_id == run_id:

@@ -10,9 +10,10 @@ Task-level API (cheap to import; client libraries load inside the actions):
     approved_from_hitl(result)          the ApprovalOperator's XCom -> bool
 """
 
-from lagdoctor.remediation.actions import ActionBlocked, action_names, get_action, registered_actions
+from lagdoctor.remediation.actions import ActionBlocked
 from lagdoctor.remediation.approval import approval_meta, approval_request, approved_from_hitl
 from lagdoctor.remediation.config import ConfigError, RemediationConfig
+from lagdoctor.remediation.registry import action_names, get_action, registered_actions
 from lagdoctor.remediation.runner import (
     RemediationFailed,
     idempotency_key,

@@ -1,4 +1,4 @@
-"""The action interface and the registry runbooks choose from.
+"""The action interface: what every action implements (the registry is remediation.registry).
 
 An action is a class with a ``name`` and three steps, so the runner can keep
 dry runs, approvals, guardrails and retries in one place:
@@ -104,36 +104,3 @@ class Action:
 
     def apply(self, ctx: ActionContext, plan: Mapping[str, Any]) -> Outcome:
         raise NotImplementedError
-
-
-_REGISTRY: dict[str, Action] = {}
-
-
-def register(cls: type[Action]) -> type[Action]:
-    if cls.name in _REGISTRY:
-        raise ValueError(f"action {cls.name!r} registered twice")
-    _REGISTRY[cls.name] = cls()
-    return cls
-
-
-def registered_actions() -> Mapping[str, Action]:
-    _load_builtin()
-    return dict(_REGISTRY)
-
-
-def get_action(name: str) -> Action:
-    actions = registered_actions()
-    try:
-        return actions[name]
-    except KeyError:
-        raise KeyError(f"unknown action {name!r} (registered: {', '.join(sorted(actions))})") from None
-
-
-def action_names() -> tuple[str, ...]:
-    """The branch targets a DAG builds: one task per registered action."""
-    return tuple(sorted(registered_actions()))
-
-
-def _load_builtin() -> None:
-    # Importing the modules registers their actions (cheap: no client imports).
-    from lagdoctor.remediation import k8s, kafka_ops, recommend  # noqa: F401

@@ -18,7 +18,7 @@ import contextlib
 import os
 from typing import Any, Iterator, Mapping
 
-from lagdoctor.remediation.actions import Action, ActionBlocked, ActionContext, Outcome, OutcomeUnknown, register
+from lagdoctor.remediation.actions import Action, ActionBlocked, ActionContext, Outcome, OutcomeUnknown
 from lagdoctor.remediation.config import KubernetesSettings
 
 RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
@@ -91,7 +91,6 @@ def partition_count_from_kafka(kafka_config: Mapping[str, Any], topic: str) -> i
     return len(meta.partitions)
 
 
-@register
 class ScaleConsumers(Action):
     name = "scale_consumers"
     summary = "scale the group's Deployment up, never above the partition count"
@@ -171,7 +170,6 @@ class ScaleConsumers(Action):
         return Outcome("executed", f"scaled {where} from {current} to {target} replicas", {"replicas": target})
 
 
-@register
 class RestartConsumers(Action):
     name = "restart_consumers"
     summary = "rollout restart of the group's Deployment (like kubectl rollout restart)"

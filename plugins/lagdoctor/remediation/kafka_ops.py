@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
-from lagdoctor.remediation.actions import Action, ActionBlocked, ActionContext, Outcome, register
+from lagdoctor.remediation.actions import Action, ActionBlocked, ActionContext, Outcome
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 15
@@ -160,7 +160,6 @@ def _record_text(record: Any, offsets: Mapping[str, Any]) -> str:
     return f"p{p}@{record['offset']}: " + ", ".join(parts)
 
 
-@register
 class SkipPoisonPill(Action):
     name = "skip_poison_pill"
     summary = "copy the record at the stuck offset to a dead-letter topic and commit past it"
@@ -321,7 +320,6 @@ def topic_metadata(admin: Any, topic: str) -> Any:
     return admin.list_topics(timeout=TIMEOUT_S).topics.get(topic)
 
 
-@register
 class AddPartitions(Action):
     name = "add_partitions"
     summary = "add partitions to the topic (CreatePartitions)"

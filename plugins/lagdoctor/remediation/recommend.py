@@ -23,7 +23,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-from lagdoctor.remediation.actions import Action, ActionContext, Outcome, register
+from lagdoctor.remediation.actions import Action, ActionContext, Outcome
 
 KAFKA_DEFAULTS = {
     "max.poll.records": 500,
@@ -97,7 +97,6 @@ def per_record_ms_from_evidence(evidence: Mapping[str, Any]) -> float | None:
     return None
 
 
-@register
 class RecommendConsumerConfig(Action):
     name = "recommend_consumer_config"
     summary = "recommend consumer poll/session settings (posted, never applied)"

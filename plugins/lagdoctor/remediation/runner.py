@@ -50,10 +50,11 @@ from typing import Any, Mapping
 import sqlalchemy as sa
 
 from lagdoctor.notify.redact import one_line, secret_values
-from lagdoctor.remediation.actions import ActionBlocked, ActionContext, OutcomeUnknown, get_action
+from lagdoctor.remediation.actions import ActionBlocked, ActionContext, OutcomeUnknown
 from lagdoctor.remediation.audit import FINAL_STATUSES, ActionLog
 from lagdoctor.remediation.config import RemediationConfig
 from lagdoctor.remediation.guardrails import check_guardrails, group_target
+from lagdoctor.remediation.registry import get_action
 from lagdoctor.state import leases
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from lagdoctor.settings import Settings
@@ -49,7 +49,7 @@ def prune_history(keep_days: int = SNAPSHOT_RETENTION_DAYS, settings: Settings |
                 removed.append(run_dir["name"])
     for path in removed:
         log.info("retention: removed %s", path)
-    from lagdoctor.state import StateConfigError, prune_state
+    from lagdoctor.state import StateConfigError
 
     try:
         pruned = prune_state(keep_days, now, settings=settings)
@@ -70,3 +70,21 @@ def compact_history(settings: Settings | None = None, now: datetime | None = Non
     log.info("compaction: %s", result.summary())
     return {"hours": len(result.compacted_hours), "files_folded": result.files_folded,
             "files_removed": result.files_removed, "left_alone": len(result.left_alone)}
+
+
+def prune_state(keep_days: float, now: datetime, *, settings: Any = None) -> dict[str, int]:
+    """Retention for the whole state database: rows deleted per table.
+
+    Slack state older than ``keep_days`` (``prune_notifications``) and the
+    action log (``prune_action_log``: never inside a guardrail's window).
+    """
+    from lagdoctor.remediation.audit import prune_action_log
+    from lagdoctor.state import as_utc, prune_notifications, state_db
+
+    db = state_db(settings)
+    counts = prune_notifications(db, as_utc(now) - timedelta(days=keep_days))
+    counts["action_log"] = prune_action_log(keep_days, now, db=db)
+    for table, n in counts.items():
+        if n:
+            log.info("retention: %d row(s) removed from %s", n, table)
+    return counts
