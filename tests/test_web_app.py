@@ -353,20 +353,26 @@ def _window_end_of(lag_data_root) -> datetime:
     return datetime.fromisoformat(end.replace("Z", "+00:00"))
 
 
+def _make_orders_processor_provisional(lag_data_root, decided_by: str) -> list[dict]:
+    """Rewrite the sweep's findings with orders-processor provisional, its decision promised
+    by `decided_by` (HH:MM:SS UTC) on the window's day; returns the findings written."""
+    path = lag_data_root.findings_root / lag_data_root.sweep_run_key / "findings.jsonl"
+    findings = [json.loads(line) for line in path.read_text().splitlines()]
+    for f in findings:
+        if f["group_id"] == "orders-processor":
+            f.update(provisional=True, deciding_between=["partition_imbalance", "stalled_consumer"],
+                     decided_by=f["window_end"][:11] + decided_by + "Z", samples_needed=2,
+                     undecided_because="the commit on partition 1 has stood still for 1m00s")
+    path.write_text("".join(json.dumps(f) + "\n" for f in findings))
+    return findings
+
+
 def test_a_provisional_finding_is_shown_as_such_on_the_page_and_in_the_api(lag_data_root):
     """Issue 18: the page names no cause for a provisional finding; the API passes its fields through."""
     # the page looked at before the promised 14:40
     client = client_for(lag_data_root.root, clock=lambda: _window_end_of(lag_data_root).replace(hour=14, minute=30))
-    sweep = lag_data_root.findings_root / lag_data_root.sweep_run_key
-    path = sweep / "findings.jsonl"
-    findings = [json.loads(line) for line in path.read_text().splitlines()]
     assert "Partition imbalance" in client.get("/").text
-    for f in findings:
-        if f["group_id"] == "orders-processor":
-            f.update(provisional=True, deciding_between=["partition_imbalance", "stalled_consumer"],
-                     decided_by=f["window_end"][:11] + "14:40:00Z", samples_needed=2,
-                     undecided_because="the commit on partition 1 has stood still for 1m00s")
-    path.write_text("".join(json.dumps(f) + "\n" for f in findings))
+    _make_orders_processor_provisional(lag_data_root, "14:40:00")
     html = client.get("/").text
     card = html[html.index('data-group="orders-processor"'):html.index('data-group="payments-ledger"')]
     assert "Still deciding: partition imbalance or stalled consumer" in card
@@ -381,14 +387,7 @@ def test_a_provisional_finding_is_shown_as_such_on_the_page_and_in_the_api(lag_d
 def test_a_provisional_finding_whose_promised_time_passed_says_overdue_on_page_group_view_and_api(lag_data_root):
     """Issue 18 review: "will know at the first sweep after 14:40 UTC" read at 15:05 is a stale promise."""
     day = _window_end_of(lag_data_root)
-    path = lag_data_root.findings_root / lag_data_root.sweep_run_key / "findings.jsonl"
-    findings = [json.loads(line) for line in path.read_text().splitlines()]
-    for f in findings:
-        if f["group_id"] == "orders-processor":
-            f.update(provisional=True, deciding_between=["partition_imbalance", "stalled_consumer"],
-                     decided_by=f["window_end"][:11] + "14:39:30Z", samples_needed=2,
-                     undecided_because="the commit on partition 1 has stood still for 1m00s")
-    path.write_text("".join(json.dumps(f) + "\n" for f in findings))
+    findings = _make_orders_processor_provisional(lag_data_root, "14:39:30")
     late = client_for(lag_data_root.root, clock=lambda: day.replace(hour=15, minute=5, second=0, microsecond=0))
     card = late.get("/").text
     card = card[card.index('data-group="orders-processor"'):card.index('data-group="payments-ledger"')]
