@@ -236,3 +236,52 @@ def test_slack_down_fails_the_run_but_remediation_still_decides(
     results = [m["text"] for m in slack_connection.messages if m["text"].startswith("restart_consumers ")]
     assert len(results) == 1 and group in results[0], results
     assert sum("Crashed consumer" in t and group in t for t in texts) >= 1
+
+
+def _report_raises(*args, **kwargs):
+    raise OSError("reports store full")
+
+
+def _report_hangs(*args, **kwargs):
+    time.sleep(120)  # the task's short time limit ends it
+
+
+@pytest.mark.broker
+@pytest.mark.spark
+@pytest.mark.parametrize("writer, reason", [
+    pytest.param(_report_raises, r"OSError: reports store full", id="report writer raises"),
+    pytest.param(_report_hangs, r"AirflowTaskTimeout", id="report writer times out"),
+])
+def test_a_failed_report_still_lets_the_findings_reach_slack(
+    airflow_db, incident_dag, kafka_bootstrap, crashed_group, slack_connection, tmp_path, monkeypatch, caplog,
+    writer, reason,
+):
+    from datetime import timedelta
+
+    from airflow.utils.state import DagRunState, TaskInstanceState
+
+    topic, group = crashed_group
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps(
+        {"conn_type": "kafka", "extra": {"bootstrap.servers": kafka_bootstrap}}))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", str(tmp_path / "data"))
+    monkeypatch.setattr("lagdoctor.web.report.write_incident_report", writer)
+    incident_dag.get_task("write_reports").execution_timeout = timedelta(seconds=3)
+    failures = _record_failures(incident_dag)
+    run = incident_dag.test(run_conf={"group_pattern": re.escape(group), "topic": topic, "samples": 2,
+                                      "interval_seconds": 1, "window_minutes": 30, "dry_run": True})
+
+    states = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    assert states["write_reports"] == TaskInstanceState.FAILED
+    assert states["post_findings"] == TaskInstanceState.SUCCESS
+    # The findings went out, in the run's thread.
+    assert any(group in json.dumps(p.body) and "Crashed consumer" in json.dumps(p.body) for p in slack_connection.posts)
+    # The report's failure is not hidden: its task failed with the reason, and the run failed naming it.
+    report = [(kind, message) for t, kind, message in failures if t == "write_reports"]
+    assert len(report) == 1 and re.search(reason, ": ".join(report[0])), report
+    assert run.state == DagRunState.FAILED
+    assert any(t == "check_failures" and "write_reports" in m for t, _, m in failures)
+    # ... and the post's task says once why the findings came without report links.
+    said = [r.getMessage() for r in caplog.records if r.funcName == "post_findings"
+            and r.getMessage().startswith("report not written: ")]
+    assert len(said) == 1 and re.search(reason, said[0]), said

@@ -222,6 +222,32 @@ def test_an_incomplete_run_gets_no_report_and_no_plan(sweep, lag_data_root, tmp_
                                  "no _SUCCESS")
     with pytest.raises(ValueError, match=r"^diagnosis output .*killed-run is incomplete: the diagnosis did not"):
         plan_findings(str(killed))
-    assert write_reports(str(killed)) == 0  # logged; the Slack post is not held back
+    # The task fails (the run shows it) after handing over the line the Slack post's task logs.
+    said: list[str] = []
+    with pytest.raises(ValueError):
+        write_reports(str(killed), on_failure=said.append)
+    assert said == [f"report not written: ValueError: run folder {killed} is incomplete: the diagnosis did not "
+                    "finish writing it: no _SUCCESS"]
     assert not (lag_data_root.root / "reports" / "killed-run").exists()
     assert sorted(p.name for p in killed.iterdir()) == ["_WRITING", "findings.jsonl"]
+
+
+def test_reports_list_the_store_once_per_cluster_not_once_per_group(sweep, lag_data_root, monkeypatch):
+    """Three problem groups (two on prod, one on staging): the store is listed once per
+    cluster for the whole run, so report writing does not slow down with the groups."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    snapshots = str(lag_data_root.root / "snapshots")
+    listed: list[str] = []
+    find = LocalFileSystem.find
+
+    def counting_find(self, path, *args, **kwargs):
+        if str(path).startswith(snapshots):
+            listed.append(str(path))
+        return find(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(LocalFileSystem, "find", counting_find)
+    settings, run_dir = sweep
+    paths = write_incident_report(run_dir, settings=settings, base_url="")
+    assert len(paths) == 3
+    assert sorted(p.rsplit("/", 1)[-1] for p in listed) == ["cluster=prod", "cluster=staging"]

@@ -149,7 +149,7 @@ def test_the_snapshot_is_mapped_over_the_checked_clusters(dagbag, dag_id):
 
 
 def test_check_failures_names_a_failed_cluster():
-    from lagdoctor.pipeline import failed_task_label
+    from lagdoctor.stages.common import failed_task_label
 
     clusters = ["kafka_eu", "kafka_us"]
     assert failed_task_label("snapshot_1", clusters) == "snapshot[kafka_us]"

@@ -8,7 +8,7 @@ incident run share one graph.
 
     validate_params -> list_clusters -> snapshot[cluster] (mapped, one per cluster) -> prepare_diagnosis
         -> diagnose (spark-submit, every snapshotted cluster in one job) -> plan
-        -> write_reports -> post_findings -> route
+        -> write_reports -> post_findings (also when the reports failed) -> route
     route -> remediate_<action>.gate -> [remediate_<action>.approve] -> remediate_<action>.run   (incident)
     route -> remediate_<action>.run                                                              (sweep)
     every non-branch task -> check_failures   (fails the run when any of them failed)
@@ -28,6 +28,8 @@ remediation that a guardrail blocks fails the incident run with the reason
 (before or after the approval); the sweep, where a cooldown is routine, skips it
 (failed, if it acted for another group).
 Every task has an execution timeout, so nothing holds the sweep forever.
+Reports never hold back Slack: a report that fails or times out fails its own task
+(no retry) and the run, and post_findings still posts the findings (without report links).
 """
 
 from __future__ import annotations
@@ -45,9 +47,12 @@ from lagdoctor.remediation import action_names, approval_meta, get_action
 from lagdoctor.stages import collect as collect_stage, diagnose as diagnose_stage, housekeeping as housekeeping_stage
 from lagdoctor.stages import notify as notify_stage, params as params_stage, plan as plan_stage
 from lagdoctor.stages import remediate as remediate_stage
+from lagdoctor.stages.common import SNAPSHOT_TASK_ID, run_failure_line
 
 VALIDATE_TASK_ID = "validate_params"
 POST_TASK_ID = "post_findings"
+REPORTS_TASK_ID = "write_reports"
+REPORT_ERROR_KEY = "report_error"
 PLAN_TASK_ID = "plan"
 CHECK_TASK_ID = "check_failures"
 APPROVAL_TIMEOUT = timedelta(hours=1)
@@ -158,7 +163,6 @@ def _run_id() -> str:
     return str(get_current_context()["run_id"])
 
 
-SNAPSHOT_TASK_ID = "snapshot"
 CLUSTERS_TASK_ID = "list_clusters"
 
 
@@ -244,16 +248,23 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
         summary = get_current_context()["ti"].xcom_pull(task_ids=PLAN_TASK_ID)
         return plan_stage.choose_branches(summary, approvals=approvals)
 
-    @task(task_id=POST_TASK_ID, execution_timeout=TIMEOUTS["post_findings"])
+    # After the reports (so Slack links them), whether they were written or not: a report
+    # that fails or times out must not hold back the findings. No plan: no post.
+    @task(task_id=POST_TASK_ID, execution_timeout=TIMEOUTS["post_findings"], trigger_rule="all_done_min_one_success")
     def post_findings(summary: dict[str, Any]) -> dict[str, int]:
+        report_error = get_current_context()["ti"].xcom_pull(task_ids=REPORTS_TASK_ID, key=REPORT_ERROR_KEY)
         scope = notify_stage.incident_scope(_form()) if one_thread_per_run else None
         # Undelivered messages wait in the outbox for the next run: retrying now would not help.
         with no_retry(notify_stage.SlackUndelivered):
-            return notify_stage.post_findings(summary["plans"], _run_id(), incident_scope=scope)
+            return notify_stage.post_findings(summary["plans"], _run_id(), incident_scope=scope,
+                                              report_error=report_error)
 
-    @task(execution_timeout=TIMEOUTS["write_reports"])
+    # No retry: a second try would only keep the Slack post waiting longer.
+    @task(task_id=REPORTS_TASK_ID, execution_timeout=TIMEOUTS["write_reports"], retries=0)
     def write_reports(prep: dict[str, Any]) -> int:
-        return notify_stage.write_reports(prep["output"])
+        ti = get_current_context()["ti"]
+        return notify_stage.write_reports(
+            prep["output"], on_failure=lambda line: ti.xcom_push(key=REPORT_ERROR_KEY, value=line))
 
     # Branch tasks (route, gates, approvals) skip what follows them, and the
     # run's state comes from its leaves: so a failure before the branch (Slack,
@@ -271,10 +282,8 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
                                         task_ids=sorted(ctx["task"].upstream_task_ids)).get(ti.run_id, {})
         except Exception:  # noqa: BLE001 (the run fails either way; the names are a courtesy)
             states = {}
-        failed = [t for t, state in states.items() if str(state) in ("failed", "TaskInstanceState.FAILED")]
         clusters = (ti.xcom_pull(task_ids=VALIDATE_TASK_ID) or {}).get("clusters") or []
-        names = sorted(failed_task_label(t, clusters) for t in failed)
-        raise AirflowFailException(f"this run failed at: {', '.join(names) or 'an earlier task'} (see its log)")
+        raise AirflowFailException(run_failure_line(states, clusters))
 
     form = validate_params()
     clusters = list_clusters(form)
@@ -315,15 +324,6 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
         checked.append(compacted)
 
     checked >> check_failures()
-
-
-def failed_task_label(state_key: str, clusters: list[str]) -> str:
-    """`snapshot_1` (how Airflow keys a mapped instance's state) -> `snapshot[kafka_eu]`."""
-    prefix = SNAPSHOT_TASK_ID + "_"
-    if state_key.startswith(prefix) and state_key[len(prefix):].isdigit():
-        i = int(state_key[len(prefix):])
-        return f"{SNAPSHOT_TASK_ID}[{clusters[i] if i < len(clusters) else i}]"
-    return state_key
 
 
 APPROVAL_FORM_KEY = "approval_form"

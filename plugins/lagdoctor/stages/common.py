@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -15,6 +16,7 @@ DEFAULT_KAFKA_CONN_ID = "kafka_default"
 # plus a day, so a diagnosis started near a day boundary still finds its files.
 MAX_WINDOW_MINUTES = 10080
 PLANS_FILE = "plans.json"
+SNAPSHOT_TASK_ID = "snapshot"  # mapped: one instance per cluster
 _RUN_KEY_PREFIX = 80
 
 
@@ -36,3 +38,20 @@ def read_plans(plans_path: str) -> list[dict[str, Any]]:
 
     with fsspec.open(plans_path, "rt") as fh:
         return json.load(fh)
+
+
+def failed_task_label(state_key: str, clusters: list[str]) -> str:
+    """`snapshot_1` (how Airflow keys a mapped instance's state) -> `snapshot[kafka_eu]`."""
+    prefix = SNAPSHOT_TASK_ID + "_"
+    if state_key.startswith(prefix) and state_key[len(prefix):].isdigit():
+        i = int(state_key[len(prefix):])
+        return f"{SNAPSHOT_TASK_ID}[{clusters[i] if i < len(clusters) else i}]"
+    return state_key
+
+
+def run_failure_line(states: Mapping[str, Any], clusters: list[str]) -> str:
+    """Why a run failed, from its tasks' states (task key -> state): the failed ones, named
+    as the grid shows them (a snapshot by its cluster)."""
+    failed = [t for t, state in states.items() if str(state) in ("failed", "TaskInstanceState.FAILED")]
+    names = sorted(failed_task_label(t, clusters) for t in failed)
+    return f"this run failed at: {', '.join(names) or 'an earlier task'} (see its log)"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from lagdoctor.settings import Settings
@@ -13,8 +13,13 @@ from lagdoctor.stages.diagnose import read_quarantined
 log = logging.getLogger(__name__)
 
 
-def write_reports(output: str) -> int:
-    """One HTML report per problem (linked from Slack when LAGDOCTOR_REPORT_BASE_URL is set)."""
+def write_reports(output: str, *, on_failure: Callable[[str], None] | None = None) -> int:
+    """One HTML report per problem (linked from Slack when LAGDOCTOR_REPORT_BASE_URL is set).
+
+    A report is an extra: when writing fails or times out, this raises (its task
+    fails, so the run shows it) after handing `on_failure` one line, "report not
+    written: <reason>", for the Slack post that runs after it anyway."""
+    from lagdoctor.notify.redact import one_line
     from lagdoctor.runindex import record_run
     from lagdoctor.web.report import write_incident_report
 
@@ -22,9 +27,12 @@ def write_reports(output: str) -> int:
 
     try:
         paths = write_incident_report(output)
-    except Exception as exc:  # a report is an extra: it must never hold back the Slack post
-        log.error("could not write the incident reports: %s", " ".join(str(exc).split()))
-        return 0
+    except BaseException as exc:  # the task's timeout too: AirflowTaskTimeout is a BaseException
+        line = f"report not written: {one_line(exc)}"
+        log.error("%s", line)
+        if on_failure is not None:
+            on_failure(line)
+        raise
     for path in paths:
         log.info("report: %s", path)
     return len(paths)
@@ -77,7 +85,8 @@ def _finding_key(finding: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def post_findings(
-    plans_path: str, run_id: str, *, incident_scope: str | None = None, settings: Settings | None = None
+    plans_path: str, run_id: str, *, incident_scope: str | None = None, settings: Settings | None = None,
+    report_error: str | None = None,
 ) -> dict[str, int]:
     """Tell Slack. A sweep posts, updates or closes each incident key's own thread;
     a manual incident run (`incident_scope` set) keeps the whole run in one thread.
@@ -85,7 +94,10 @@ def post_findings(
 
     Everything is handed to the notify layer first; only then, if Slack kept
     messages back (they wait in the outbox), SlackUndelivered says how many.
+    `report_error`: write_reports' line when it failed, said once here (the findings go out without links).
     """
+    if report_error:
+        log.warning("%s", report_error)
     from lagdoctor.notify.incidents import delivery_batch, post_incident_run, post_or_update_incident
 
     items = read_plans(plans_path)

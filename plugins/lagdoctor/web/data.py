@@ -570,11 +570,19 @@ _HISTORY_COLUMNS = ("snapshot_ts", "cluster", "group_id", "topic", "partition", 
                     "committed_record_ts", "committed_record_error")
 
 
-def _cluster_files(snapshots_root: str, cluster: str, start: datetime | None, end: datetime | None) -> list[str]:
+def _cluster_files(snapshots_root: str, cluster: str, start: datetime | None, end: datetime | None,
+                   listings: dict[str, list[str]] | None = None) -> list[str]:
+    """The cluster's snapshot files on the days of [start, end]. `listings` (cluster -> all its
+    files) keeps one listing per cluster for a caller that reads many windows (the reports)."""
     from lagdoctor.store import list_snapshot_files, snapshot_dir
 
-    cluster_dir = snapshot_dir(snapshots_root, cluster, datetime.now(timezone.utc)).rsplit("/", 1)[0]
-    files = list_snapshot_files(cluster_dir)
+    if listings is not None and cluster in listings:
+        files = listings[cluster]
+    else:
+        cluster_dir = snapshot_dir(snapshots_root, cluster, datetime.now(timezone.utc)).rsplit("/", 1)[0]
+        files = list_snapshot_files(cluster_dir)
+        if listings is not None:
+            listings[cluster] = files
     if not files:
         return []
 
@@ -592,8 +600,11 @@ def read_history(
     keys: Iterable[Key],
     start: datetime | None,
     end: datetime | None,
+    *,
+    listings: dict[str, list[str]] | None = None,
 ) -> dict[Key, GroupHistory]:
-    """Offset history of each (cluster, group, topic) between start and end (inclusive)."""
+    """Offset history of each (cluster, group, topic) between start and end (inclusive).
+    `listings`: see `_cluster_files` (a cache the caller shares across calls)."""
     import pyarrow as pa
     import pyarrow.dataset as ds
 
@@ -601,7 +612,7 @@ def read_history(
     out: dict[Key, GroupHistory] = {k: GroupHistory(k) for k in wanted}
     fs, _ = _fs(snapshots_root)
     for cluster in sorted({k[0] for k in wanted}):
-        files = _cluster_files(snapshots_root, cluster, start, end)
+        files = _cluster_files(snapshots_root, cluster, start, end, listings)
         if not files:
             continue
         try:

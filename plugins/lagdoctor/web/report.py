@@ -108,9 +108,10 @@ def write_incident_report(run_dir: str, *, settings: Settings | None = None, bas
     states = [s for s in states_of_run(read_run(run)) if any(f.get("diagnosis") != "healthy" for f in s.findings)]
     paths: list[str] = []
     urls: dict[tuple[str, str, str, str], str] = {}
+    listings: dict[str, list[str]] = {}  # one store listing per cluster for the whole run, not one per group
     for state in states:
         start, end = state.window
-        history = read_history(settings.snapshots_root, [state.key], start, end)[state.key]
+        history = read_history(settings.snapshots_root, [state.key], start, end, listings=listings)[state.key]
         view = group_view(state, history, with_rates=True)
         for finding in state.findings:
             if finding.get("diagnosis") == "healthy":
