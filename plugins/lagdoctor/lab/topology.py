@@ -134,6 +134,7 @@ class Topology:
         self.started_s: float | None = None  # how long start() took
         self._bindir = Path(sys.executable).parent
         self._broker = None
+        self._cleanup: list[Path] = []  # folders outside the work dir, removed on stop
 
     # -- helpers ---------------------------------------------------------------
 
@@ -196,7 +197,14 @@ class Topology:
         bindir = pg.pg_bin()
         if bindir is None:
             raise TopologyError("no PostgreSQL binaries: apt-get install postgresql (make test installs it)")
-        base = self.workdir / "postgres"
+        if os.geteuid() == 0:
+            # run as `postgres`, which may not traverse the work dir's parents (pytest's are 0700)
+            import tempfile
+
+            base = Path(tempfile.mkdtemp(prefix="lagdoctor-topology-pg-"))
+            self._cleanup.append(base)
+        else:
+            base = self.workdir / "postgres"
         data, sock = base / "data", base / "sock"
         sock.mkdir(parents=True)
         pg.own_for_server(base, sock)
@@ -513,6 +521,8 @@ class Topology:
                 continue
             stop_process_group(part.proc, part.stop_signal)
         self._broker = None
+        while self._cleanup:
+            shutil.rmtree(self._cleanup.pop(), ignore_errors=True)
 
     def table(self) -> str:
         rows = [("part", "pid", "address", "log")]
