@@ -396,7 +396,7 @@ class Topology:
                 {"conn_type": "postgres", "host": state.host, "port": state.port, "login": state.username,
                  "schema": state.database}),
             "LAGDOCTOR_DATA_ROOT": f"s3://{BUCKET}/lagdoctor",
-            "LAGDOCTOR_S3_CONN_ID": S3_CONN_ID,
+            "LAGDOCTOR_AWS_CONN_ID": S3_CONN_ID,  # lagdoctor.objectstore reads the data root's keys from it
             "SPARK_LOCAL_IP": HOST,
         }
         env.pop("LAGDOCTOR_STATE_URL", None)  # the connection is the one state source here
