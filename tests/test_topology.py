@@ -372,3 +372,72 @@ def test_nothing_was_written_to_a_local_data_folder(world):
     written = [str(p) for home in homes for p in home.rglob("*")
                if "lagdoctor" in p.relative_to(home).parts[:1] or p.suffix in (".parquet", ".jsonl")]
     assert written == []
+
+
+# -- the topology's own behaviour, on stand-in processes -----------------------------
+
+def test_a_part_that_dies_while_waited_for_fails_the_start_naming_it_and_its_last_line(tmp_path):
+    from lagdoctor.lab.topology import Topology, TopologyError
+
+    said = []
+    topology = Topology(tmp_path, report=said.append)
+    part = topology._spawn("Redis", ["sh", "-c", "echo 'Address already in use'; exit 3"], "127.0.0.1:1",
+                           tmp_path / "redis.log")
+    with pytest.raises(TopologyError) as exc:
+        topology._wait("Redis on 127.0.0.1:1", lambda: False, [part], timeout_s=30)
+    assert "Redis exited with code 3" in str(exc.value)
+    assert "Address already in use" in str(exc.value) and str(tmp_path / "redis.log") in str(exc.value)
+    topology.stop()
+
+
+def test_a_slow_part_is_waited_for_saying_what_is_missing(tmp_path, monkeypatch):
+    from lagdoctor.lab import topology as topo
+
+    monkeypatch.setattr(topo, "PROGRESS_EVERY_S", 0.0)
+    said = []
+    topology = topo.Topology(tmp_path, report=said.append)
+    part = topology._spawn("Spark master", ["sleep", "30"], "spark://127.0.0.1:1", tmp_path / "m.log")
+    answers = iter(["1 of 2 workers ALIVE", "1 of 2 workers ALIVE", True])
+    topology._wait("the Spark master to show 2 ALIVE workers", lambda: next(answers), [part])
+    assert any("waiting for the Spark master to show 2 ALIVE workers (1 of 2 workers ALIVE)" in s for s in said)
+    topology.stop()
+    assert part.proc.poll() is not None
+
+
+def test_check_names_a_dead_part_and_stop_ends_every_group_in_reverse_order(tmp_path, monkeypatch):
+    import lagdoctor.lab.topology as topo
+
+    topology = topo.Topology(tmp_path, report=lambda _: None)
+    stopped = []
+    first = topology._spawn("PostgreSQL", ["sleep", "60"], "-", tmp_path / "pg.log")
+    topology.parts.append(topo.Part("Kafka broker", "-", tmp_path / "k.log", stopper=lambda: stopped.append("Kafka")))
+    # a part whose child ignores TERM: the group is KILLed after the grace
+    last = topology._spawn("Celery worker w1", ["sh", "-c", "trap '' TERM; sleep 60 & wait"], "-", tmp_path / "w.log")
+    assert topology.check() is None
+    os.killpg(first.pid, signal.SIGKILL)
+    first.proc.wait(5)
+    assert topology.check().startswith("PostgreSQL exited with code -9")
+    real = topo.stop_process_group
+
+    def recorded(proc, sig=signal.SIGTERM, grace_s=topo.STOP_GRACE_S):
+        stopped.append(proc.pid)
+        real(proc, sig, 1.0)
+
+    monkeypatch.setattr(topo, "stop_process_group", recorded)
+    topology.stop()
+    assert stopped == [last.pid, "Kafka", first.pid]
+    assert live_in_group(last.pid) == []
+    assert topology.parts == []
+
+
+def live_in_group(pgid: int) -> list[int]:
+    """Processes of a group that are not zombies (an orphan's zombie waits for init to reap it)."""
+    live = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            live.append(int(stat.parent.name))
+    return live
