@@ -611,7 +611,8 @@ def run(workdir: Path, api_port: int | None = None) -> int:
             return 1
         say(f"all parts healthy in {topology.started_s:.0f} s:")
         print(topology.table(), flush=True)
-        say(f"Airflow: {a.airflow_url}  login {a.airflow_user}, password in {workdir.resolve() / 'airflow' / 'passwords.json'}"
+        passwords = workdir.resolve() / "airflow" / "passwords.json"
+        say(f"Airflow: {a.airflow_url}  login {a.airflow_user}, password in {passwords}"
             f"  (lag page: {a.airflow_url}/lagdoctor/)")
         say(f"data root {a.data_root} on {a.s3_endpoint} (S3 keys: {workdir.resolve() / 's3' / 's3.json'}); "
             f"state in PostgreSQL database lagdoctor_state; Spark {a.spark_master} (client mode)")
