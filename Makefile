@@ -15,7 +15,7 @@ export PATH := $(BIN):$(PATH)
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 
-.PHONY: demo test install clean bench airflow browser postgres kafka redis
+.PHONY: demo test install clean bench airflow browser postgres kafka redis topology
 
 install: $(STAMP)
 
@@ -94,8 +94,13 @@ kafka: $(STAMP)
 airflow: $(STAMP) kafka
 	@$(BIN)/python -m lagdoctor.lab.standalone
 
+# A cluster on this machine, each part a real server on loopback (lagdoctor/lab/topology.py): PostgreSQL,
+# Redis, SeaweedFS (S3), Spark standalone (master + 2 workers), Kafka, Airflow with two Celery workers.
+topology: $(STAMP) postgres kafka redis
+	@$(BIN)/lagdoctor topology
+
 bench: $(STAMP)
 	@$(BIN)/python bench/snapshot_bench.py
 
 clean:
-	rm -rf $(VENV) .demo .bench
+	rm -rf $(VENV) .demo .bench .topology .topology.previous

@@ -183,6 +183,16 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- topology -----------------------------------------------------------------
+
+def cmd_topology(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from lagdoctor.lab.topology import run
+
+    return run(Path(args.workdir), args.port)
+
+
 # -- wiring -------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -246,6 +256,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-root", default=None, metavar="PATH",
                    help="lagdoctor data root (default: $LAGDOCTOR_DATA_ROOT)")
     p.set_defaults(func=cmd_metrics)
+
+    p = sub.add_parser("topology", help="run a cluster on this machine until Ctrl-C: PostgreSQL, Redis, an S3 "
+                                        "store, Spark standalone, Kafka, Airflow with two Celery workers")
+    p.add_argument("--workdir", default=".topology", metavar="DIR",
+                   help="where every part keeps its files and logs (default: .topology; "
+                        "a previous one is moved to DIR.previous)")
+    p.add_argument("--port", type=int, default=None, metavar="N",
+                   help="the Airflow API server's port (default: a free one)")
+    p.set_defaults(func=cmd_topology)
     return parser
 
 
