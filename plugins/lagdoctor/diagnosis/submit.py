@@ -140,12 +140,12 @@ def window_input_bytes(snapshots: str, as_of: datetime | None = None, window_min
                        clusters: Sequence[str] | None = None) -> int | None:
     """Bytes of the Parquet files the window's date/hour folders hold: a listing,
     no file opened. None when unknown (no filesystem for the URI, a listing error)."""
-    from lagdoctor.diagnosis.snapshots import WindowBounds, list_store_files, store_filesystem
+    from lagdoctor.diagnosis.snapshots import SnapshotInputError, WindowBounds, list_store_files, store_filesystem
 
-    found = store_filesystem(snapshots)
-    if found is None:
+    try:
+        fs, root = store_filesystem(snapshots)
+    except SnapshotInputError:  # the job itself says so, in its one line
         return None
-    fs, root = found
     try:
         if fs.isfile(root):
             return int(fs.size(root))
