@@ -137,6 +137,9 @@ def fsspec_options(access: S3Access) -> dict:
     if access.region:
         options["client_kwargs"] = {"region_name": access.region}
     options["config_kwargs"] = {"s3": {"addressing_style": "path" if access.path_style else "auto"}}
+    # s3fs caches listings forever by default: a long-lived process (the lag page, the
+    # exporter) or a listing after another writer's files would miss them
+    options["use_listings_cache"] = False
     return options
 
 

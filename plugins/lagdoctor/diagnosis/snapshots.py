@@ -220,6 +220,8 @@ def list_store_files(fs, root: str, uri_root: str, *,
             name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
             if name.startswith((".", "_")):
                 continue
+            if entry["type"] != "directory" and entry["name"].endswith("/"):
+                continue  # an object store's folder marker (an emptied folder, a console's "folder"): no data
             rel = f"{relative}/{name}" if relative else name
             if entry["type"] == "directory":
                 if name.startswith("cluster="):

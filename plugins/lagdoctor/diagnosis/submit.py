@@ -177,6 +177,62 @@ def _as_of(value: str | None) -> datetime | None:
         return None
 
 
+HADOOP_AWS_ENV = "LAGDOCTOR_HADOOP_AWS"  # "fetch" (default) or "provided" (the cluster's image has them)
+# Spark conf whose values are lists of options or paths: lagdoctor's part and the user's are joined
+APPENDED_CONF = {"spark.driver.extraJavaOptions": " ", "spark.executor.extraJavaOptions": " ",
+                 "spark.driver.extraClassPath": os.pathsep, "spark.executor.extraClassPath": os.pathsep}
+
+
+def merge_conf(*layers: Mapping[str, str] | None) -> dict[str, str]:
+    """Spark conf layers merged, later ones winning; java options and class paths are appended to."""
+    merged: dict[str, str] = {}
+    for layer in layers:
+        for key, value in (layer or {}).items():
+            value = str(value)
+            sep = APPENDED_CONF.get(key)
+            if sep and merged.get(key) and value and value not in merged[key].split(sep):
+                merged[key] = merged[key] + sep + value
+            else:
+                merged[key] = value
+    return merged
+
+
+def object_store_conf(uris: Sequence[str | None], environ: Mapping[str, str] | None = None
+                      ) -> tuple[dict[str, str], dict[str, str]]:
+    """(conf for the argv, secret conf for a 0600 properties file) when an input or
+    output is s3:// or s3a://; both empty otherwise.
+
+    Credentials come from the AWS connection (lagdoctor.objectstore); the
+    hadoop-aws jars are fetched once and put on the driver's and executors'
+    class path (LAGDOCTOR_HADOOP_AWS=provided: the cluster has them, add nothing).
+    """
+    from lagdoctor.objectstore import configure_for, is_s3, is_secret_conf, spark_conf
+
+    env = os.environ if environ is None else environ
+    s3 = [u for u in uris if is_s3(u)]
+    if not s3:
+        return {}, {}
+    conf = spark_conf(configure_for(s3[0], env))
+    public = {k: v for k, v in conf.items() if not is_secret_conf(k)}
+    secret = {k: v for k, v in conf.items() if is_secret_conf(k)}
+    mode = (env.get(HADOOP_AWS_ENV) or "fetch").strip().lower()
+    if mode not in ("fetch", "provided"):
+        raise ValueError(f"{HADOOP_AWS_ENV} must be fetch or provided, not {mode!r}")
+    if mode == "fetch":
+        from lagdoctor.s3jars import classpath_conf, hadoop_aws_jars
+
+        public.update(classpath_conf(hadoop_aws_jars()))
+    return public, secret
+
+
+def split_secret_conf(conf: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(conf safe on an argv, conf that goes to the properties file)."""
+    from lagdoctor.objectstore import is_secret_conf
+
+    return ({k: v for k, v in conf.items() if not is_secret_conf(k)},
+            {k: v for k, v in conf.items() if is_secret_conf(k)})
+
+
 def build_spark_submit_command(
     snapshots: str,
     output: str,
@@ -194,21 +250,38 @@ def build_spark_submit_command(
     extra_args: Sequence[str] = (),
     quiet_logs: bool = True,
     work_dir: str | os.PathLike | None = None,
+    secrets_dir: str | os.PathLike | None = None,
 ) -> list[str]:
     """The spark-submit argv for one diagnosis run.
 
     `py_files` defaults to a zip of the installed package; `conf` adds
     `--conf k=v`; `thresholds` are Thresholds overrides; `extra_args` go to
-    the job verbatim (after its own arguments).
+    the job verbatim (after its own arguments). For an s3:// input or output
+    the S3A conf and hadoop-aws come from object_store_conf; secret values
+    (keys, tokens) are written to a 0600 properties file in `secrets_dir`
+    (required then), never put on the argv.
     """
+    from lagdoctor.objectstore import write_properties_file
+
     cmd = [spark_submit, "--master", master or "local[*]", "--name", "lagdoctor-diagnose-lag"]
     cmd += ["--py-files", py_files or build_package_zip(work_dir)]
-    merged = {"spark.ui.showConsoleProgress": "false", **dict(conf or {})}
-    for key, value in merged.items():
+    store_public, store_secret = object_store_conf([snapshots, output])
+    public, secret = split_secret_conf(merge_conf({"spark.ui.showConsoleProgress": "false"}, store_public,
+                                                  store_secret, conf))
+    if secret:
+        if secrets_dir is None:
+            raise ValueError("build_spark_submit_command: secret Spark conf needs secrets_dir (a private folder)")
+        # --extra-properties-file: spark-defaults.conf is still read (--properties-file would replace it)
+        cmd += ["--extra-properties-file", write_properties_file(secret, secrets_dir)]
+    java_options = public.pop("spark.driver.extraJavaOptions", None)
+    for key, value in public.items():
         cmd += ["--conf", f"{key}={value}"]
     input_bytes = window_input_bytes(snapshots, _as_of(as_of), window_minutes) if (master or "").startswith(
         "local") else None
-    java_options = driver_java_options(master, quiet_log_config(work_dir) if quiet_logs else None, input_bytes)
+    java_options = merge_conf(
+        {"spark.driver.extraJavaOptions": driver_java_options(
+            master, quiet_log_config(work_dir) if quiet_logs else None, input_bytes)},
+        {"spark.driver.extraJavaOptions": java_options or ""})["spark.driver.extraJavaOptions"].strip()
     if java_options:
         cmd += ["--driver-java-options", java_options]
     cmd.append(job_script or default_job_script())
@@ -266,14 +339,16 @@ def run_diagnosis_process(
     capture: bool = True,
     **command_options,
 ) -> subprocess.CompletedProcess:
-    cmd = build_spark_submit_command(
-        snapshots, output, as_of, window_minutes, master or "local[*]", extra_args=extra_args, **command_options
-    )
-    return subprocess.run(
-        cmd,
-        env=spark_submit_env(master=master),
-        timeout=timeout,
-        capture_output=capture,
-        text=True,
-        check=False,
-    )
+    with tempfile.TemporaryDirectory(prefix="lagdoctor-submit-") as secrets_dir:  # 0700, removed after
+        cmd = build_spark_submit_command(
+            snapshots, output, as_of, window_minutes, master or "local[*]", extra_args=extra_args,
+            secrets_dir=secrets_dir, **command_options
+        )
+        return subprocess.run(
+            cmd,
+            env=spark_submit_env(master=master),
+            timeout=timeout,
+            capture_output=capture,
+            text=True,
+            check=False,
+        )
