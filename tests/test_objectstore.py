@@ -184,3 +184,81 @@ def test_a_wrong_secret_is_one_line_without_the_secret(s3_connection, monkeypatc
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("diagnose_lag: error:") and wrong not in proc.stderr
+
+
+def _prep(tmp_path, data_root):
+    return {"application": str(tmp_path / "diagnose_lag.py"), "py_files": str(tmp_path / "lagdoctor-x.zip"),
+            "args": ["--snapshots", f"{data_root}/snapshots/cluster=prod", "--output", f"{data_root}/findings/r1"],
+            "python": "/venv/bin/python", "spark_submit": "/venv/bin/spark-submit", "path": "/venv/bin",
+            "log_config": str(tmp_path / "log4j2.properties"), "input_bytes": None}
+
+
+def test_cluster_submission_takes_the_connection_and_forces_no_python(s3_connection, monkeypatch, tmp_path):
+    from lagdoctor.pipeline import DiagnoseLagOperator
+
+    data_root = s3_connection.root("submit")
+    monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", data_root)
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({
+        "conn_type": "spark", "host": "spark://10.0.0.5", "port": 7077,
+        "extra": {"spark-binary": "spark3-submit", "conf": {"spark.executor.memory": "3g",
+                                                            "spark.hadoop.fs.s3a.endpoint.region": "eu-west-1"}}}))
+    monkeypatch.setenv("LAGDOCTOR_SPARK_CONF", json.dumps({"spark.executor.memory": "4g",
+                                                           "spark.driver.extraJavaOptions": "-Dfrom.setting=1"}))
+    op = DiagnoseLagOperator(task_id="diagnose", prepare_task_id="prepare_diagnosis",
+                             conf={"spark.executor.cores": "2"})
+    hook = op.prepared_hook(_prep(tmp_path, data_root), str(tmp_path))
+    cmd = hook._build_spark_submit_command(op.application)
+    argv = " ".join(cmd)
+    assert cmd[0] == "spark3-submit"  # the connection's binary, not this venv's
+    conf = dict(a.split("=", 1) for a in cmd[1:] if "=" in a and a.startswith("spark."))
+    assert "spark.pyspark.python" not in conf and not (hook._env_vars or {}).get("PYSPARK_PYTHON")
+    assert "PATH" not in (hook._env_vars or {})
+    assert conf["spark.executor.memory"] == "4g" and conf["spark.executor.cores"] == "2"  # the user's win
+    assert conf["spark.hadoop.fs.s3a.endpoint.region"] == "eu-west-1"
+    assert conf["spark.driver.extraJavaOptions"].startswith("-Dlog4j2.configurationFile=")
+    assert conf["spark.driver.extraJavaOptions"].endswith("-Dfrom.setting=1")
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == s3_connection.endpoint
+    assert s3_connection.secret not in argv and "--extra-properties-file" in cmd
+
+
+def test_cluster_mode_ships_the_job_through_the_store(s3_connection, monkeypatch, tmp_path):
+    from lagdoctor.pipeline import DiagnoseLagOperator
+
+    data_root = s3_connection.root("upload")
+    monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", data_root)
+    monkeypatch.setenv("LAGDOCTOR_HADOOP_AWS", "provided")
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({
+        "conn_type": "spark", "host": "k8s://https://10.0.0.1:6443", "extra": {"deploy-mode": "cluster"}}))
+    prep = _prep(tmp_path, data_root)
+    (tmp_path / "diagnose_lag.py").write_text("print('job')\n")
+    (tmp_path / "lagdoctor-x.zip").write_bytes(b"PK zip")
+    op = DiagnoseLagOperator(task_id="diagnose", prepare_task_id="prepare_diagnosis")
+    cmd = op.prepared_hook(prep, str(tmp_path))._build_spark_submit_command(op.application)
+    py_files = cmd[cmd.index("--py-files") + 1]
+    assert op.application.startswith(data_root.replace("s3://", "s3a://") + "/_spark/")
+    assert py_files.startswith(data_root.replace("s3://", "s3a://") + "/_spark/") and str(tmp_path) not in " ".join(cmd)
+    assert s3_connection.filesystem().cat(py_files[len("s3a://"):]) == b"PK zip"
+    assert not any(a.startswith("spark.driver.extraJavaOptions=") for a in cmd)  # no worker-local log4j path
+    assert not any("hadoop-aws" in a for a in cmd)  # provided: baked into the image
+
+
+@pytest.mark.parametrize("spark_host, executor, says", [
+    ("spark://10.0.0.5", None, "Spark runs on spark://10.0.0.5"),
+    ("local[2]", "CeleryExecutor", "Airflow runs tasks with the CeleryExecutor"),
+])
+def test_a_local_data_root_with_a_remote_master_or_distributed_workers_is_refused(
+        monkeypatch, tmp_path, spark_host, executor, says):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from lagdoctor.pipeline import DiagnoseLagOperator
+
+    monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", str(tmp_path / "data"))
+    conn = {"conn_type": "spark", "host": spark_host} | ({"port": 7077} if "://" in spark_host else {})
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(conn))
+    if executor:
+        monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", executor)
+    op = DiagnoseLagOperator(task_id="diagnose", prepare_task_id="prepare_diagnosis")
+    with pytest.raises(AirflowFailException) as err:
+        op.prepared_hook(_prep(tmp_path, str(tmp_path / "data")), str(tmp_path))
+    line = str(err.value)
+    assert says in line and "set LAGDOCTOR_DATA_ROOT=s3://" in line and "\n" not in line

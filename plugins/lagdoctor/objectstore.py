@@ -246,3 +246,33 @@ def write_properties_file(conf: Mapping[str, str], directory: str | os.PathLike)
             fh.write(f"{key}={escaped}\n")
     os.chmod(path, 0o600)
     return str(path)
+
+
+DISTRIBUTED_EXECUTORS = ("Celery", "Kubernetes", "Edge", "Batch", "Ecs")
+
+
+def airflow_executor() -> str:
+    """Airflow's [core] executor setting ("" when Airflow's config cannot be read)."""
+    try:
+        from airflow.configuration import conf
+
+        return conf.get("core", "executor", fallback="") or ""
+    except Exception:  # noqa: BLE001 - outside Airflow: nothing to judge
+        return ""
+
+
+def check_deployable(data_root: str, *, master: str | None = None, executor: str | None = None) -> None:
+    """Refuse, in one line, a local data root that other hosts would need to see:
+    a remote Spark master (its executors read the snapshots) or a distributed
+    Airflow executor (tasks land on workers that share no disk)."""
+    if is_remote(data_root):
+        return
+    remote_master = bool(master) and not str(master).startswith("local")
+    distributed = next((name for name in DISTRIBUTED_EXECUTORS if name.lower() in (executor or "").lower()), None)
+    if not remote_master and not distributed:
+        return
+    where = f"Spark runs on {master}" if remote_master else f"Airflow runs tasks with the {executor.rsplit('.', 1)[-1]}"
+    raise ObjectStoreError(
+        f"LAGDOCTOR_DATA_ROOT is a local path ({data_root}) but {where}, whose hosts share no disk: "
+        f"set LAGDOCTOR_DATA_ROOT=s3://<bucket>/lagdoctor and the AWS connection {CONN_ID_ENV} "
+        f"(default {DEFAULT_CONN_ID})")

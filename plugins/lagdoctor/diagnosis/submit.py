@@ -19,6 +19,7 @@ import sys
 import tempfile
 import uuid
 import zipfile
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -352,3 +353,129 @@ def run_diagnosis_process(
             text=True,
             check=False,
         )
+
+
+# -- submitting from Airflow to any master (DiagnoseLagOperator) ----------------------------
+
+SPARK_CONF_ENV = "LAGDOCTOR_SPARK_CONF"  # JSON object of Spark conf, merged over lagdoctor's
+SPARK_PYTHON_ENV = "LAGDOCTOR_SPARK_PYTHON"  # the interpreter on the cluster's nodes (spark.pyspark.python)
+SPARK_APP_URI_ENV = "LAGDOCTOR_SPARK_APP_URI"  # a folder URI holding diagnose_lag.py and lagdoctor.zip
+APP_UPLOAD_DIR = "_spark"
+
+
+def is_local_master(master: str | None) -> bool:
+    return (master or "local").startswith("local")
+
+
+@dataclass
+class SubmissionPlan:
+    """What DiagnoseLagOperator hands the provider's hook for one run."""
+
+    application: str
+    py_files: str
+    spark_binary: str | None  # None: the hook's own (the connection's spark-binary extra)
+    conf: dict[str, str]  # safe on the argv
+    secret_conf: dict[str, str]  # to the 0600 properties file
+    env_vars: dict[str, str]
+
+
+def _json_conf(raw: str | None, source: str) -> dict[str, str]:
+    import json
+
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        raise ValueError(f"{source} must be a JSON object of Spark conf, e.g. "
+                         '{"spark.executor.memory": "2g"}') from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{source} must be a JSON object of Spark conf, not {type(value).__name__}")
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def stage_app_files(data_root: str, files: Sequence[str]) -> dict[str, str]:
+    """Upload local files to <data_root>/_spark/<content hash>/ once; {local path: URI (s3a:// for s3)}.
+
+    A cluster-mode driver runs on another host: it can read the store, not this worker's disk.
+    """
+    import hashlib
+
+    from lagdoctor.diagnosis.snapshots import store_filesystem
+
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(Path(path).name.encode() + b"\0" + Path(path).read_bytes())
+    folder = f"{data_root.rstrip('/')}/{APP_UPLOAD_DIR}/{digest.hexdigest()[:16]}"
+    fs, base = store_filesystem(folder)
+    uris = {}
+    for path in files:
+        target = f"{base}/{Path(path).name}"
+        if not fs.exists(target):
+            fs.put(str(path), target)
+        uri = f"{folder}/{Path(path).name}"
+        uris[str(path)] = "s3a://" + uri[len("s3://"):] if uri.startswith("s3://") else uri
+    return uris
+
+
+def plan_submission(prep: Mapping[str, object], *, master: str, deploy_mode: str | None,
+                    binary_from_connection: bool, data_root: str,
+                    connection_conf: Mapping[str, str] | str | None = None,
+                    operator_conf: Mapping[str, str] | None = None,
+                    environ: Mapping[str, str] | None = None) -> SubmissionPlan:
+    """The submission for `prep` (orchestration.prepare_diagnosis) on `master`.
+
+    - spark-submit: the connection's `spark-binary` extra when it has one, else this venv's
+      pyspark's (bin/spark-submit in the package, for a remote master: it needs no PATH);
+    - Python: spark.pyspark.python / PYSPARK_PYTHON / PATH only for a local master,
+      spark.pyspark.driver.python for a client-mode driver (it runs here), and
+      spark.pyspark.python=$LAGDOCTOR_SPARK_PYTHON when set (the cluster's interpreter);
+    - conf: lagdoctor's, then the object store's, then the connection's `conf` extra,
+      then $LAGDOCTOR_SPARK_CONF, then the operator's `conf` (later wins; java options and
+      class paths are appended to); secrets go to `secret_conf`;
+    - files: in cluster mode the zip and the job script from $LAGDOCTOR_SPARK_APP_URI, or
+      uploaded once under <data_root>/_spark/ (a remote data root), never a worker path.
+    """
+    env = os.environ if environ is None else environ
+    local = is_local_master(master)
+    cluster_mode = (deploy_mode or "client") == "cluster" and not local
+    app, py_files = str(prep["application"]), str(prep["py_files"])
+    if cluster_mode:
+        base = env.get(SPARK_APP_URI_ENV)
+        if base:
+            app, py_files = f"{base.rstrip('/')}/{Path(app).name}", f"{base.rstrip('/')}/{Path(py_files).name}"
+        elif "://" in data_root and not data_root.startswith("file://"):
+            uris = stage_app_files(data_root, [app, py_files])
+            app, py_files = uris[app], uris[py_files]
+        else:
+            raise ValueError(f"cluster deploy mode needs the job's files where the driver can read them: set "
+                             f"{SPARK_APP_URI_ENV} (e.g. local:///opt/lagdoctor) or an object-store "
+                             f"LAGDOCTOR_DATA_ROOT (s3://...)")
+    args = [str(a) for a in prep["args"]]
+    uris = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--snapshots", "--output")]
+    store_public, store_secret = object_store_conf(uris, env)
+    ours: dict[str, str] = {"spark.ui.enabled": "false"} if local else {}
+    env_vars: dict[str, str] = {}
+    python = env.get(SPARK_PYTHON_ENV)
+    if local:
+        ours["spark.pyspark.python"] = str(prep["python"])
+        env_vars.update(PATH=str(prep["path"]), PYSPARK_PYTHON=str(prep["python"]))
+    elif not cluster_mode and not binary_from_connection:
+        # a client-mode driver runs here, with this interpreter; executors use their own python3
+        ours["spark.pyspark.driver.python"] = str(prep["python"])
+    if python:
+        ours["spark.pyspark.python"] = python
+    if not cluster_mode:  # the driver runs here: its log config is a local file
+        ours["spark.driver.extraJavaOptions"] = driver_java_options(
+            master, str(prep["log_config"]), prep.get("input_bytes"))  # type: ignore[arg-type]
+    merged = merge_conf(ours, store_public, store_secret, _json_conf(connection_conf, "the Spark connection's conf extra"),
+                        _json_conf(env.get(SPARK_CONF_ENV), SPARK_CONF_ENV), operator_conf)
+    public, secret = split_secret_conf(merged)
+    binary = None if binary_from_connection else str(prep["spark_submit"])
+    if binary and not local:
+        # pyspark's own bin/spark-submit finds its SPARK_HOME beside it: no PATH or python3 needed
+        import pyspark
+
+        binary = str(Path(pyspark.__file__).parent / "bin" / "spark-submit")
+    return SubmissionPlan(application=app, py_files=py_files, spark_binary=binary,
+                          conf=public, secret_conf=secret, env_vars=env_vars)
