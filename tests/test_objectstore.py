@@ -58,7 +58,7 @@ def test_one_connection_feeds_fsspec_and_spark_conf(s3_connection):
 def test_store_operations_on_s3(s3_connection, tmp_path, monkeypatch):
     from lagdoctor import store
     from lagdoctor.diagnosis.snapshots import inspect_store, quarantine_file
-    from lagdoctor.orchestration import compact_history, prune_history
+    from lagdoctor.stages.housekeeping import compact_history, prune_history
     from lagdoctor.settings import Settings
 
     monkeypatch.chdir(tmp_path)
