@@ -217,6 +217,12 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
         if kind == "incident":
             params.pop("clusters", None)  # an incident looks at its one cluster
         dag_run = get_current_context().get("dag_run")
+        from lagdoctor.objectstore import ObjectStoreError, airflow_executor, check_deployable
+        from lagdoctor.settings import Settings
+
+        # before any snapshot lands on one worker's disk that the next task's worker cannot see
+        with no_retry(ObjectStoreError):
+            check_deployable(Settings.from_env().data_root, executor=airflow_executor())
         with no_retry(params_stage.FormError):
             return params_stage.validate_params(params, conf=getattr(dag_run, "conf", None) or {})
 
