@@ -228,7 +228,7 @@ def test_cluster_mode_ships_the_job_through_the_store(s3_connection, monkeypatch
     monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", data_root)
     monkeypatch.setenv("LAGDOCTOR_HADOOP_AWS", "provided")
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({
-        "conn_type": "spark", "host": "k8s://https://10.0.0.1:6443", "extra": {"deploy-mode": "cluster"}}))
+        "conn_type": "spark", "host": "yarn", "extra": {"deploy-mode": "cluster"}}))
     prep = _prep(tmp_path, data_root)
     (tmp_path / "diagnose_lag.py").write_text("print('job')\n")
     (tmp_path / "lagdoctor-x.zip").write_bytes(b"PK zip")
@@ -240,6 +240,12 @@ def test_cluster_mode_ships_the_job_through_the_store(s3_connection, monkeypatch
     assert s3_connection.filesystem().cat(py_files[len("s3a://"):]) == b"PK zip"
     assert not any(a.startswith("spark.driver.extraJavaOptions=") for a in cmd)  # no worker-local log4j path
     assert not any("hadoop-aws" in a for a in cmd)  # provided: baked into the image
+
+    # or from a folder the cluster can read (the image's, HDFS): fixed names there
+    monkeypatch.setenv("LAGDOCTOR_SPARK_APP_URI", "local:///opt/lagdoctor")
+    cmd = op.prepared_hook(prep, str(tmp_path))._build_spark_submit_command(op.application)
+    assert op.application == "local:///opt/lagdoctor/diagnose_lag.py"
+    assert cmd[cmd.index("--py-files") + 1] == "local:///opt/lagdoctor/lagdoctor.zip"
 
 
 @pytest.mark.parametrize("spark_host, executor, says", [

@@ -360,6 +360,7 @@ def run_diagnosis_process(
 SPARK_CONF_ENV = "LAGDOCTOR_SPARK_CONF"  # JSON object of Spark conf, merged over lagdoctor's
 SPARK_PYTHON_ENV = "LAGDOCTOR_SPARK_PYTHON"  # the interpreter on the cluster's nodes (spark.pyspark.python)
 SPARK_APP_URI_ENV = "LAGDOCTOR_SPARK_APP_URI"  # a folder URI holding diagnose_lag.py and lagdoctor.zip
+APP_ZIP_NAME = "lagdoctor.zip"  # its name there (build_package_zip's output, renamed)
 APP_UPLOAD_DIR = "_spark"
 
 
@@ -443,7 +444,7 @@ def plan_submission(prep: Mapping[str, object], *, master: str, deploy_mode: str
     if cluster_mode:
         base = env.get(SPARK_APP_URI_ENV)
         if base:
-            app, py_files = f"{base.rstrip('/')}/{Path(app).name}", f"{base.rstrip('/')}/{Path(py_files).name}"
+            app, py_files = f"{base.rstrip('/')}/{Path(app).name}", f"{base.rstrip('/')}/{APP_ZIP_NAME}"
         elif "://" in data_root and not data_root.startswith("file://"):
             uris = stage_app_files(data_root, [app, py_files])
             app, py_files = uris[app], uris[py_files]
