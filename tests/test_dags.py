@@ -211,8 +211,8 @@ def test_diagnosis_jvm_options_follow_the_spark_connection(monkeypatch, tmp_path
     prep = {"application": "job.py", "py_files": "lagdoctor.zip", "args": ["--snapshots", str(tmp_path), "--output",
             str(tmp_path / "out")], "python": "/venv/bin/python", "spark_submit": "/venv/bin/spark-submit",
             "path": "/venv/bin", "log_config": log_config, "input_bytes": input_bytes}
-    if not c1 and host.startswith("spark://"):  # a remote master needs a shared data root (refused otherwise)
-        monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", "hdfs://nn/lagdoctor")
+    # a remote master (a host with a port is one) needs a shared data root: refused otherwise
+    monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", "hdfs://nn/lagdoctor")
     cmd = op.prepared_hook(prep, str(tmp_path))._build_spark_submit_command("job.py")
     (options,) = [a.split("=", 1)[1] for a in cmd if a.startswith("spark.driver.extraJavaOptions=")]
     assert f"-Dlog4j2.configurationFile=file:{log_config}" in options

@@ -101,14 +101,16 @@ def test_store_operations_on_s3(s3_connection, tmp_path, monkeypatch):
 
 
 def test_a_scheme_fsspec_cannot_open_is_one_line_not_a_blind_spark_read(monkeypatch):
-    import fsspec.registry
+    import importlib
 
     from lagdoctor.diagnosis.snapshots import SnapshotInputError, inspect_store
 
     # a machine without s3fs: Spark could read s3a:// through hadoop-aws, but nothing here can list it
-    monkeypatch.setitem(fsspec.registry.known_implementations, "s3",
-                        {"class": "s3fs_not_installed.S3FileSystem", "err": "Install s3fs to access S3"})
-    monkeypatch.setattr(fsspec.registry, "_registry", {})
+    registry = importlib.import_module("fsspec.registry")
+    for protocol in ("s3", "s3a"):
+        monkeypatch.setitem(registry.known_implementations, protocol,
+                            {"class": "s3fs_not_installed.S3FileSystem", "err": "Install s3fs to access S3"})
+        monkeypatch.delitem(registry._registry, protocol, raising=False)
     with pytest.raises(SnapshotInputError) as err:
         inspect_store("s3a://lake/lagdoctor/snapshots")
     assert "no fsspec filesystem for s3://" in str(err.value) and "\n" not in str(err.value)
@@ -137,7 +139,9 @@ def test_diagnosis_job_reads_and_writes_the_object_store(s3_connection, tmp_path
     from lagdoctor.metrics import render_metrics
     from lagdoctor.runindex import refresh
     from lagdoctor.settings import Settings
+    from lagdoctor.stages.plan import plan_findings
     from lagdoctor.web.data import list_runs
+    from lagdoctor.web.report import write_incident_report
 
     settings = Settings(data_root=s3_connection.root("job"))
     local = tmp_path / "snapshots"
@@ -160,7 +164,12 @@ def test_diagnosis_job_reads_and_writes_the_object_store(s3_connection, tmp_path
     quarantined = [json.loads(line) for line in fs.cat(f"{out}/quarantined.jsonl").decode().splitlines()]
     assert [q["path"].rsplit("/", 1)[1] for q in quarantined] == ["broken.parquet"] and not fs.exists(bad)
 
-    # the run index, the lag page's run list and the exporter read the run from the store
+    # planning, reports, the run index, the lag page's run list and the exporter: all on the store
+    summary = plan_findings(output, dag_id="lagdoctor_sweep", run_id="scheduled__1", now=H3 + timedelta(hours=1))
+    assert summary["problems"] >= 1 and summary["quarantined"] == 1
+    reports = write_incident_report(output, settings=settings, base_url="", now=H3 + timedelta(hours=1))
+    assert reports and all(r.startswith(settings.reports_root + "/run-s3/") and fs.exists(r[len("s3://"):])
+                           for r in reports)
     assert "run-s3" in refresh(settings.findings_root).runs
     assert [r.run_key for r in list_runs(settings.findings_root)] == ["run-s3"]
     assert 'group="orders-processor"' in render_metrics(settings.findings_root)
@@ -236,7 +245,8 @@ def test_cluster_mode_ships_the_job_through_the_store(s3_connection, monkeypatch
     cmd = op.prepared_hook(prep, str(tmp_path))._build_spark_submit_command(op.application)
     py_files = cmd[cmd.index("--py-files") + 1]
     assert op.application.startswith(data_root.replace("s3://", "s3a://") + "/_spark/")
-    assert py_files.startswith(data_root.replace("s3://", "s3a://") + "/_spark/") and str(tmp_path) not in " ".join(cmd)
+    assert py_files.startswith(data_root.replace("s3://", "s3a://") + "/_spark/")
+    assert not [a for a in cmd if str(tmp_path) in a and not a.endswith("spark-secrets.conf")]  # no worker path
     assert s3_connection.filesystem().cat(py_files[len("s3a://"):]) == b"PK zip"
     assert not any(a.startswith("spark.driver.extraJavaOptions=") for a in cmd)  # no worker-local log4j path
     assert not any("hadoop-aws" in a for a in cmd)  # provided: baked into the image

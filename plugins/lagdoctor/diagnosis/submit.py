@@ -191,8 +191,9 @@ def merge_conf(*layers: Mapping[str, str] | None) -> dict[str, str]:
         for key, value in (layer or {}).items():
             value = str(value)
             sep = APPENDED_CONF.get(key)
-            if sep and merged.get(key) and value and value not in merged[key].split(sep):
-                merged[key] = merged[key] + sep + value
+            if sep and merged.get(key):
+                if value and value not in merged[key].split(sep):
+                    merged[key] = merged[key] + sep + value
             else:
                 merged[key] = value
     return merged
