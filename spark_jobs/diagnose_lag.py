@@ -67,6 +67,16 @@ def fail(code: int, message: str) -> int:
     return code
 
 
+def use_spark_s3_access(spark) -> None:
+    """The driver's fsspec (listing, footers, quarantine, JSONL) reaches s3:// with the
+    session's own spark.hadoop.fs.s3a.* conf: one credential source for both."""
+    from lagdoctor.objectstore import access_from_spark_conf, configure_fsspec
+
+    access = access_from_spark_conf(dict(spark.sparkContext.getConf().getAll()))
+    if access is not None:
+        configure_fsspec(access)
+
+
 def main(argv=None) -> int:
     from datetime import datetime, timezone
 
@@ -99,6 +109,7 @@ def main(argv=None) -> int:
     # FATAL: a failure is reported as the one line below, not as Spark's task logs
     spark = start_spark("lagdoctor-diagnose-lag", log_level="FATAL")
     try:
+        use_spark_s3_access(spark)
         # extract
         read = read_snapshot_store(spark, args.snapshots, datetime.now(timezone.utc),
                                    window=window_bounds(as_of, args.window_minutes), clusters=clusters,

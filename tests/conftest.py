@@ -38,6 +38,7 @@ pytest_plugins = [
     "tests.fixtures.airflow",
     "tests.fixtures.broker",
     "tests.fixtures.k8s",
+    "tests.fixtures.objectstore",
     "tests.fixtures.postgres",
     "tests.fixtures.slack",
     "tests.fixtures.spark",

@@ -209,10 +209,13 @@ def test_diagnosis_jvm_options_follow_the_spark_connection(monkeypatch, tmp_path
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": host, "port": 7077}
                                                                 if not c1 else {"conn_type": "spark", "host": host}))
     op = DiagnoseLagOperator(task_id="diagnose", prepare_task_id="prepare_diagnosis")
-    op._log_config = str(tmp_path / "log4j2.properties")
-    op._input_bytes = input_bytes
-    op.conf = {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{op._log_config}"}
-    cmd = op._get_hook()._build_spark_submit_command("job.py")
+    log_config = str(tmp_path / "log4j2.properties")
+    prep = {"application": "job.py", "py_files": "lagdoctor.zip", "args": ["--snapshots", str(tmp_path), "--output",
+            str(tmp_path / "out")], "python": "/venv/bin/python", "spark_submit": "/venv/bin/spark-submit",
+            "path": "/venv/bin", "log_config": log_config, "input_bytes": input_bytes}
+    # a remote master (a host with a port is one) needs a shared data root: refused otherwise
+    monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", "hdfs://nn/lagdoctor")
+    cmd = op.prepared_hook(prep, str(tmp_path))._build_spark_submit_command("job.py")
     (options,) = [a.split("=", 1)[1] for a in cmd if a.startswith("spark.driver.extraJavaOptions=")]
-    assert f"-Dlog4j2.configurationFile=file:{op._log_config}" in options
+    assert f"-Dlog4j2.configurationFile=file:{log_config}" in options
     assert ("-XX:TieredStopAtLevel=1" in options) is c1

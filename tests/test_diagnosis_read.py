@@ -420,8 +420,8 @@ def test_clusters_limit_the_folders_listed_and_the_rows_kept(spark, tmp_path):
 def test_mixed_layouts_read_by_spark_alone(spark, tmp_path, monkeypatch):
     from lagdoctor.diagnosis import snapshots
 
-    # a URI this machine has no filesystem for is handed to Spark whole: mixed layouts must not conflict
-    monkeypatch.setattr(snapshots, "store_filesystem", lambda path: None)
+    # a path handed to Spark whole (not listed here): mixed layouts must not conflict
+    monkeypatch.setattr(snapshots, "inspect_store", lambda path, **kwargs: None)
     write(contract_table(), str(tmp_path / "cluster=prod/date=2026-11-21/old.parquet"))
     hour_store(tmp_path, [12])
     df = snapshots.read_snapshots(spark, str(tmp_path))

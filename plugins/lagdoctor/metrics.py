@@ -612,7 +612,8 @@ def make_server(host: str, port: int, findings_root: str):
 def default_findings_root(data_root: str | None) -> str:
     from lagdoctor.settings import Settings, join
 
-    return join(data_root, "findings") if data_root else Settings.from_env().findings_root
+    # Settings(...) reads the object store's connection for an s3:// root
+    return Settings(data_root=data_root).findings_root if data_root else Settings.from_env().findings_root
 
 
 def local_root_missing(findings_root: str) -> bool:

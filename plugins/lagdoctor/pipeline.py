@@ -96,6 +96,17 @@ def no_retry(*errors: type[BaseException]) -> Iterator[None]:
         raise AirflowFailException(" ".join(str(exc).split())) from None
 
 
+def _connection_extra(conn_id: str) -> dict[str, Any]:
+    """The Spark connection's extra (spark-binary, deploy-mode, and lagdoctor's `conf` object)."""
+    from airflow.sdk.bases.hook import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        return dict(BaseHook.get_connection(conn_id).extra_dejson or {})
+    except AirflowNotFoundException:
+        return {}
+
+
 class DiagnoseLagOperator(SparkSubmitOperator):
     """spark-submit of spark_jobs/diagnose_lag.py on the `spark_default` connection.
 
@@ -110,34 +121,51 @@ class DiagnoseLagOperator(SparkSubmitOperator):
         super().__init__(application="", **kwargs)
         self.prepare_task_id = prepare_task_id
 
-    def _get_hook(self):
-        """The provider's hook, with the driver JVM options for the connection's master and
-        the window's input size (C1 only for a small local job: submit.driver_java_options)."""
-        from lagdoctor.diagnosis.submit import driver_java_options
+    def execute(self, context: Any) -> None:
+        import tempfile
 
-        hook = super()._get_hook()
-        master = (getattr(hook, "_connection", None) or {}).get("master")
-        log_config = getattr(self, "_log_config", None)
-        if master and log_config and isinstance(getattr(hook, "_conf", None), dict):
-            hook._conf["spark.driver.extraJavaOptions"] = driver_java_options(
-                master, log_config, getattr(self, "_input_bytes", None))
+        prep = context["ti"].xcom_pull(task_ids=self.prepare_task_id)
+        with tempfile.TemporaryDirectory(prefix="lagdoctor-submit-") as private:  # 0700, removed after
+            self._hook = self.prepared_hook(prep, private)
+            self._submit(context)
+
+    def prepared_hook(self, prep: dict[str, Any], private_dir: str):
+        """The provider's hook for `prep` on the connection's master: its spark-binary, conf
+        merged (lagdoctor's, the object store's, the connection's `conf` extra,
+        LAGDOCTOR_SPARK_CONF, the operator's), no Python path forced on a cluster, and
+        secrets in a 0600 properties file in `private_dir`, never on the argv."""
+        from lagdoctor.diagnosis.submit import plan_submission
+        from lagdoctor.objectstore import airflow_executor, check_deployable, write_properties_file
+        from lagdoctor.settings import Settings
+
+        self.conf = self.conf or {}
+        self._hook = None
+        hook = self._get_hook()
+        spark = hook._connection
+        extra = _connection_extra(self._conn_id)
+        with no_retry(ValueError):
+            data_root = Settings.from_env().data_root
+            check_deployable(data_root, master=spark["master"], executor=airflow_executor())
+            plan = plan_submission(prep, master=spark["master"], deploy_mode=spark.get("deploy_mode"),
+                                   binary_from_connection=bool(extra.get("spark-binary")), data_root=data_root,
+                                   connection_conf=extra.get("conf"), operator_conf=self.conf)
+        self.application, self.application_args = plan.application, list(prep["args"])
+        hook._py_files, hook._conf, hook._env_vars = plan.py_files, plan.conf, plan.env_vars or None
+        if plan.spark_binary:
+            hook._connection["spark_binary"] = plan.spark_binary
+        if plan.secret_conf:
+            props = write_properties_file(plan.secret_conf, private_dir)
+            build = hook._build_spark_submit_command
+
+            def with_secrets(application: str) -> list[str]:
+                # --extra-properties-file: spark-defaults.conf is still read (--properties-file replaces it)
+                cmd = build(application)
+                return [cmd[0], "--extra-properties-file", props, *cmd[1:]]
+
+            hook._build_spark_submit_command = with_secrets
         return hook
 
-    def execute(self, context: Any) -> None:
-        prep = context["ti"].xcom_pull(task_ids=self.prepare_task_id)
-        self.application = prep["application"]
-        self.py_files = prep["py_files"]
-        self.application_args = list(prep["args"])
-        self._spark_binary = prep["spark_submit"]
-        self.conf = {
-            **(self.conf or {}),
-            "spark.pyspark.python": prep["python"],
-            "spark.ui.enabled": "false",
-            "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{prep['log_config']}",
-        }
-        self._log_config = prep["log_config"]
-        self._input_bytes = prep.get("input_bytes")
-        self.env_vars = {**(self.env_vars or {}), "PATH": prep["path"], "PYSPARK_PYTHON": prep["python"]}
+    def _submit(self, context: Any) -> None:
         from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
         try:
@@ -193,6 +221,12 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
         if kind == "incident":
             params.pop("clusters", None)  # an incident looks at its one cluster
         dag_run = get_current_context().get("dag_run")
+        from lagdoctor.objectstore import ObjectStoreError, airflow_executor, check_deployable
+        from lagdoctor.settings import Settings
+
+        # before any snapshot lands on one worker's disk that the next task's worker cannot see
+        with no_retry(ObjectStoreError):
+            check_deployable(Settings.from_env().data_root, executor=airflow_executor())
         with no_retry(params_stage.FormError):
             return params_stage.validate_params(params, conf=getattr(dag_run, "conf", None) or {})
 

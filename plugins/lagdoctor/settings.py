@@ -56,6 +56,13 @@ class Settings:
     # unreachable; None: <data root>/state/spool (see spool_root).
     spool_dir: str | None = None
 
+    def __post_init__(self) -> None:
+        # An s3:// root: its AWS connection (LAGDOCTOR_AWS_CONN_ID) becomes fsspec's
+        # s3 defaults, once per process, so every store read and write here uses it.
+        from lagdoctor.objectstore import configure_for
+
+        configure_for(self.data_root)
+
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "Settings":
         env = os.environ if environ is None else environ

@@ -130,17 +130,26 @@ def _fsspec_url(path: str) -> str:
 
 
 def store_filesystem(path: str):
-    """(fsspec filesystem, its path for `path`), or None when this machine has no
-    filesystem for the URI's scheme (then Spark reads the store as it is)."""
-    try:
-        import fsspec
+    """(fsspec filesystem, its path for `path`).
 
-        if is_local_path(path):
-            return fsspec.filesystem("file"), os.path.abspath(local_path(path))
-        fs, fs_path = fsspec.core.url_to_fs(_fsspec_url(path))
-        return fs, fs_path
-    except (ImportError, ValueError, OSError):  # no s3fs, no libhdfs, unknown scheme
-        return None
+    Raises SnapshotInputError (one line) when this machine has no fsspec
+    filesystem for the URI's scheme: handing such a store to Spark whole
+    would read every file with mergeSchema, quarantine nothing and count
+    compacted hours twice, so it is refused instead.
+    """
+    import fsspec
+
+    if is_local_path(path):
+        return fsspec.filesystem("file"), os.path.abspath(local_path(path))
+    url = _fsspec_url(path)
+    try:
+        fs, fs_path = fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as exc:  # no s3fs/gcsfs/adlfs installed, unknown scheme
+        scheme = url.split("://", 1)[0]
+        raise SnapshotInputError(
+            f"no fsspec filesystem for {scheme}:// on this machine, so {path} cannot be listed: install its "
+            f"fsspec package (s3fs for s3://, gcsfs for gs://, adlfs for abfs://) ({one_line(exc)})") from None
+    return fs, fs_path
 
 
 @dataclass(frozen=True)
@@ -211,6 +220,8 @@ def list_store_files(fs, root: str, uri_root: str, *,
             name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
             if name.startswith((".", "_")):
                 continue
+            if entry["type"] != "directory" and entry["name"].endswith("/"):
+                continue  # an object store's folder marker (an emptied folder, a console's "folder"): no data
             rel = f"{relative}/{name}" if relative else name
             if entry["type"] == "directory":
                 if name.startswith("cluster="):
@@ -491,14 +502,11 @@ def inspect_store(path: str, *, window: WindowBounds | None = None,
     folder first until the window's start is passed: older files are never
     opened. Compacted files are opened first, and the files they cover never.
 
-    None when the path is a single file or its filesystem is not available
-    here (Spark then reads it as given). Raises SnapshotInputError when no
+    None when the path is a single file (Spark then reads it as given).
+    SnapshotInputError when no fsspec filesystem serves the path's scheme. Raises SnapshotInputError when no
     readable file has a required column.
     """
-    located = store_filesystem(path)
-    if located is None:
-        return None
-    fs, root = located
+    fs, root = store_filesystem(path)
     if not fs.isdir(root):
         return None
     uri_root = path.rstrip("/")
@@ -728,11 +736,8 @@ def _read_groups(spark, inspection: StoreInspection):
 
 
 def _read_with_spark(spark, path: str):
-    """Spark reads `path` itself (a single file, or a URI this machine has no filesystem for).
-
-    Such a store is not listed here, so a compacted hour whose originals are
-    still within their grace period would be read twice: give the driver an
-    fsspec filesystem for the URI (s3fs, ...) wherever compaction runs.
+    """Spark reads `path` itself: a single file (a store folder is always listed
+    here first: store_filesystem refuses a scheme fsspec cannot open).
     """
     from pyspark.errors import AnalysisException
 

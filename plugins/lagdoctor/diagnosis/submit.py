@@ -19,6 +19,7 @@ import sys
 import tempfile
 import uuid
 import zipfile
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -140,12 +141,12 @@ def window_input_bytes(snapshots: str, as_of: datetime | None = None, window_min
                        clusters: Sequence[str] | None = None) -> int | None:
     """Bytes of the Parquet files the window's date/hour folders hold: a listing,
     no file opened. None when unknown (no filesystem for the URI, a listing error)."""
-    from lagdoctor.diagnosis.snapshots import WindowBounds, list_store_files, store_filesystem
+    from lagdoctor.diagnosis.snapshots import SnapshotInputError, WindowBounds, list_store_files, store_filesystem
 
-    found = store_filesystem(snapshots)
-    if found is None:
+    try:
+        fs, root = store_filesystem(snapshots)
+    except SnapshotInputError:  # the job itself says so, in its one line
         return None
-    fs, root = found
     try:
         if fs.isfile(root):
             return int(fs.size(root))
@@ -177,6 +178,63 @@ def _as_of(value: str | None) -> datetime | None:
         return None
 
 
+HADOOP_AWS_ENV = "LAGDOCTOR_HADOOP_AWS"  # "fetch" (default) or "provided" (the cluster's image has them)
+# Spark conf whose values are lists of options or paths: lagdoctor's part and the user's are joined
+APPENDED_CONF = {"spark.driver.extraJavaOptions": " ", "spark.executor.extraJavaOptions": " ",
+                 "spark.driver.extraClassPath": os.pathsep, "spark.executor.extraClassPath": os.pathsep}
+
+
+def merge_conf(*layers: Mapping[str, str] | None) -> dict[str, str]:
+    """Spark conf layers merged, later ones winning; java options and class paths are appended to."""
+    merged: dict[str, str] = {}
+    for layer in layers:
+        for key, value in (layer or {}).items():
+            value = str(value)
+            sep = APPENDED_CONF.get(key)
+            if sep and merged.get(key):
+                if value and value not in merged[key].split(sep):
+                    merged[key] = merged[key] + sep + value
+            else:
+                merged[key] = value
+    return merged
+
+
+def object_store_conf(uris: Sequence[str | None], environ: Mapping[str, str] | None = None
+                      ) -> tuple[dict[str, str], dict[str, str]]:
+    """(conf for the argv, secret conf for a 0600 properties file) when an input or
+    output is s3:// or s3a://; both empty otherwise.
+
+    Credentials come from the AWS connection (lagdoctor.objectstore); the
+    hadoop-aws jars are fetched once and put on the driver's and executors'
+    class path (LAGDOCTOR_HADOOP_AWS=provided: the cluster has them, add nothing).
+    """
+    from lagdoctor.objectstore import configure_for, is_s3, is_secret_conf, spark_conf
+
+    env = os.environ if environ is None else environ
+    s3 = [u for u in uris if is_s3(u)]
+    if not s3:
+        return {}, {}
+    conf = spark_conf(configure_for(s3[0], env))
+    public = {k: v for k, v in conf.items() if not is_secret_conf(k)}
+    secret = {k: v for k, v in conf.items() if is_secret_conf(k)}
+    mode = (env.get(HADOOP_AWS_ENV) or "fetch").strip().lower()
+    if mode not in ("fetch", "provided"):
+        raise ValueError(f"{HADOOP_AWS_ENV} must be fetch or provided, not {mode!r}")
+    if mode == "fetch":
+        from lagdoctor.s3jars import classpath_conf, hadoop_aws_jars
+
+        public.update(classpath_conf(hadoop_aws_jars()))
+    return public, secret
+
+
+def split_secret_conf(conf: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(conf safe on an argv, conf that goes to the properties file)."""
+    from lagdoctor.objectstore import is_secret_conf
+
+    return ({k: v for k, v in conf.items() if not is_secret_conf(k)},
+            {k: v for k, v in conf.items() if is_secret_conf(k)})
+
+
 def build_spark_submit_command(
     snapshots: str,
     output: str,
@@ -194,21 +252,38 @@ def build_spark_submit_command(
     extra_args: Sequence[str] = (),
     quiet_logs: bool = True,
     work_dir: str | os.PathLike | None = None,
+    secrets_dir: str | os.PathLike | None = None,
 ) -> list[str]:
     """The spark-submit argv for one diagnosis run.
 
     `py_files` defaults to a zip of the installed package; `conf` adds
     `--conf k=v`; `thresholds` are Thresholds overrides; `extra_args` go to
-    the job verbatim (after its own arguments).
+    the job verbatim (after its own arguments). For an s3:// input or output
+    the S3A conf and hadoop-aws come from object_store_conf; secret values
+    (keys, tokens) are written to a 0600 properties file in `secrets_dir`
+    (required then), never put on the argv.
     """
+    from lagdoctor.objectstore import write_properties_file
+
     cmd = [spark_submit, "--master", master or "local[*]", "--name", "lagdoctor-diagnose-lag"]
     cmd += ["--py-files", py_files or build_package_zip(work_dir)]
-    merged = {"spark.ui.showConsoleProgress": "false", **dict(conf or {})}
-    for key, value in merged.items():
+    store_public, store_secret = object_store_conf([snapshots, output])
+    public, secret = split_secret_conf(merge_conf({"spark.ui.showConsoleProgress": "false"}, store_public,
+                                                  store_secret, conf))
+    if secret:
+        if secrets_dir is None:
+            raise ValueError("build_spark_submit_command: secret Spark conf needs secrets_dir (a private folder)")
+        # --extra-properties-file: spark-defaults.conf is still read (--properties-file would replace it)
+        cmd += ["--extra-properties-file", write_properties_file(secret, secrets_dir)]
+    java_options = public.pop("spark.driver.extraJavaOptions", None)
+    for key, value in public.items():
         cmd += ["--conf", f"{key}={value}"]
     input_bytes = window_input_bytes(snapshots, _as_of(as_of), window_minutes) if (master or "").startswith(
         "local") else None
-    java_options = driver_java_options(master, quiet_log_config(work_dir) if quiet_logs else None, input_bytes)
+    java_options = merge_conf(
+        {"spark.driver.extraJavaOptions": driver_java_options(
+            master, quiet_log_config(work_dir) if quiet_logs else None, input_bytes)},
+        {"spark.driver.extraJavaOptions": java_options or ""})["spark.driver.extraJavaOptions"].strip()
     if java_options:
         cmd += ["--driver-java-options", java_options]
     cmd.append(job_script or default_job_script())
@@ -266,14 +341,143 @@ def run_diagnosis_process(
     capture: bool = True,
     **command_options,
 ) -> subprocess.CompletedProcess:
-    cmd = build_spark_submit_command(
-        snapshots, output, as_of, window_minutes, master or "local[*]", extra_args=extra_args, **command_options
-    )
-    return subprocess.run(
-        cmd,
-        env=spark_submit_env(master=master),
-        timeout=timeout,
-        capture_output=capture,
-        text=True,
-        check=False,
-    )
+    with tempfile.TemporaryDirectory(prefix="lagdoctor-submit-") as secrets_dir:  # 0700, removed after
+        cmd = build_spark_submit_command(
+            snapshots, output, as_of, window_minutes, master or "local[*]", extra_args=extra_args,
+            secrets_dir=secrets_dir, **command_options
+        )
+        return subprocess.run(
+            cmd,
+            env=spark_submit_env(master=master),
+            timeout=timeout,
+            capture_output=capture,
+            text=True,
+            check=False,
+        )
+
+
+# -- submitting from Airflow to any master (DiagnoseLagOperator) ----------------------------
+
+SPARK_CONF_ENV = "LAGDOCTOR_SPARK_CONF"  # JSON object of Spark conf, merged over lagdoctor's
+SPARK_PYTHON_ENV = "LAGDOCTOR_SPARK_PYTHON"  # the interpreter on the cluster's nodes (spark.pyspark.python)
+SPARK_APP_URI_ENV = "LAGDOCTOR_SPARK_APP_URI"  # a folder URI holding diagnose_lag.py and lagdoctor.zip
+APP_ZIP_NAME = "lagdoctor.zip"  # its name there (build_package_zip's output, renamed)
+APP_UPLOAD_DIR = "_spark"
+
+
+def is_local_master(master: str | None) -> bool:
+    return (master or "local").startswith("local")
+
+
+@dataclass
+class SubmissionPlan:
+    """What DiagnoseLagOperator hands the provider's hook for one run."""
+
+    application: str
+    py_files: str
+    spark_binary: str | None  # None: the hook's own (the connection's spark-binary extra)
+    conf: dict[str, str]  # safe on the argv
+    secret_conf: dict[str, str]  # to the 0600 properties file
+    env_vars: dict[str, str]
+
+
+def _json_conf(raw: str | None, source: str) -> dict[str, str]:
+    import json
+
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        raise ValueError(f"{source} must be a JSON object of Spark conf, e.g. "
+                         '{"spark.executor.memory": "2g"}') from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{source} must be a JSON object of Spark conf, not {type(value).__name__}")
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def stage_app_files(data_root: str, files: Sequence[str]) -> dict[str, str]:
+    """Upload local files to <data_root>/_spark/<content hash>/ once; {local path: URI (s3a:// for s3)}.
+
+    A cluster-mode driver runs on another host: it can read the store, not this worker's disk.
+    """
+    import hashlib
+
+    from lagdoctor.diagnosis.snapshots import store_filesystem
+
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(Path(path).name.encode() + b"\0" + Path(path).read_bytes())
+    folder = f"{data_root.rstrip('/')}/{APP_UPLOAD_DIR}/{digest.hexdigest()[:16]}"
+    fs, base = store_filesystem(folder)
+    uris = {}
+    for path in files:
+        target = f"{base}/{Path(path).name}"
+        if not fs.exists(target):
+            fs.put(str(path), target)
+        uri = f"{folder}/{Path(path).name}"
+        uris[str(path)] = "s3a://" + uri[len("s3://"):] if uri.startswith("s3://") else uri
+    return uris
+
+
+def plan_submission(prep: Mapping[str, object], *, master: str, deploy_mode: str | None,
+                    binary_from_connection: bool, data_root: str,
+                    connection_conf: Mapping[str, str] | str | None = None,
+                    operator_conf: Mapping[str, str] | None = None,
+                    environ: Mapping[str, str] | None = None) -> SubmissionPlan:
+    """The submission for `prep` (orchestration.prepare_diagnosis) on `master`.
+
+    - spark-submit: the connection's `spark-binary` extra when it has one, else this venv's
+      pyspark's (bin/spark-submit in the package, for a remote master: it needs no PATH);
+    - Python: spark.pyspark.python / PYSPARK_PYTHON / PATH only for a local master,
+      spark.pyspark.driver.python for a client-mode driver (it runs here), and
+      spark.pyspark.python=$LAGDOCTOR_SPARK_PYTHON when set (the cluster's interpreter);
+    - conf: lagdoctor's, then the object store's, then the connection's `conf` extra,
+      then $LAGDOCTOR_SPARK_CONF, then the operator's `conf` (later wins; java options and
+      class paths are appended to); secrets go to `secret_conf`;
+    - files: in cluster mode the zip and the job script from $LAGDOCTOR_SPARK_APP_URI, or
+      uploaded once under <data_root>/_spark/ (a remote data root), never a worker path.
+    """
+    env = os.environ if environ is None else environ
+    local = is_local_master(master)
+    cluster_mode = (deploy_mode or "client") == "cluster" and not local
+    app, py_files = str(prep["application"]), str(prep["py_files"])
+    if cluster_mode:
+        base = env.get(SPARK_APP_URI_ENV)
+        if base:
+            app, py_files = f"{base.rstrip('/')}/{Path(app).name}", f"{base.rstrip('/')}/{APP_ZIP_NAME}"
+        elif "://" in data_root and not data_root.startswith("file://"):
+            uris = stage_app_files(data_root, [app, py_files])
+            app, py_files = uris[app], uris[py_files]
+        else:
+            raise ValueError(f"cluster deploy mode needs the job's files where the driver can read them: set "
+                             f"{SPARK_APP_URI_ENV} (e.g. local:///opt/lagdoctor) or an object-store "
+                             f"LAGDOCTOR_DATA_ROOT (s3://...)")
+    args = [str(a) for a in prep["args"]]
+    uris = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--snapshots", "--output")]
+    store_public, store_secret = object_store_conf(uris, env)
+    ours: dict[str, str] = {"spark.ui.enabled": "false"} if local else {}
+    env_vars: dict[str, str] = {}
+    python = env.get(SPARK_PYTHON_ENV)
+    if local:
+        ours["spark.pyspark.python"] = str(prep["python"])
+        env_vars.update(PATH=str(prep["path"]), PYSPARK_PYTHON=str(prep["python"]))
+    elif not cluster_mode and not binary_from_connection:
+        # a client-mode driver runs here, with this interpreter; executors use their own python3
+        ours["spark.pyspark.driver.python"] = str(prep["python"])
+    if python:
+        ours["spark.pyspark.python"] = python
+    if not cluster_mode:  # the driver runs here: its log config is a local file
+        ours["spark.driver.extraJavaOptions"] = driver_java_options(
+            master, str(prep["log_config"]), prep.get("input_bytes"))  # type: ignore[arg-type]
+    merged = merge_conf(ours, store_public, store_secret, _json_conf(connection_conf, "the Spark connection's conf extra"),
+                        _json_conf(env.get(SPARK_CONF_ENV), SPARK_CONF_ENV), operator_conf)
+    public, secret = split_secret_conf(merged)
+    binary = None if binary_from_connection else str(prep["spark_submit"])
+    if binary and not local:
+        # pyspark's own bin/spark-submit finds its SPARK_HOME beside it: no PATH or python3 needed
+        import pyspark
+
+        binary = str(Path(pyspark.__file__).parent / "bin" / "spark-submit")
+    return SubmissionPlan(application=app, py_files=py_files, spark_binary=binary,
+                          conf=public, secret_conf=secret, env_vars=env_vars)

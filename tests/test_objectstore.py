@@ -1,0 +1,280 @@
+"""The data root on an S3-compatible store (SeaweedFS `weed mini`, a real server):
+one AWS connection feeds fsspec and Spark's S3A; the store's operations and the
+diagnosis job work on s3://; secrets stay off argv and out of error lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from datetime import datetime, timedelta, timezone
+
+import pyarrow as pa
+import pytest
+
+from tests.fixtures.objectstore import CONN_ID
+from tests.fixtures.spark import run_job
+
+H3 = datetime(2026, 11, 21, 3, 0, tzinfo=timezone.utc)
+
+
+def snapshot(ts, lags=(5, 7), cluster="prod"):
+    from lagdoctor.contracts import snapshot_arrow_schema
+
+    rows = [dict(snapshot_ts=ts, cluster=cluster, group_id="g", group_state="STABLE", topic="t", partition=p,
+                 log_start_offset=0, log_end_offset=100, committed_offset=100 - lag, lag=lag, member_id="m",
+                 client_id="c", host="h", group_members=1) for p, lag in enumerate(lags)]
+    return pa.Table.from_pylist(rows, schema=snapshot_arrow_schema())
+
+
+def bucket_keys(s3_store, root):
+    """Keys under an s3:// root, read with a filesystem of the test's own."""
+    fs = s3_store.filesystem()
+    base = root[len("s3://"):]
+    return sorted(p[len(base) + 1:] for p in fs.find(base))
+
+
+def test_one_connection_feeds_fsspec_and_spark_conf(s3_connection):
+    from lagdoctor.objectstore import access_from_spark_conf, spark_conf
+    from lagdoctor.settings import Settings
+
+    settings = Settings(data_root=s3_connection.root("conf"))  # reads AIRFLOW_CONN_LAGDOCTOR_S3
+    import fsspec.config
+
+    assert fsspec.config.conf["s3"]["endpoint_url"] == s3_connection.endpoint
+    from lagdoctor.objectstore import configure_for
+
+    access = configure_for(settings.data_root)
+    assert s3_connection.secret not in repr(access) and s3_connection.secret not in str(access)
+    conf = spark_conf(access)
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == s3_connection.endpoint
+    assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"
+    assert conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
+    assert conf["spark.hadoop.fs.s3.impl"] == "org.apache.hadoop.fs.s3a.S3AFileSystem"
+    # the driver rebuilds the same access from the session's conf: one source
+    assert access_from_spark_conf(conf) == access.__class__(**{**access.__dict__, "conn_id": None})
+
+
+def test_store_operations_on_s3(s3_connection, tmp_path, monkeypatch):
+    from lagdoctor import store
+    from lagdoctor.diagnosis.snapshots import inspect_store, quarantine_file
+    from lagdoctor.stages.housekeeping import compact_history, prune_history
+    from lagdoctor.settings import Settings
+
+    monkeypatch.chdir(tmp_path)
+    settings = Settings(data_root=s3_connection.root("ops"))
+    root = settings.snapshots_root
+    for k in range(3):
+        ts = H3 + timedelta(minutes=5 * k)
+        assert store.write_snapshot(snapshot(ts, lags=(k, 10 + k)), root, "prod", ts, key=f"run-{k}")
+    # a retried task with the same key writes nothing
+    assert store.write_snapshot(snapshot(H3), root, "prod", H3 + timedelta(seconds=9), key="run-0") is None
+    old_day = H3 - timedelta(days=30)
+    store.write_snapshot(snapshot(old_day), root, "prod", old_day)
+    assert len(store.list_snapshot_files(root)) == 4
+    before = sorted(store.read_snapshots(root).to_pylist(), key=lambda r: (r["snapshot_ts"], r["partition"]))
+
+    done = compact_history(settings, now=H3 + timedelta(hours=6))
+    # (a stale s3fs listing cache saw no hour here: lagdoctor turns it off)
+    assert done["hours"] == 1 and done["files_folded"] == 3
+    hour = "snapshots/cluster=prod/date=2026-11-21/hour=03/"
+    assert [k for k in bucket_keys(s3_connection, settings.data_root)
+            if k.startswith(hour) and k.rsplit("/", 1)[1].startswith("compacted-")]
+    after = sorted(store.read_snapshots(root).to_pylist(), key=lambda r: (r["snapshot_ts"], r["partition"]))
+    assert after == before  # nothing read twice while the originals wait out their grace
+
+    # retention drops the 30-day-old date folder on the store
+    prune_history(keep_days=14, settings=settings, now=H3 + timedelta(hours=6))
+    keys = bucket_keys(s3_connection, settings.data_root)
+    assert not any(f"date={old_day:%Y-%m-%d}" in k for k in keys) and any("date=2026-11-21" in k for k in keys)
+
+    # a file that cannot be read is moved to _quarantine/ on the store, a reason beside it
+    fs = s3_connection.filesystem()
+    bad = f"{root[len('s3://'):]}/cluster=prod/date=2026-11-21/hour=04/snapshot-bad.parquet"
+    fs.pipe(bad, b"not parquet")
+    inspection = inspect_store(root)
+    assert [b.file.uri.rsplit("/", 1)[1] for b in inspection.bad] == ["snapshot-bad.parquet"]
+    moved = quarantine_file(inspection, inspection.bad[0], H3)
+    assert moved["moved_to"].startswith(root + "/_quarantine/") and not fs.exists(bad)
+    assert fs.exists(moved["moved_to"][len("s3://"):] + ".reason.txt")
+    assert os.listdir(tmp_path) == []  # nothing on the local disk
+
+
+def test_a_scheme_fsspec_cannot_open_is_one_line_not_a_blind_spark_read(monkeypatch):
+    import importlib
+
+    from lagdoctor.diagnosis.snapshots import SnapshotInputError, inspect_store
+
+    # a machine without s3fs: Spark could read s3a:// through hadoop-aws, but nothing here can list it
+    registry = importlib.import_module("fsspec.registry")
+    for protocol in ("s3", "s3a"):
+        monkeypatch.setitem(registry.known_implementations, protocol,
+                            {"class": "s3fs_not_installed.S3FileSystem", "err": "Install s3fs to access S3"})
+        monkeypatch.delitem(registry._registry, protocol, raising=False)
+    with pytest.raises(SnapshotInputError) as err:
+        inspect_store("s3a://lake/lagdoctor/snapshots")
+    assert "no fsspec filesystem for s3://" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_secrets_go_to_a_private_properties_file_not_the_argv(s3_connection, tmp_path):
+    from lagdoctor.diagnosis.submit import build_spark_submit_command
+
+    root = s3_connection.root("argv")
+    cmd = build_spark_submit_command(f"{root}/snapshots", f"{root}/findings/r1", master="local[2]",
+                                     secrets_dir=tmp_path / "secrets", work_dir=tmp_path / "work",
+                                     conf={"spark.driver.extraJavaOptions": "-Duser.option=1"})
+    argv = " ".join(cmd)
+    assert s3_connection.secret not in argv
+    props = cmd[cmd.index("--extra-properties-file") + 1]
+    assert stat.S_IMODE(os.stat(props).st_mode) == 0o600
+    assert f"spark.hadoop.fs.s3a.secret.key={s3_connection.secret}" in open(props).read().splitlines()
+    # hadoop-aws on the class path; the user's java options are appended to lagdoctor's, not replaced
+    assert "hadoop-aws-3.5.0.jar" in argv and "bundle-2.35.4.jar" in argv
+    java = cmd[cmd.index("--driver-java-options") + 1]
+    assert "-Dlog4j2.configurationFile=" in java and java.endswith("-Duser.option=1")
+
+
+def test_diagnosis_job_reads_and_writes_the_object_store(s3_connection, tmp_path):
+    from lagdoctor.lab.sim import write_seeds_incident
+    from lagdoctor.metrics import render_metrics
+    from lagdoctor.runindex import refresh
+    from lagdoctor.settings import Settings
+    from lagdoctor.stages.plan import plan_findings
+    from lagdoctor.web.data import list_runs
+    from lagdoctor.web.report import write_incident_report
+
+    settings = Settings(data_root=s3_connection.root("job"))
+    local = tmp_path / "snapshots"
+    write_seeds_incident(str(local))
+    fs = s3_connection.filesystem()
+    snapshots = settings.snapshots_root
+    fs.put(str(local) + "/", snapshots[len("s3://"):], recursive=True)
+    bad = f"{snapshots[len('s3://'):]}/cluster=prod/date=2026-11-21/broken.parquet"
+    fs.pipe(bad, b"PAR1 not really")
+    output = f"{settings.findings_root}/run-s3"
+
+    proc = run_job(snapshots, output.replace("s3://", "s3a://"), "--quarantine")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = output[len("s3://"):]
+    assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(out)) == [
+        "_SUCCESS", "findings.jsonl", "partition_status.jsonl", "quarantined.jsonl"]
+    findings = [json.loads(line) for line in fs.cat(f"{out}/findings.jsonl").decode().splitlines()]
+    seeds = [f for f in findings if f["group_id"] == "orders-processor"]
+    assert [(f["diagnosis"], f["partitions"]) for f in seeds] == [("partition_imbalance", [1])]
+    quarantined = [json.loads(line) for line in fs.cat(f"{out}/quarantined.jsonl").decode().splitlines()]
+    assert [q["path"].rsplit("/", 1)[1] for q in quarantined] == ["broken.parquet"] and not fs.exists(bad)
+
+    # planning, reports, the run index, the lag page's run list and the exporter: all on the store
+    summary = plan_findings(output, dag_id="lagdoctor_sweep", run_id="scheduled__1", now=H3 + timedelta(hours=1))
+    assert summary["problems"] >= 1 and summary["quarantined"] == 1
+    reports = write_incident_report(output, settings=settings, base_url="", now=H3 + timedelta(hours=1))
+    assert reports and all(r.startswith(settings.reports_root + "/run-s3/") and fs.exists(r[len("s3://"):])
+                           for r in reports)
+    assert "run-s3" in refresh(settings.findings_root).runs
+    assert [r.run_key for r in list_runs(settings.findings_root)] == ["run-s3"]
+    assert 'group="orders-processor"' in render_metrics(settings.findings_root)
+
+
+def test_a_wrong_secret_is_one_line_without_the_secret(s3_connection, monkeypatch, tmp_path):
+    from lagdoctor import store
+    from lagdoctor.objectstore import forget_configured
+    from lagdoctor.settings import Settings
+
+    wrong = "wrong-secret-5d1c9"
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", s3_connection.connection_json(secret=wrong))
+    forget_configured()
+    settings = Settings(data_root=s3_connection.root("wrong"))
+    with pytest.raises(store.StoreError) as err:
+        store.write_snapshot(snapshot(H3), settings.snapshots_root, "prod", H3)
+    message = str(err.value)
+    assert "\n" not in message and wrong not in message and s3_connection.secret not in message
+
+    proc = run_job(settings.snapshots_root, f"{settings.findings_root}/r")
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("diagnose_lag: error:") and wrong not in proc.stderr
+
+
+def _prep(tmp_path, data_root):
+    return {"application": str(tmp_path / "diagnose_lag.py"), "py_files": str(tmp_path / "lagdoctor-x.zip"),
+            "args": ["--snapshots", f"{data_root}/snapshots/cluster=prod", "--output", f"{data_root}/findings/r1"],
+            "python": "/venv/bin/python", "spark_submit": "/venv/bin/spark-submit", "path": "/venv/bin",
+            "log_config": str(tmp_path / "log4j2.properties"), "input_bytes": None}
+
+
+def test_cluster_submission_takes_the_connection_and_forces_no_python(s3_connection, monkeypatch, tmp_path):
+    from lagdoctor.pipeline import DiagnoseLagOperator
+
+    data_root = s3_connection.root("submit")
+    monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", data_root)
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({
+        "conn_type": "spark", "host": "spark://10.0.0.5", "port": 7077,
+        "extra": {"spark-binary": "spark3-submit", "conf": {"spark.executor.memory": "3g",
+                                                            "spark.hadoop.fs.s3a.endpoint.region": "eu-west-1"}}}))
+    monkeypatch.setenv("LAGDOCTOR_SPARK_CONF", json.dumps({"spark.executor.memory": "4g",
+                                                           "spark.driver.extraJavaOptions": "-Dfrom.setting=1"}))
+    op = DiagnoseLagOperator(task_id="diagnose", prepare_task_id="prepare_diagnosis",
+                             conf={"spark.executor.cores": "2"})
+    hook = op.prepared_hook(_prep(tmp_path, data_root), str(tmp_path))
+    cmd = hook._build_spark_submit_command(op.application)
+    argv = " ".join(cmd)
+    assert cmd[0] == "spark3-submit"  # the connection's binary, not this venv's
+    conf = dict(a.split("=", 1) for a in cmd[1:] if "=" in a and a.startswith("spark."))
+    assert "spark.pyspark.python" not in conf and not (hook._env_vars or {}).get("PYSPARK_PYTHON")
+    assert "PATH" not in (hook._env_vars or {})
+    assert conf["spark.executor.memory"] == "4g" and conf["spark.executor.cores"] == "2"  # the user's win
+    assert conf["spark.hadoop.fs.s3a.endpoint.region"] == "eu-west-1"
+    assert conf["spark.driver.extraJavaOptions"].startswith("-Dlog4j2.configurationFile=")
+    assert conf["spark.driver.extraJavaOptions"].endswith("-Dfrom.setting=1")
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == s3_connection.endpoint
+    assert s3_connection.secret not in argv and "--extra-properties-file" in cmd
+
+
+def test_cluster_mode_ships_the_job_through_the_store(s3_connection, monkeypatch, tmp_path):
+    from lagdoctor.pipeline import DiagnoseLagOperator
+
+    data_root = s3_connection.root("upload")
+    monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", data_root)
+    monkeypatch.setenv("LAGDOCTOR_HADOOP_AWS", "provided")
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({
+        "conn_type": "spark", "host": "yarn", "extra": {"deploy-mode": "cluster"}}))
+    prep = _prep(tmp_path, data_root)
+    (tmp_path / "diagnose_lag.py").write_text("print('job')\n")
+    (tmp_path / "lagdoctor-x.zip").write_bytes(b"PK zip")
+    op = DiagnoseLagOperator(task_id="diagnose", prepare_task_id="prepare_diagnosis")
+    cmd = op.prepared_hook(prep, str(tmp_path))._build_spark_submit_command(op.application)
+    py_files = cmd[cmd.index("--py-files") + 1]
+    assert op.application.startswith(data_root.replace("s3://", "s3a://") + "/_spark/")
+    assert py_files.startswith(data_root.replace("s3://", "s3a://") + "/_spark/")
+    assert not [a for a in cmd if str(tmp_path) in a and not a.endswith("spark-secrets.conf")]  # no worker path
+    assert s3_connection.filesystem().cat(py_files[len("s3a://"):]) == b"PK zip"
+    assert not any(a.startswith("spark.driver.extraJavaOptions=") for a in cmd)  # no worker-local log4j path
+    assert not any("hadoop-aws" in a for a in cmd)  # provided: baked into the image
+
+    # or from a folder the cluster can read (the image's, HDFS): fixed names there
+    monkeypatch.setenv("LAGDOCTOR_SPARK_APP_URI", "local:///opt/lagdoctor")
+    cmd = op.prepared_hook(prep, str(tmp_path))._build_spark_submit_command(op.application)
+    assert op.application == "local:///opt/lagdoctor/diagnose_lag.py"
+    assert cmd[cmd.index("--py-files") + 1] == "local:///opt/lagdoctor/lagdoctor.zip"
+
+
+@pytest.mark.parametrize("spark_host, executor, says", [
+    ("spark://10.0.0.5", None, "Spark runs on spark://10.0.0.5"),
+    ("local[2]", "CeleryExecutor", "Airflow runs tasks with the CeleryExecutor"),
+])
+def test_a_local_data_root_with_a_remote_master_or_distributed_workers_is_refused(
+        monkeypatch, tmp_path, spark_host, executor, says):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from lagdoctor.pipeline import DiagnoseLagOperator
+
+    monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", str(tmp_path / "data"))
+    conn = {"conn_type": "spark", "host": spark_host} | ({"port": 7077} if "://" in spark_host else {})
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(conn))
+    if executor:
+        monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", executor)
+    op = DiagnoseLagOperator(task_id="diagnose", prepare_task_id="prepare_diagnosis")
+    with pytest.raises(AirflowFailException) as err:
+        op.prepared_hook(_prep(tmp_path, str(tmp_path / "data")), str(tmp_path))
+    line = str(err.value)
+    assert says in line and "set LAGDOCTOR_DATA_ROOT=s3://" in line and "\n" not in line
