@@ -15,7 +15,7 @@ export PATH := $(BIN):$(PATH)
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 
-.PHONY: demo test install clean bench airflow browser postgres kafka redis topology
+.PHONY: demo test install clean bench airflow browser postgres kafka redis topology s3jars
 
 install: $(STAMP)
 
@@ -38,7 +38,7 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP) kafka
 	@$(BIN)/python -m lagdoctor.lab.demo
 
-test: $(STAMP) browser postgres kafka redis
+test: $(STAMP) browser postgres kafka redis s3jars
 	@$(BIN)/python -m pytest
 
 # Headless Chromium for the lag page's browser test (Debian's package, ~25 s once).
@@ -94,9 +94,14 @@ kafka: $(STAMP)
 airflow: $(STAMP) kafka
 	@$(BIN)/python -m lagdoctor.lab.standalone
 
+# hadoop-aws and the AWS SDK bundle (658 MiB, once, SHA-1 checked) for Spark's s3a:// reads of an
+# object-store data root: the S3 and topology tests, `make topology` (lagdoctor/s3jars.py).
+s3jars: $(STAMP)
+	@$(BIN)/python -m lagdoctor.s3jars --quiet-if-present
+
 # A cluster on this machine, each part a real server on loopback (lagdoctor/lab/topology.py): PostgreSQL,
 # Redis, SeaweedFS (S3), Spark standalone (master + 2 workers), Kafka, Airflow with two Celery workers.
-topology: $(STAMP) postgres kafka redis
+topology: $(STAMP) postgres kafka redis s3jars
 	@$(BIN)/lagdoctor topology
 
 bench: $(STAMP)
