@@ -243,6 +243,7 @@ def test_cluster_mode_ships_the_job_through_the_store(s3_connection, monkeypatch
     (tmp_path / "lagdoctor-x.zip").write_bytes(b"PK zip")
     op = DiagnoseLagOperator(task_id="diagnose", prepare_task_id="prepare_diagnosis")
     cmd = op.prepared_hook(prep, str(tmp_path))._build_spark_submit_command(op.application)
+    assert cmd[-5:] == [op.application, *prep["args"]]  # the job gets its arguments
     py_files = cmd[cmd.index("--py-files") + 1]
     assert op.application.startswith(data_root.replace("s3://", "s3a://") + "/_spark/")
     assert py_files.startswith(data_root.replace("s3://", "s3a://") + "/_spark/")

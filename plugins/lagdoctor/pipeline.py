@@ -150,6 +150,8 @@ class DiagnoseLagOperator(SparkSubmitOperator):
                                    binary_from_connection=bool(extra.get("spark-binary")), data_root=data_root,
                                    connection_conf=extra.get("conf"), operator_conf=self.conf)
         self.application, self.application_args = plan.application, list(prep["args"])
+        # The hook was built before the arguments were known: hand them over, or the job gets none.
+        hook._application_args = self.application_args
         hook._py_files, hook._conf, hook._env_vars = plan.py_files, plan.conf, plan.env_vars or None
         if plan.spark_binary:
             hook._connection["spark_binary"] = plan.spark_binary
