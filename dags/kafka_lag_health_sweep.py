@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, Param
 
 from lagdoctor.notify.incidents import notify_failure, notify_recovery
-from lagdoctor.pipeline import build_pipeline, clusters_param, thresholds_param
+from lagdoctor.pipeline import build_pipeline, clusters_param, thresholds_param, use_data_root
 from lagdoctor.stages.params import sweep_clusters_default
 
 with DAG(
@@ -20,7 +20,8 @@ with DAG(
     max_active_runs=1,
     tags=["lagdoctor", "kafka", "sweep"],
     on_success_callback=notify_recovery,
-    default_args={"retries": 1, "retry_delay": timedelta(minutes=1), "on_failure_callback": notify_failure},
+    default_args={"retries": 1, "retry_delay": timedelta(minutes=1), "on_failure_callback": notify_failure,
+                  "on_execute_callback": use_data_root},
     params={
         "cluster": Param("kafka_default", type="string", minLength=1,
                          description="Airflow connection id (type kafka) of the cluster to sweep "

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, Param
 
 from lagdoctor.notify.incidents import notify_failure, notify_recovery
-from lagdoctor.pipeline import build_pipeline, thresholds_param
+from lagdoctor.pipeline import build_pipeline, thresholds_param, use_data_root
 
 with DAG(
     dag_id="kafka_lag_incident",
@@ -19,7 +19,8 @@ with DAG(
     max_active_runs=3,
     tags=["lagdoctor", "kafka", "incident"],
     on_success_callback=notify_recovery,
-    default_args={"retries": 1, "retry_delay": timedelta(seconds=30), "on_failure_callback": notify_failure},
+    default_args={"retries": 1, "retry_delay": timedelta(seconds=30), "on_failure_callback": notify_failure,
+                  "on_execute_callback": use_data_root},
     params={
         "cluster": Param("kafka_default", type="string", minLength=1, title="Cluster",
                          description="Airflow connection id (type kafka) of the cluster."),

@@ -49,6 +49,23 @@ def test_every_task_has_a_time_limit(dagbag, dag_id):
     assert dagbag.dags[dag_id].get_task("diagnose").execution_timeout == timedelta(minutes=30)
 
 
+@pytest.mark.parametrize("dag_id", [SWEEP_DAG_ID, INCIDENT_DAG_ID])
+def test_every_task_configures_the_data_root_before_its_body(dagbag, dag_id, monkeypatch):
+    """On workers that share no disk the data root is s3://: a task whose body reads the store
+    before anything built Settings had no credentials (the topology's `plan` failed on it)."""
+    from lagdoctor import objectstore
+    from lagdoctor.pipeline import use_data_root
+
+    for t in dagbag.dags[dag_id].tasks:
+        callbacks = t.on_execute_callback if isinstance(t.on_execute_callback, list) else [t.on_execute_callback]
+        assert use_data_root in callbacks, f"{t.task_id} reads the store unconfigured"
+    configured = []
+    monkeypatch.setattr(objectstore, "configure_for", lambda root, env=None: configured.append(root))
+    monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", "s3://bucket/lagdoctor")
+    use_data_root({})
+    assert configured == ["s3://bucket/lagdoctor"]
+
+
 def test_snapshot_time_limit_follows_samples_and_interval():
     from datetime import timedelta
 

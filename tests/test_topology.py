@@ -273,6 +273,46 @@ def test_the_sweeps_found_the_crashed_group_posted_it_and_kept_state_in_postgres
     assert state_rows(world, "slack_messages"), "no Slack message was recorded in the PostgreSQL state"
 
 
+README_EXAMPLE = "<!-- run by tests/test_topology.py: the README's cluster example -->"
+
+
+def readme_cluster_example() -> str:
+    """The README's cluster example: the bash block after its marker."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    after = text[text.index(README_EXAMPLE):]
+    return after[after.index("```bash\n") + len("```bash\n"):after.index("\n```", after.index("```bash"))]
+
+
+@needs_s3_root
+def test_the_readme_cluster_example_runs_as_written(world):
+    """Its placeholders (the store's address and keys, the master) become this topology's;
+    the rest runs as printed, on the snapshots the sweeps wrote."""
+    import subprocess
+    import sys
+
+    from lagdoctor.lab.topology import s3_client
+
+    a = world["a"]
+    script = readme_cluster_example()
+    for placeholder, value in {"http://s3.internal:9000": a.s3_endpoint, "<access key>": a.s3_key,
+                               "<secret key>": a.s3_secret,
+                               "spark://spark-master:7077": a.spark_master}.items():
+        assert placeholder in script, f"the README's cluster example lost its {placeholder}"
+        script = script.replace(placeholder, value)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert a.s3_secret not in done.stdout + done.stderr
+    keys = [o["Key"] for page in s3_client(a.s3_endpoint, a.s3_key, a.s3_secret).get_paginator(
+        "list_objects_v2").paginate(Bucket=a.bucket, Prefix="lagdoctor/findings/readme-example/")
+        for o in page.get("Contents", [])]
+    assert "lagdoctor/findings/readme-example/findings.jsonl" in keys, keys
+    findings = s3_client(a.s3_endpoint, a.s3_key, a.s3_secret).get_object(
+        Bucket=a.bucket, Key="lagdoctor/findings/readme-example/findings.jsonl")["Body"].read().decode()
+    assert GROUP in findings
+
+
 @needs_s3_root
 def test_an_incident_run_asks_for_approval_answered_through_the_rest_api(world):
     import re

@@ -180,6 +180,15 @@ class DiagnoseLagOperator(SparkSubmitOperator):
             raise AirflowException(line) from None
 
 
+def use_data_root(context: Any) -> None:
+    """Every task's first step (the DAGs' on_execute_callback): the data root's filesystem
+    configured, an s3:// root's credentials read from its Airflow connection, before the
+    task body reads the store; a body that reads findings first would go unsigned."""
+    from lagdoctor.settings import Settings
+
+    Settings.from_env()
+
+
 def _params() -> dict[str, Any]:
     return dict(get_current_context()["params"])
 

@@ -92,6 +92,7 @@ def take_snapshots(
     undiagnosed: list[str] | None = None
     if missing:
         admin, bootstrap = kafka_admin(conn_id)
+    started = time.monotonic()
     for n, i in enumerate(missing):
         if n:
             time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
