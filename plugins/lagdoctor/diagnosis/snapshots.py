@@ -503,8 +503,8 @@ def inspect_store(path: str, *, window: WindowBounds | None = None,
     opened. Compacted files are opened first, and the files they cover never.
 
     None when the path is a single file (Spark then reads it as given).
-    SnapshotInputError when no fsspec filesystem serves the path's scheme. Raises SnapshotInputError when no
-    readable file has a required column.
+    Raises SnapshotInputError when no fsspec filesystem serves the path's
+    scheme, or when no readable file has a required column.
     """
     fs, root = store_filesystem(path)
     if not fs.isdir(root):
