@@ -67,12 +67,23 @@ def fail(code: int, message: str) -> int:
     return code
 
 
+def absolute(path: str | None) -> str | None:
+    """A local path made absolute: a Spark Connect server resolves relative paths
+    against its own working directory, not this process's."""
+    import os
+
+    from lagdoctor.diagnosis.snapshots import is_local_path, local_path
+
+    return os.path.abspath(local_path(path)) if path and is_local_path(path) else path
+
+
 def use_spark_s3_access(spark) -> None:
     """The driver's fsspec (listing, footers, quarantine, JSONL) reaches s3:// with the
-    session's own spark.hadoop.fs.s3a.* conf: one credential source for both."""
+    session's own spark.hadoop.fs.s3a.* conf: one credential source for both (on Spark
+    Connect, the settings this client gave its session)."""
     from lagdoctor.objectstore import access_from_spark_conf, configure_fsspec
 
-    access = access_from_spark_conf(dict(spark.sparkContext.getConf().getAll()))
+    access = access_from_spark_conf(dict(spark.conf.getAll))
     if access is not None:
         configure_fsspec(access)
 
@@ -111,7 +122,7 @@ def main(argv=None) -> int:
     try:
         use_spark_s3_access(spark)
         # extract
-        read = read_snapshot_store(spark, args.snapshots, datetime.now(timezone.utc),
+        read = read_snapshot_store(spark, absolute(args.snapshots), datetime.now(timezone.utc),
                                    window=window_bounds(as_of, args.window_minutes), clusters=clusters,
                                    quarantine=args.quarantine)
         if read.missing_clusters:
@@ -126,18 +137,18 @@ def main(argv=None) -> int:
         # (a window from footers is the whole input's: scoped rows may hold nothing in it,
         # and then the transforms below give empty outputs without a scan to check first)
         if window is None:
-            write_outputs(None, None, read.quarantined, args.output, now=datetime.now(timezone.utc).isoformat())
+            write_outputs(None, None, read.quarantined, absolute(args.output), now=datetime.now(timezone.utc).isoformat())
             return EXIT_OK
         start, end = window
         in_window = select_window(snapshots, start, end)
         # transform
         partitions = partition_features(in_window, thresholds).cache()
         group_feats = group_features(group_series(in_window, partitions), thresholds).cache()
-        carried = read_carried(spark, args.carry_from) if args.carry_from else None
+        carried = read_carried(spark, absolute(args.carry_from)) if args.carry_from else None
         found = findings(partitions, group_feats, thresholds, start, end, carried=carried)
         status = partition_status(partitions, group_feats, int(end.timestamp() * 1000), thresholds)
         # load: the outputs, then _SUCCESS last (a reader skips the folder until then)
-        write_outputs(found, status, read.quarantined, args.output, now=datetime.now(timezone.utc).isoformat())
+        write_outputs(found, status, read.quarantined, absolute(args.output), now=datetime.now(timezone.utc).isoformat())
         return EXIT_OK
     except SnapshotInputError as exc:
         return fail(EXIT_BAD_INPUT, str(exc))

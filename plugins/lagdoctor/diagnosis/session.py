@@ -46,14 +46,40 @@ def shuffle_partitions_for(input_bytes: int, cores: int) -> int:
     return max(PARTITIONS_PER_CORE * max(1, cores), min(by_size, MAX_SHUFFLE_PARTITIONS))
 
 
+def is_connect(spark) -> bool:
+    """True for a Spark Connect session (no SparkContext, no JVM in this process)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+# the parallelism assumed when a Connect session's master does not tell it (a cluster's
+# executors are not visible to a client); adaptive execution coalesces what is too many
+CONNECT_DEFAULT_PARALLELISM = 8
+
+
+def default_parallelism(spark) -> int:
+    """The context's default parallelism; on Connect, read from the server's master or conf."""
+    if not is_connect(spark):
+        return spark.sparkContext.defaultParallelism
+    given = spark.conf.get("spark.default.parallelism", None)
+    if given:
+        return int(given)
+    master = spark.conf.get("spark.master", None) or ""
+    if master == "local":
+        return 1
+    if master.startswith("local["):
+        n = master[len("local["):].split(",")[0].rstrip("]")
+        return (os.cpu_count() or 1) if n == "*" else int(n)
+    return CONNECT_DEFAULT_PARALLELISM
+
+
 def right_size_shuffle(spark, input_bytes: int | None) -> int | None:
     """Set spark.sql.shuffle.partitions from the input's size (call before the first
     action and before cache()). A value the user set (spark-submit --conf,
     spark-defaults, start_spark's extra_conf) wins: returns None and changes nothing.
     `cores` is the context's default parallelism (executor cores on a cluster)."""
-    if input_bytes is None or spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
+    if input_bytes is None or spark.conf.get("spark.sql.shuffle.partitions", None) is not None:
         return None
-    n = shuffle_partitions_for(input_bytes, spark.sparkContext.defaultParallelism)
+    n = shuffle_partitions_for(input_bytes, default_parallelism(spark))
     spark.conf.set("spark.sql.shuffle.partitions", str(n))
     return n
 
@@ -63,6 +89,7 @@ def start_spark(
     master: str | None = None,
     extra_conf: Mapping[str, str] | None = None,
     log_level: str = "ERROR",
+    remote: str | None = None,
 ):
     """Build (or get) the SparkSession.
 
@@ -70,7 +97,15 @@ def start_spark(
     cluster's defaults; tests and local runs pass `local[N]`. `log_level`
     applies from the context's start unless spark-submit was given
     `--conf spark.log.level=...` (which wins, for debugging).
+
+    `remote` (or SPARK_REMOTE in the environment, as pyspark reads it) makes a
+    Spark Connect session on that server instead: no JVM here; the settings
+    above are set on the session where the server lets a session change them
+    (static ones, such as the log level, are the server's).
     """
+    remote = remote or os.environ.get("SPARK_REMOTE")
+    if remote:
+        return _start_connect(app_name, remote, {**_DEFAULT_CONF, **dict(extra_conf or {})})
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
@@ -89,5 +124,22 @@ def start_spark(
     given = spark.sparkContext.getConf()
     for key, value in _ADAPTIVE_CONF.items():
         if key not in conf and not given.contains(key):
+            spark.conf.set(key, value)
+    return spark
+
+
+def _start_connect(app_name: str, remote: str, conf: Mapping[str, str]):
+    from pyspark.errors import PySparkException
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.remote(remote).appName(app_name).getOrCreate()
+    for key, value in conf.items():
+        try:
+            spark.conf.set(key, value)
+        except PySparkException as exc:  # a static setting: the server's own value stands
+            if "CANNOT_MODIFY" not in str(exc):
+                raise
+    for key, value in _ADAPTIVE_CONF.items():
+        if key not in conf and spark.conf.get(key, None) is None:
             spark.conf.set(key, value)
     return spark
