@@ -113,12 +113,20 @@ def main(argv=None) -> int:
     from lagdoctor.diagnosis.classify import findings
     from lagdoctor.diagnosis.features import group_features, group_series, partition_features
     from lagdoctor.diagnosis.output import print_error_line, write_outputs
-    from lagdoctor.diagnosis.session import right_size_shuffle, start_spark
+    from lagdoctor.diagnosis.session import is_connect, right_size_shuffle, start_spark
     from lagdoctor.diagnosis.snapshots import read_snapshot_store, resolve_window, scope_snapshots, select_window
     from lagdoctor.diagnosis.status_job import partition_status
 
     # FATAL: a failure is reported as the one line below, not as Spark's task logs
-    spark = start_spark("lagdoctor-diagnose-lag", log_level="FATAL")
+    try:
+        spark = start_spark("lagdoctor-diagnose-lag", log_level="FATAL")
+    except ValueError as exc:
+        return fail(EXIT_USAGE, str(exc))
+    except Exception as exc:  # a Connect server that does not answer: worth a retry
+        return fail(EXIT_FAILED, f"cannot start a Spark session{_remote_name()}: {one_line(exc)[:300]}")
+    if is_connect(spark):
+        stop_on_term(spark)
+    persisted = []
     try:
         use_spark_s3_access(spark)
         # extract
@@ -145,6 +153,7 @@ def main(argv=None) -> int:
         partitions = partition_features(in_window, thresholds).cache()
         group_feats = group_features(group_series(in_window, partitions), thresholds).cache()
         carried = read_carried(spark, absolute(args.carry_from)) if args.carry_from else None
+        persisted += [df for df in (partitions, group_feats, carried) if df is not None]
         found = findings(partitions, group_feats, thresholds, start, end, carried=carried)
         status = partition_status(partitions, group_feats, int(end.timestamp() * 1000), thresholds)
         # load: the outputs, then _SUCCESS last (a reader skips the folder until then)
@@ -157,7 +166,35 @@ def main(argv=None) -> int:
         code = EXIT_BAD_INPUT if _is_input_error(message) else EXIT_FAILED
         return fail(code, f"cannot diagnose {args.snapshots}: {message}")
     finally:
+        # a Connect server's cache outlives this session: a run every minute must not pile up
+        for df in persisted:
+            try:
+                df.unpersist()
+            except Exception:  # noqa: BLE001 (the session is going; the server's cleaner takes the rest)
+                pass
         spark.stop()
+
+
+def _remote_name() -> str:
+    """ on sc://host:port (never the URL's parameters: a token may be among them)."""
+    import os
+
+    remote = os.environ.get("SPARK_REMOTE", "")
+    return f" on {remote.split(';', 1)[0].rstrip('/')}" if remote else ""
+
+
+def stop_on_term(spark) -> None:
+    """SIGTERM (Airflow killing the task) interrupts this session's queries on the server:
+    a Connect server would otherwise run them to the end for a client that is gone."""
+    import signal
+
+    def on_term(signum, _frame):
+        try:
+            spark.interruptAll()
+        finally:
+            raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
 
 
 def read_carried(spark, path: str):

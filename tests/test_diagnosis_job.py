@@ -1,5 +1,6 @@
-"""The diagnosis job end to end through spark-submit (contract 2): a few runs only,
-each costs a JVM start (about 20-40 s on two cores)."""
+"""The diagnosis job end to end (contract 2), once through spark-submit (a JVM start per
+run, about 20-40 s on two cores) and once as a Spark Connect client of a warm server
+(issue 20): the same arguments must give the same outputs on both."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.fixtures.spark import read_jsonl, run_job
+from tests.fixtures.spark import read_jsonl
 
 pytestmark = pytest.mark.spark
 
 
-def test_job_writes_findings_and_status_for_every_group(tmp_path):
+def test_job_writes_findings_and_status_for_every_group(tmp_path, job_runner):
     from lagdoctor.contracts import DIAGNOSES, FINDING_FIELDS, PARTITION_STATUS_FIELDS, PARTITION_STATUSES, PATTERNS
     from lagdoctor.lab.sim import write_scenarios, write_seeds_incident
 
@@ -23,7 +24,7 @@ def test_job_writes_findings_and_status_for_every_group(tmp_path):
     labels = write_scenarios(str(store), seed=11, n_groups_per_scenario=1)
     write_seeds_incident(str(store))
     out = tmp_path / "out"
-    proc = run_job(store, out)
+    proc = job_runner(store, out)
     assert proc.returncode == 0, proc.stderr
     # no temp files left, no _WRITING; nothing quarantined; _SUCCESS names each output's rows and bytes
     assert sorted(os.listdir(out)) == ["_SUCCESS", "findings.jsonl", "partition_status.jsonl", "quarantined.jsonl"]
@@ -74,7 +75,7 @@ def test_job_writes_findings_and_status_for_every_group(tmp_path):
     }
 
 
-def test_bad_input_exits_non_zero_with_one_line(tmp_path):
+def test_bad_input_exits_non_zero_with_one_line(tmp_path, job_runner):
     import pyarrow.parquet as pq
 
     from lagdoctor.lab.sim import seeds_incident_table
@@ -107,7 +108,7 @@ def test_bad_input_exits_non_zero_with_one_line(tmp_path):
         "empty": (empty, None, []),
     }
     with ThreadPoolExecutor(4) as pool:  # JVMs side by side: the slow part is their start
-        futures = {name: pool.submit(run_job, path, tmp_path / f"out-{name}", *extra)
+        futures = {name: pool.submit(job_runner, path, tmp_path / f"out-{name}", *extra)
                    for name, (path, _, extra) in cases.items()}
         results: dict[str, subprocess.CompletedProcess] = {name: f.result() for name, f in futures.items()}
 
@@ -131,7 +132,7 @@ def test_bad_input_exits_non_zero_with_one_line(tmp_path):
     assert results["bad-regex"].returncode == 2  # before the JVM starts
 
 
-def test_clusters_and_a_window_without_as_of_read_only_what_they_name(tmp_path):
+def test_clusters_and_a_window_without_as_of_read_only_what_they_name(tmp_path, job_runner):
     from datetime import datetime, timedelta
 
     import pyarrow.compute as pc
@@ -156,7 +157,7 @@ def test_clusters_and_a_window_without_as_of_read_only_what_they_name(tmp_path):
         "scoped-out": ["--clusters", "prod", "--groups", "nobody-.*", "--window-minutes", "10"],
     }
     with ThreadPoolExecutor(3) as pool:
-        futures = {name: pool.submit(run_job, store, tmp_path / f"out-{name}", *extra) for name, extra in cases.items()}
+        futures = {name: pool.submit(job_runner, store, tmp_path / f"out-{name}", *extra) for name, extra in cases.items()}
         results = {name: f.result() for name, f in futures.items()}
 
     def stderr_lines(proc):
@@ -208,7 +209,7 @@ def _surge_store(path):
     write_table(pa.Table.from_pylist(rows, schema=snapshot_arrow_schema()), str(path), "c")
 
 
-def test_a_surge_that_outlasts_the_window_is_still_a_surge_on_the_next_run(tmp_path):
+def test_a_surge_that_outlasts_the_window_is_still_a_surge_on_the_next_run(tmp_path, job_runner):
     """Rule case 27 end to end: the run that saw the surge begin says producer_surge; a later run whose window
     holds only the surge reads the earlier run's findings (--carry-from) and says producer_surge too, where on
     its window alone (or with findings it cannot read: one warning line) it says slow_consumer."""
@@ -217,8 +218,8 @@ def test_a_surge_that_outlasts_the_window_is_still_a_surge_on_the_next_run(tmp_p
     first, later, unread = tmp_path / "first", tmp_path / "later", tmp_path / "unread"
     window = ["--window-minutes", "20"]
     with ThreadPoolExecutor(2) as pool:
-        seen = pool.submit(run_job, store, first, "--as-of", "2026-11-21T12:25:00Z", *window)
-        alone = pool.submit(run_job, store, unread, "--as-of", "2026-11-21T13:00:00Z", *window,
+        seen = pool.submit(job_runner, store, first, "--as-of", "2026-11-21T12:25:00Z", *window)
+        alone = pool.submit(job_runner, store, unread, "--as-of", "2026-11-21T13:00:00Z", *window,
                             "--carry-from", str(tmp_path / "nowhere"))
         seen, alone = seen.result(), alone.result()
     assert seen.returncode == 0, seen.stderr
@@ -228,7 +229,7 @@ def test_a_surge_that_outlasts_the_window_is_still_a_surge_on_the_next_run(tmp_p
     assert len(ours) == 1 and ours[0].startswith("diagnose_lag: WARNING: nothing carried from")
     assert [f["diagnosis"] for f in read_jsonl(unread / "findings.jsonl")] == ["slow_consumer"]
 
-    carried = run_job(store, later, "--as-of", "2026-11-21T12:40:00Z", *window, "--carry-from", str(first))
+    carried = job_runner(store, later, "--as-of", "2026-11-21T12:40:00Z", *window, "--carry-from", str(first))
     assert carried.returncode == 0, carried.stderr
     (f,) = read_jsonl(later / "findings.jsonl")
     assert (f["diagnosis"], f["evidence"]["baseline_source"]) == ("producer_surge", "previous run")

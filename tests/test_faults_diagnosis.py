@@ -17,7 +17,7 @@ from datetime import timedelta
 
 import pytest
 
-from tests.fixtures.spark import read_jsonl, run_job
+from tests.fixtures.spark import ENGINES, connect_job, read_jsonl, run_job
 
 pytestmark = pytest.mark.spark
 
@@ -51,8 +51,15 @@ def group_table(group, topic, rows):
     return pa.Table.from_pylist(out, schema=schema)
 
 
+@pytest.fixture(scope="module", params=ENGINES)
+def runner(request):
+    """The job's runner for this module's pass: spark-submit, then a Spark Connect client;
+    each pass has a store of its own (the first run moves the bad files aside)."""
+    return run_job if request.param == "spark-submit" else connect_job(request.getfixturevalue("connect_server"))
+
+
 @pytest.fixture(scope="module")
-def faulty_store(tmp_path_factory):
+def faulty_store(tmp_path_factory, runner):
     """The seeds' incident plus every fault; the store root sits in a dot-folder, as `.demo/` does."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -82,9 +89,9 @@ def faulty_store(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def first_run(faulty_store, tmp_path_factory):
+def first_run(faulty_store, tmp_path_factory, runner):
     out = tmp_path_factory.mktemp("out-first")
-    return run_job(faulty_store, out, "--quarantine"), out
+    return runner(faulty_store, out, "--quarantine"), out
 
 
 def test_bad_files_are_quarantined_and_the_rest_diagnosed(faulty_store, first_run):
@@ -143,11 +150,12 @@ def test_log_end_offset_going_backwards_is_a_warning(first_run):
     assert status["status"] == "REWIND"
 
 
-def test_a_scoped_rerun_moves_nothing_more_and_writes_only_the_asked_groups(faulty_store, first_run, tmp_path):
+def test_a_scoped_rerun_moves_nothing_more_and_writes_only_the_asked_groups(faulty_store, first_run, tmp_path,
+                                                                           runner):
     first, _ = first_run  # the store as the first run left it
     assert first.returncode == 0, first.stderr
     out = tmp_path / "out-scoped"
-    proc = run_job(faulty_store, out, "--quarantine", "--groups", "orders-.*|payments")
+    proc = runner(faulty_store, out, "--quarantine", "--groups", "orders-.*|payments")
     assert proc.returncode == 0, proc.stderr
     assert stderr_lines(proc) == [] and read_jsonl(out / "quarantined.jsonl") == []
     assert sorted(os.listdir(faulty_store / "_quarantine" / DAY)) == [
@@ -182,7 +190,7 @@ runpy.run_path({job!r}, run_name="__main__")
 
 
 def test_a_diagnosis_killed_mid_write_leaves_the_last_complete_run_on_page_api_and_exporter(
-        faulty_store, first_run, tmp_path):
+        faulty_store, first_run, tmp_path, runner):
     import html
     import shutil
 
@@ -209,7 +217,7 @@ def test_a_diagnosis_killed_mid_write_leaves_the_last_complete_run_on_page_api_a
     wrapper = tmp_path / "diagnose_then_sigkill.py"
     wrapper.write_text(KILL_AFTER_FINDINGS.format(job=default_job_script()))
     # thresholds no lag reaches: this run's findings would call every group healthy, ok
-    proc = run_job(faulty_store, killed, "--warning-lag", "1000000000000", "--critical-lag", "10000000000000",
+    proc = runner(faulty_store, killed, "--warning-lag", "1000000000000", "--critical-lag", "10000000000000",
                    "--groups", "orders-.*", job_script=str(wrapper))
     assert proc.returncode != 0
     assert sorted(os.listdir(killed)) == ["_WRITING", "findings.jsonl"]

@@ -96,19 +96,33 @@ def no_retry(*errors: type[BaseException]) -> Iterator[None]:
         raise AirflowFailException(" ".join(str(exc).split())) from None
 
 
-def _connection_extra(conn_id: str) -> dict[str, Any]:
-    """The Spark connection's extra (spark-binary, deploy-mode, and lagdoctor's `conf` object)."""
+def _connection(conn_id: str):
+    """The Spark connection, or None when it is not defined (the provider's defaults apply)."""
     from airflow.sdk.bases.hook import BaseHook
     from airflow.sdk.exceptions import AirflowNotFoundException
 
     try:
-        return dict(BaseHook.get_connection(conn_id).extra_dejson or {})
+        return BaseHook.get_connection(conn_id)
     except AirflowNotFoundException:
-        return {}
+        return None
+
+
+def _connection_extra(conn_id: str) -> dict[str, Any]:
+    """The Spark connection's extra (spark-binary, deploy-mode, and lagdoctor's `conf` object)."""
+    conn = _connection(conn_id)
+    return dict(conn.extra_dejson or {}) if conn is not None else {}
+
+
+CONNECT_CONN_TYPE = "spark_connect"
+CONNECT_STOP_GRACE_S = 15.0  # the job interrupts its queries on the server on SIGTERM
 
 
 class DiagnoseLagOperator(SparkSubmitOperator):
-    """spark-submit of spark_jobs/diagnose_lag.py on the `spark_default` connection.
+    """spark_jobs/diagnose_lag.py on the `spark_default` connection; its type chooses how.
+
+    - `spark` (the provider's spark-submit connection): spark-submit to its master;
+    - `spark_connect`: the same job, the same arguments, as a Spark Connect client of a
+      long-lived server (lagdoctor.connectserver): no JVM start per run.
 
     Its application, arguments and --py-files zip are built at run time by the
     prepare task (XCom), not at parse time: the scheduler parses DAG files all
@@ -120,14 +134,68 @@ class DiagnoseLagOperator(SparkSubmitOperator):
         kwargs.setdefault("name", "lagdoctor-diagnose-lag")
         super().__init__(application="", **kwargs)
         self.prepare_task_id = prepare_task_id
+        self._connect_proc = None
 
     def execute(self, context: Any) -> None:
         import tempfile
 
         prep = context["ti"].xcom_pull(task_ids=self.prepare_task_id)
+        conn = _connection(self._conn_id)
         with tempfile.TemporaryDirectory(prefix="lagdoctor-submit-") as private:  # 0700, removed after
+            if conn is not None and conn.conn_type == CONNECT_CONN_TYPE:
+                self.run_on_connect(prep, private)
+                return
             self._hook = self.prepared_hook(prep, private)
             self._submit(context)
+
+    def run_on_connect(self, prep: dict[str, Any], private_dir: str) -> None:
+        """The job as a client of the connection's Spark Connect server; its output goes to the
+        task log line by line, and its exit code decides as spark-submit's would."""
+        import subprocess
+        from collections import deque
+
+        from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+        from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+        from lagdoctor.diagnosis.submit import connect_master, plan_connect
+        from lagdoctor.objectstore import airflow_executor, check_deployable
+        from lagdoctor.settings import Settings
+
+        with no_retry(ValueError):
+            url = SparkConnectHook(conn_id=self._conn_id).get_connection_url()
+            check_deployable(Settings.from_env().data_root, master=connect_master(url), executor=airflow_executor())
+            plan = plan_connect(prep, remote=url, connection_conf=_connection_extra(self._conn_id).get("conf"),
+                                operator_conf=self.conf, session_conf_dir=private_dir)
+        self.log.info("diagnosis on the Spark Connect server %s", connect_master(url))
+        tail: deque[str] = deque(maxlen=40)
+        self._connect_proc = proc = subprocess.Popen(plan.command, env=plan.env, stdout=subprocess.PIPE,
+                                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+        try:
+            for line in proc.stdout:
+                self.log.info("%s", line.rstrip())
+                tail.append(line)
+            code = proc.wait()
+        finally:
+            self._connect_proc = None
+        if code == 0:
+            return
+        code, line = diagnose_stage.diagnosis_failure_line("".join(tail), exit_code=code, runner="the Connect client")
+        if code in (diagnose_stage.DIAGNOSIS_USAGE_EXIT, diagnose_stage.DIAGNOSIS_BAD_INPUT_EXIT):
+            raise AirflowFailException(line)
+        raise AirflowException(line)
+
+    def on_kill(self) -> None:
+        import subprocess
+
+        proc = self._connect_proc
+        if proc is None:
+            super().on_kill()
+            return
+        proc.terminate()  # the job interrupts its server-side queries, then exits
+        try:
+            proc.wait(CONNECT_STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
     def prepared_hook(self, prep: dict[str, Any], private_dir: str):
         """The provider's hook for `prep` on the connection's master: its spark-binary, conf

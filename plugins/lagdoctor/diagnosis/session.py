@@ -26,6 +26,10 @@ _DEFAULT_CONF: dict[str, str] = {
     "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 
+# A 0600 JSON file of settings a Spark Connect client sets on its session (the
+# object store's credentials among them): written by the operator, never on an argv.
+SESSION_CONF_ENV = "LAGDOCTOR_SPARK_SESSION_CONF"
+
 # Adaptive execution that really coalesces small shuffles, also under cache():
 # without canChangeCachedPlanOutputPartitioning a cached plan keeps every one of
 # spark.sql.shuffle.partitions tasks. Set at runtime unless the user set them.
@@ -105,7 +109,7 @@ def start_spark(
     """
     remote = remote or os.environ.get("SPARK_REMOTE")
     if remote:
-        return _start_connect(app_name, remote, {**_DEFAULT_CONF, **dict(extra_conf or {})})
+        return _start_connect(app_name, remote, {**_DEFAULT_CONF, **_session_conf_file(), **dict(extra_conf or {})})
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
@@ -126,6 +130,20 @@ def start_spark(
         if key not in conf and not given.contains(key):
             spark.conf.set(key, value)
     return spark
+
+
+def _session_conf_file() -> dict[str, str]:
+    import json
+
+    path = os.environ.get(SESSION_CONF_ENV)
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return {str(k): str(v) for k, v in json.load(fh).items()}
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{SESSION_CONF_ENV}: cannot read the session settings file {path} "
+                         f"({type(exc).__name__})") from None
 
 
 def _start_connect(app_name: str, remote: str, conf: Mapping[str, str]):

@@ -481,3 +481,100 @@ def plan_submission(prep: Mapping[str, object], *, master: str, deploy_mode: str
         binary = str(Path(pyspark.__file__).parent / "bin" / "spark-submit")
     return SubmissionPlan(application=app, py_files=py_files, spark_binary=binary,
                           conf=public, secret_conf=secret, env_vars=env_vars)
+
+
+# -- the same job as a Spark Connect client (a warm server; lagdoctor.connectserver) --------------
+
+from lagdoctor.diagnosis.session import SESSION_CONF_ENV  # noqa: E402  (the job's session reads the file)
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def connect_host(url: str) -> str:
+    """The host of an sc://host:port/;params URL."""
+    from urllib.parse import urlparse
+
+    return urlparse(url.split(";", 1)[0]).hostname or ""
+
+
+def connect_master(url: str) -> str:
+    """What check_deployable should treat the server as: local on loopback, remote elsewhere
+    (a remote server's executors cannot read this host's disk)."""
+    return "local" if connect_host(url) in LOOPBACK_HOSTS else url.split(";", 1)[0]
+
+
+def write_session_conf(conf: Mapping[str, str], directory: str | os.PathLike) -> str:
+    """`conf` as the JSON file the job's Connect session reads (SESSION_CONF_ENV), 0600 from its first byte."""
+    import json
+
+    path = Path(directory) / "spark-session-conf.json"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(dict(conf), fh)
+    return str(path)
+
+
+def connect_client_env(remote: str, *, py_files: str | None = None, session_conf_file: str | None = None,
+                       base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment of the job as a Connect client: SPARK_REMOTE (pyspark's own variable),
+    lagdoctor importable (the same zip spark-submit ships), the session's settings file."""
+    env = dict(os.environ if base is None else base)
+    env["SPARK_REMOTE"] = remote
+    if py_files:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (py_files, env.get("PYTHONPATH", "")) if p)
+    if session_conf_file:
+        env[SESSION_CONF_ENV] = session_conf_file
+    env.pop("PYSPARK_GATEWAY_PORT", None)  # never a stale JVM gateway: this client has no JVM
+    return env
+
+
+@dataclass
+class ConnectPlan:
+    """What DiagnoseLagOperator runs for one diagnosis on a Spark Connect server."""
+
+    command: list[str]
+    env: dict[str, str]
+    session_conf: dict[str, str]  # written to a 0600 file: may hold the store's secrets
+
+
+def plan_connect(prep: Mapping[str, object], *, remote: str, connection_conf: Mapping[str, str] | str | None = None,
+                 operator_conf: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None,
+                 session_conf_dir: str | os.PathLike | None = None) -> ConnectPlan:
+    """The job on `remote` (sc://...): this worker's Python runs spark_jobs/diagnose_lag.py with
+    the arguments spark-submit would get; the session's settings are the object store's
+    (spark.hadoop.fs.s3a.*: the server's own S3A reads, per session), then the connection's
+    `conf` extra, then $LAGDOCTOR_SPARK_CONF, then the operator's `conf` (later wins).
+    Settings a session cannot change (the server's memory, its class path) are the server's."""
+    env = os.environ if environ is None else environ
+    args = [str(a) for a in prep["args"]]
+    uris = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--snapshots", "--output")]
+    store_public, store_secret = object_store_conf(uris, {**env, HADOOP_AWS_ENV: "provided"})
+    session = merge_conf(store_public, store_secret, _json_conf(connection_conf, "the Spark connection's conf extra"),
+                         _json_conf(env.get(SPARK_CONF_ENV), SPARK_CONF_ENV), operator_conf)
+    conf_file = write_session_conf(session, session_conf_dir) if session and session_conf_dir else None
+    command = [str(prep["python"]), str(prep["application"]), *args]
+    return ConnectPlan(command=command, env=connect_client_env(remote, py_files=str(prep["py_files"]),
+                                                               session_conf_file=conf_file, base=env),
+                       session_conf=session)
+
+
+def run_connect_process(
+    snapshots: str,
+    output: str,
+    as_of: str | None = None,
+    window_minutes: float | None = None,
+    *,
+    remote: str,
+    extra_args: Sequence[str] = (),
+    thresholds: Mapping[str, object] | None = None,
+    job_script: str | None = None,
+    session_conf: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    capture: bool = True,
+) -> subprocess.CompletedProcess:
+    """The job as a Spark Connect client of `remote`, as the operator runs it (tests, benchmarks)."""
+    cmd = [sys.executable, job_script or default_job_script(),
+           *job_arguments(snapshots, output, as_of, window_minutes, thresholds), *extra_args]
+    with tempfile.TemporaryDirectory(prefix="lagdoctor-connect-") as private:  # 0700, removed after
+        conf_file = write_session_conf(session_conf, private) if session_conf else None
+        env = connect_client_env(remote, py_files=str(_package_dir().parent), session_conf_file=conf_file)
+        return subprocess.run(cmd, env=env, timeout=timeout, capture_output=capture, text=True, check=False)

@@ -118,13 +118,16 @@ def previous_findings(settings: Settings, dag_id: str, output: str, before: date
 DIAGNOSIS_USAGE_EXIT, DIAGNOSIS_BAD_INPUT_EXIT = 2, 3
 
 
-def diagnosis_failure_line(message: str) -> tuple[int | None, str]:
-    """(exit code, one line) from spark-submit's failure text: the job's own
-    `diagnose_lag: error:` line when the log tail holds it."""
+def diagnosis_failure_line(message: str, *, exit_code: int | None = None,
+                           runner: str = "spark-submit") -> tuple[int | None, str]:
+    """(exit code, one line) from the job's failure text (spark-submit's, or the Connect
+    client's output tail with its `exit_code`): the job's own `diagnose_lag: error:` line
+    when the tail holds it."""
     code = re.search(r"Error code is: (\d+)", message)
     reason = re.search(r"diagnose_lag: error: ([^\n]+)", message)
-    exit_code = int(code.group(1)) if code else None
-    line = reason.group(1).strip() if reason else f"spark-submit failed (exit code {exit_code})"
+    if exit_code is None:
+        exit_code = int(code.group(1)) if code else None
+    line = reason.group(1).strip() if reason else f"{runner} failed (exit code {exit_code})"
     return exit_code, "diagnosis: " + " ".join(line.split())[:400]
 
 

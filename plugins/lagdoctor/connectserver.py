@@ -1,0 +1,279 @@
+"""A warm Spark engine: the Spark Connect server the diagnosis runs on as a client.
+
+Starting a JVM and a Spark session costs most of a small diagnosis, paid again
+by every `spark-submit`. A Connect server starts once and stays up; each
+diagnosis is then a Python client (`SPARK_REMOTE=sc://host:port`) that sends
+plans, and the server's JIT-compiled code and code-generation cache stay warm
+between runs.
+
+    server = ConnectServer(workdir, master="local[2]")
+    with server:                      # started, ready, stopped (with its JVM) on exit
+        server.url                    # sc://127.0.0.1:PORT: the `spark_connect` connection's host and port
+        trivial_query(server.url)     # seconds of a new session's count of 1,000 rows
+
+`lagdoctor connect-server` runs one in the foreground. `make airflow`, the demo
+and the topology start one and point the `spark_default` connection at it
+(conn_type `spark_connect`); production points that connection at its own
+(a Connect server on a cluster's master, or Databricks). pyspark 4.3 ships the
+server (jars/spark-connect_2.13-4.3.0.jar): it is `spark-submit --class
+SparkConnectServer`, run here in its own process group so stopping it never
+leaves its JVM behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+READY_LINE = "Spark Connect server started"
+HOST = "127.0.0.1"
+DEFAULT_PORT = 15002  # Spark Connect's own default
+STOP_GRACE_S = 20.0
+READY_TIMEOUT_S = 300.0  # a loaded 2-core machine starts it in well under a minute
+
+# Settings for a long-lived server: no UI port by default, and a code-generation cache
+# large enough to hold every class one diagnosis compiles (the default keeps 100: the
+# next run would compile them all again).
+SERVER_CONF: dict[str, str] = {
+    "spark.ui.enabled": "false",
+    "spark.sql.codegen.cache.maxEntries": "2000",
+    "spark.sql.session.timeZone": "UTC",
+}
+
+
+class ConnectServerError(RuntimeError):
+    """The server did not start or died; one line naming why."""
+
+
+def spark_submit_binary() -> str:
+    """pyspark's own bin/spark-submit: it finds its SPARK_HOME beside it."""
+    import pyspark
+
+    return str(Path(pyspark.__file__).parent / "bin" / "spark-submit")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def server_command(*, port: int, host: str = HOST, master: str = "local[*]", conf: Mapping[str, str] | None = None,
+                   driver_memory: str | None = None, properties_file: str | None = None) -> list[str]:
+    """The spark-submit argv of a Connect server on host:port (secrets go in `properties_file`)."""
+    merged = {**SERVER_CONF, **dict(conf or {}),
+              "spark.connect.grpc.binding.address": host, "spark.connect.grpc.binding.port": str(port)}
+    cmd = [spark_submit_binary()]
+    if properties_file:
+        cmd += ["--extra-properties-file", properties_file]
+    cmd += ["--class", CONNECT_CLASS, "--name", "lagdoctor-connect-server", "--master", master]
+    if driver_memory:
+        cmd += ["--driver-memory", driver_memory]
+    for key, value in merged.items():
+        cmd += ["--conf", f"{key}={value}"]
+    return cmd
+
+
+def server_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This interpreter's bin first on PATH and as the Python workers' interpreter."""
+    env = dict(os.environ if base is None else base)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env.setdefault("SPARK_LOCAL_IP", HOST)
+    return env
+
+
+def stop_process_group(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, grace_s: float = STOP_GRACE_S) -> None:
+    """Signal a process's whole group (a TERM to a parent alone orphans its children), then KILL what is left."""
+    if proc is None:
+        return
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever is left, children included
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def last_log_line(path: Path) -> str:
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
+
+
+def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+class ConnectServer:
+    """One Spark Connect server on loopback, in its own process group, logging to `workdir`."""
+
+    def __init__(self, workdir: str | Path, *, port: int | None = None, host: str = HOST, master: str = "local[*]",
+                 conf: Mapping[str, str] | None = None, driver_memory: str | None = None,
+                 secret_conf: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None) -> None:
+        self.workdir = Path(workdir)
+        self.host, self.port = host, port or free_port()
+        self.master, self.conf, self.driver_memory = master, dict(conf or {}), driver_memory
+        self.secret_conf = dict(secret_conf or {})
+        self.env = server_env(env)
+        self.log = self.workdir / "connect-server.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"sc://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> ConnectServer:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        props = None
+        if self.secret_conf:
+            from lagdoctor.objectstore import write_properties_file
+
+            props = write_properties_file(self.secret_conf, str(self.workdir))  # 0600: never on the argv
+        cmd = server_command(port=self.port, host=self.host, master=self.master, conf=self.conf,
+                             driver_memory=self.driver_memory, properties_file=props)
+        with open(self.log, "ab") as log:
+            # its own working directory: relative paths a client sends must not resolve here silently
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=self.env, cwd=self.workdir, start_new_session=True)
+        return self
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S, progress: Callable[[str], None] | None = None) -> None:
+        """Until the server says it started and its port answers; ConnectServerError if it dies or times out."""
+        start = time.monotonic()
+        said = start
+        while True:
+            if not self.alive():
+                code = self.proc.poll() if self.proc else None
+                raise ConnectServerError(f"the Spark Connect server exited ({code}) before it was ready: "
+                                         f"{last_log_line(self.log)} (log: {self.log})")
+            if self._said_ready() and port_open(self.host, self.port):
+                return
+            now = time.monotonic()
+            if now - start > timeout_s:
+                self.stop()
+                raise ConnectServerError(f"the Spark Connect server on {self.url} was not ready after "
+                                         f"{timeout_s:.0f} s: {last_log_line(self.log)} (log: {self.log})")
+            if progress and now - said >= 15:
+                progress(f"waiting for the Spark Connect server on {self.url} ({now - start:.0f} s)")
+                said = now
+            time.sleep(0.25)
+
+    def _said_ready(self) -> bool:
+        try:
+            with open(self.log, "rb") as fh:
+                return READY_LINE.encode() in fh.read()
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        stop_process_group(self.proc)
+
+    def __enter__(self) -> ConnectServer:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def connection_json(url: str) -> str:
+    """The `spark_default` connection (AIRFLOW_CONN_SPARK_DEFAULT) for a server at sc://host:port."""
+    import json
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url)
+    return json.dumps({"conn_type": "spark_connect", "host": parsed.hostname, "port": parsed.port})
+
+
+def trivial_query(url: str) -> float:
+    """Seconds for a new client session to count 1,000 rows on the server, and stop:
+    the Connect baseline the benchmarks print beside their figures."""
+    from pyspark.sql import SparkSession
+
+    start = time.perf_counter()
+    spark = SparkSession.builder.remote(url).getOrCreate()
+    try:
+        if spark.range(1000).count() != 1000:
+            raise ConnectServerError(f"the Spark Connect server on {url} counted wrong")
+    finally:
+        spark.stop()
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`lagdoctor connect-server`: one server in the foreground until Ctrl-C."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="lagdoctor connect-server", description=main.__doc__)
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--driver-memory", default=None)
+    parser.add_argument("--workdir", default=".connect-server")
+    args = parser.parse_args(argv)
+    server = ConnectServer(args.workdir, port=args.port, master=args.master, driver_memory=args.driver_memory)
+    stopping = False
+
+    def on_signal(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server.start()
+    try:
+        server.wait_ready(progress=print)
+        print(f"Spark Connect server on {server.url} (master {args.master}); log {server.log}; Ctrl-C stops it",
+              flush=True)
+        print(f"  AIRFLOW_CONN_SPARK_DEFAULT='{connection_json(server.url)}'", flush=True)
+        while not stopping and server.alive():
+            time.sleep(0.5)
+        if not stopping:
+            print(f"the Spark Connect server exited ({server.proc.poll()}): {last_log_line(server.log)}",
+                  file=sys.stderr)
+            return 1
+        return 0
+    except ConnectServerError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
