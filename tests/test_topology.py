@@ -194,6 +194,12 @@ def test_every_part_answers_on_loopback(world):
     assert master["status"] == "ALIVE" and master["url"] == a.spark_master
     assert [w["state"] for w in master["workers"]] == ["ALIVE", "ALIVE"]
     assert [w["cores"] for w in master["workers"]] == [1, 1]
+    # the warm engine: a Connect server answering a new client, its executors on one of the two cores
+    from lagdoctor.connectserver import trivial_query
+
+    assert trivial_query(a.spark_connect) > 0
+    (engine,) = [app for app in master["activeapps"] if app["name"] == "lagdoctor-connect-server"]
+    assert engine["cores"] == 1
     assert len(AdminClient({"bootstrap.servers": a.kafka_bootstrap}).list_topics(timeout=10).brokers) == 1
     with urllib.request.urlopen(f"{a.airflow_url}/api/v2/monitor/health", timeout=10) as resp:
         health = json.load(resp)
@@ -211,11 +217,14 @@ def test_two_celery_workers_are_registered_with_homes_of_their_own(world):
     assert [n.split("@")[0] for n in names] == ["w1", "w2"]
     homes = {a.workdir / "airflow-w1", a.workdir / "airflow-w2", a.workdir / "airflow"}
     assert all(h.is_dir() for h in homes)
-    # the Airflow side's settings: Celery, the S3 data root, the state connection, spark:// in client mode
+    # the Airflow side's settings: Celery, the S3 data root, the state connection, the warm engine
+    # as spark_default, and spark:// in client mode as the spark-submit fallback
     env = a.airflow_env
     assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
     assert env["LAGDOCTOR_DATA_ROOT"] == f"s3://{a.bucket}/lagdoctor"
-    spark = json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"])
+    engine = json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"])
+    assert engine["conn_type"] == "spark_connect" and f"sc://{engine['host']}:{engine['port']}" == a.spark_connect
+    spark = json.loads(env["AIRFLOW_CONN_SPARK_SUBMIT"])
     assert f"{spark['host']}:{spark['port']}" == a.spark_master and spark["extra"]["deploy-mode"] == "client"
     assert json.loads(env["AIRFLOW_CONN_LAGDOCTOR_STATE"])["schema"] == "lagdoctor_state"
 

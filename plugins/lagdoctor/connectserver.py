@@ -107,7 +107,7 @@ def stop_process_group(proc: subprocess.Popen | None, sig: int = signal.SIGTERM,
     except ProcessLookupError:
         pass
     try:
-        proc.wait(5)
+        proc.wait(30)  # a KILL always lands; a loaded machine may take a while to reap it
     except subprocess.TimeoutExpired:
         pass
 
@@ -226,6 +226,7 @@ def trivial_query(url: str) -> float:
     the Connect baseline the benchmarks print beside their figures."""
     from pyspark.sql import SparkSession
 
+    mode = os.environ.get("SPARK_CONNECT_MODE_ENABLED")
     start = time.perf_counter()
     spark = SparkSession.builder.remote(url).getOrCreate()
     try:
@@ -233,6 +234,10 @@ def trivial_query(url: str) -> float:
             raise ConnectServerError(f"the Spark Connect server on {url} counted wrong")
     finally:
         spark.stop()
+        # pyspark marks the whole process (and its children) as Connect-only: undo it, or a
+        # spark-submit started from here afterwards would look for a remote URL
+        if mode is None:
+            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
     return time.perf_counter() - start
 
 

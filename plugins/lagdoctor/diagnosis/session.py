@@ -113,6 +113,8 @@ def start_spark(
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
+    # no SPARK_REMOTE: a JVM here, even if a Connect client in this process's parent set pyspark's flag
+    os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
@@ -146,17 +148,53 @@ def _session_conf_file() -> dict[str, str]:
                          f"({type(exc).__name__})") from None
 
 
+# pyspark retries an unreachable server for 10 minutes and more by default: a sweep every
+# minute would stack behind it. About 30 s of retries (a server restarting), then one line;
+# the task's own retry comes after.
+CONNECT_RETRIES = 5
+
+
+class ConnectUnavailable(RuntimeError):
+    """The Spark Connect server did not answer (after the retries); the reason in one line."""
+
+
+def _connect_retry_policy():
+    import warnings
+
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    # the job says it in one line; pyspark's own warning would be a second
+    warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")
+    return DefaultPolicy(max_retries=CONNECT_RETRIES, backoff_multiplier=2.0, initial_backoff=1_000,
+                         max_backoff=10_000)
+
+
+def _grpc_details(message: str) -> str:
+    """gRPC's `details = "..."` (e.g. connection refused), not its multi-line dump."""
+    import re
+
+    found = re.search(r'details = "([^"]*)"', message)
+    return found.group(1) if found else " ".join(message.split())
+
+
 def _start_connect(app_name: str, remote: str, conf: Mapping[str, str]):
     from pyspark.errors import PySparkException
     from pyspark.sql import SparkSession
 
-    spark = SparkSession.builder.remote(remote).appName(app_name).getOrCreate()
-    for key, value in conf.items():
-        try:
-            spark.conf.set(key, value)
-        except PySparkException as exc:  # a static setting: the server's own value stands
-            if "CANNOT_MODIFY" not in str(exc):
-                raise
+    # no builder options: the builder would send them before the retry policy below applies
+    spark = SparkSession.builder.remote(remote).getOrCreate()
+    spark.client.set_retry_policies([_connect_retry_policy()])
+    try:
+        for key, value in conf.items():
+            try:
+                spark.conf.set(key, value)
+            except PySparkException as exc:  # a static setting: the server's own value stands
+                if "CANNOT_MODIFY" not in str(exc):
+                    raise
+    except Exception as exc:
+        # closed: pyspark's exit hook would otherwise retry its goodbyes to a server that is not there
+        spark.client.close()
+        raise ConnectUnavailable(_grpc_details(str(exc))) from None
     for key, value in _ADAPTIVE_CONF.items():
         if key not in conf and spark.conf.get(key, None) is None:
             spark.conf.set(key, value)

@@ -300,6 +300,8 @@ def spark_submit_env(base: Mapping[str, str] | None = None, master: str | None =
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    for name in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED"):  # spark-submit: a JVM, never a Connect client
+        env.pop(name, None)
     if (master or "local").startswith("local"):
         env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     return env

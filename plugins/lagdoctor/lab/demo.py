@@ -26,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -161,6 +162,39 @@ def surge(incidents: list[Incident]) -> str:
     return f"{SURGE_GROUP}'s producer surged to {SURGE_RATE:g} msg/s per partition"
 
 
+# -- the warm Spark engine (lagdoctor.connectserver) shared by the demo, `make airflow` and the topology --
+
+WARM_UP_TIMEOUT_S = 600.0
+
+
+def start_engine(workdir: Path, master: str = "local[*]", conf: dict[str, str] | None = None):
+    """A Spark Connect server started (not yet waited for): it comes up while other parts do."""
+    from lagdoctor.connectserver import ConnectServer
+
+    return ConnectServer(workdir / "connect-server", master=master, conf=conf).start()
+
+
+def warm_engine(server, workdir: Path) -> float:
+    """Wait for the server, then diagnose a small simulated store once, so the first sweep finds
+    its JIT and code cache warm (a first run on a cold server costs several warm ones). Seconds."""
+    from lagdoctor.connectserver import ConnectServerError
+    from lagdoctor.diagnosis.submit import run_connect_process
+    from lagdoctor.lab.sim import write_scenarios
+
+    started = time.monotonic()
+    server.wait_ready()
+    store, out = workdir / "warm-up" / "snapshots", workdir / "warm-up" / "findings"
+    shutil.rmtree(workdir / "warm-up", ignore_errors=True)
+    write_scenarios(str(store), seed=7, n_groups_per_scenario=1)
+    proc = run_connect_process(str(store), str(out), remote=server.url, timeout=WARM_UP_TIMEOUT_S)
+    shutil.rmtree(workdir / "warm-up", ignore_errors=True)
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        raise ConnectServerError(f"warming the Spark Connect server failed ({proc.returncode}): "
+                                 f"{lines[-1] if lines else 'no output'}")
+    return time.monotonic() - started
+
+
 def latest_complete_findings(findings_root: str) -> tuple[Path | None, list[dict[str, Any]], str]:
     """The newest complete run's folder (None when there is none), its findings, and a line naming the
     incomplete runs skipped ("" for none): the readers' one completeness rule, so a
@@ -191,6 +225,7 @@ class Demo:
         self.incidents: list[Incident] = []
         self.shortfalls: dict[str, str] = {}
         self.airflow_proc: subprocess.Popen | None = None
+        self.engine = None  # lagdoctor.connectserver.ConnectServer once started
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -205,10 +240,16 @@ class Demo:
         self.broker = EmbeddedBroker(log_path=self.workdir / "broker.log").start()
         say(f"broker ready at {self.broker.bootstrap}")
         try:
+            self.engine = start_engine(self.workdir)
+            say(f"starting the warm Spark engine: a Spark Connect server on {self.engine.url}, warmed on a small "
+                "simulated store while the history is sampled")
+            warming = threading.Thread(target=self._warm, daemon=True)
+            warming.start()
             say("starting the live incidents (topics, producers, one OS process per consumer):")
             self.incidents = live_incidents(self.crash_after_s)
             start_workloads(self.broker.bootstrap, self.incidents)
             self.sample_history()
+            warming.join(WARM_UP_TIMEOUT_S)
             self.shortfalls = report_shortfalls(self.incidents, str(self.data_root), self.shortfalls)
             code = self.run_sweep()
             # the surge ran during the sweep's own samples: measured again before the workloads stop
@@ -220,7 +261,20 @@ class Demo:
             self.stop()
         return self.show_results()
 
+    def _warm(self) -> None:
+        from lagdoctor.connectserver import ConnectServerError
+
+        try:
+            say(f"  Spark Connect server warm ({warm_engine(self.engine, self.workdir):.0f} s after its start)")
+        except ConnectServerError as exc:
+            say(f"  {exc}: this demo's diagnosis goes through spark-submit instead")
+            self.engine.stop()
+            self.engine = None
+
     def stop(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
+            self.engine = None
         if self.airflow_proc and self.airflow_proc.poll() is None:
             os.killpg(self.airflow_proc.pid, signal.SIGTERM)
             try:
@@ -267,6 +321,8 @@ class Demo:
     # -- the DAG --------------------------------------------------------------
 
     def airflow_env(self) -> dict[str, str]:
+        from lagdoctor.connectserver import connection_json
+
         bindir = str(Path(sys.executable).parent)
         env = {
             **os.environ,
@@ -278,7 +334,9 @@ class Demo:
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
             "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(
                 {"conn_type": "kafka", "extra": {"bootstrap.servers": self.broker.bootstrap}}),
-            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
+            # the warm engine when it came up, else a spark-submit per run (the fallback)
+            "AIRFLOW_CONN_SPARK_DEFAULT": connection_json(self.engine.url) if self.engine is not None
+            else json.dumps({"conn_type": "spark", "host": "local[*]"}),
             "LAGDOCTOR_DATA_ROOT": str(self.data_root),
             "SPARK_LOCAL_IP": "127.0.0.1",
             "PYSPARK_PYTHON": sys.executable,
@@ -298,7 +356,8 @@ class Demo:
         # flat pattern, by default, so the demo lowers those two thresholds, openly.
         conf = {"samples": 2, "interval_seconds": 5, "window_minutes": 25,
                 "thresholds": {"stall_min_seconds": 40, "pattern_min_seconds": 10}}
-        say(f"running the {SWEEP_DAG} DAG (airflow dags test, spark-submit local[*]) ...")
+        engine = f"on the Spark Connect server {self.engine.url}" if self.engine is not None else "spark-submit local[*]"
+        say(f"running the {SWEEP_DAG} DAG (airflow dags test, diagnosis {engine}) ...")
         say("  (with stall_min_seconds=40 instead of 120 and pattern_min_seconds=10 instead of 60: "
             "the demo has only a minute of live history)")
         started = time.monotonic()

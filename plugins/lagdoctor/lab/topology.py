@@ -5,13 +5,15 @@ a real server in a process group of its own, on free loopback ports, until Ctrl-
     Redis           the Celery broker
     SeaweedFS       `weed mini`: an S3 endpoint with one bucket (keys in a 0600 s3.json)
     Spark           a standalone master and two workers, each its own JVM, work and local dir
+    Spark Connect   the warm engine: a Connect server whose executors (one core) run on that cluster
     Kafka           the embedded Apache Kafka broker (lagdoctor.kafka.broker)
     Airflow         CeleryExecutor: scheduler, API server, DAG processor and two Celery
                     workers with homes of their own and no shared data folder
 
 The lagdoctor data root is ``s3://<bucket>/lagdoctor`` through an Airflow AWS
 connection; the state lives in PostgreSQL (the ``lagdoctor_state`` connection);
-the diagnosis is submitted to the Spark master in client mode. Everything lives
+the diagnosis runs as a client of the Connect server (``spark_default``, type
+spark_connect); ``spark_submit`` is the same cluster through spark-submit in client mode. Everything lives
 under a fresh work dir (default .topology/), moved aside on the next start.
 
 Parts start in order, each waited for with a health check that says what it is
@@ -41,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lagdoctor import connectserver
+from lagdoctor.connectserver import connection_json
 from lagdoctor.lab import postgres as pg
 from lagdoctor.lab.demo import project_root
 from lagdoctor.lab.standalone import airflow_cli, last_log_line, read_health
@@ -110,6 +114,7 @@ class TopologyAddresses:
     data_root: str = ""
     spark_master: str = ""
     spark_ui: str = ""
+    spark_connect: str = ""  # the warm engine's sc:// URL (spark_default)
     kafka_bootstrap: str = ""
     airflow_url: str = ""
     airflow_user: str = AIRFLOW_USER
@@ -331,6 +336,30 @@ class Topology:
         self._wait(f"the Spark master {master_url} to show {len(SPARK_WORKERS)} ALIVE workers", ready, parts)
         return master_url, ui_url, parts
 
+    def _start_connect(self, spark_master: str, s3: tuple[str, str, str]) -> tuple[str, Part]:
+        """The warm engine: a Spark Connect server whose executors run on the standalone cluster.
+        One core of the two (spark.cores.max), so a spark-submit (the README's cluster example,
+        the fallback) still gets the other; S3A and its keys as every job has them."""
+        from lagdoctor.connectserver import ConnectServer, ConnectServerError
+        from lagdoctor.objectstore import S3Access, is_secret_conf, spark_conf
+        from lagdoctor.s3jars import classpath_conf, hadoop_aws_jars
+
+        endpoint, key, secret = s3
+        store = spark_conf(S3Access(key=key, secret=secret, endpoint_url=endpoint, region="us-east-1",
+                                    path_style=True))
+        conf = {"spark.cores.max": "1", "spark.executor.memory": "512m", **classpath_conf(hadoop_aws_jars()),
+                **{k: v for k, v in store.items() if not is_secret_conf(k)}}
+        server = ConnectServer(self.workdir / "spark" / "connect", master=spark_master, conf=conf,
+                               secret_conf={k: v for k, v in store.items() if is_secret_conf(k)},
+                               env=self._spark_env(self.workdir / "spark" / "conf")).start()
+        part = Part("Spark Connect", server.url, server.log, server.proc)
+        self.parts.append(part)
+        try:
+            server.wait_ready(progress=self.report)
+        except ConnectServerError as exc:
+            raise TopologyError(str(exc)) from None
+        return server.url, part
+
     def _start_kafka(self) -> tuple[str, Part]:
         from lagdoctor.kafka.broker import BrokerError, EmbeddedBroker, wait_until_ready
 
@@ -349,7 +378,8 @@ class Topology:
         return broker.bootstrap, part
 
     def _airflow_env(self, *, state_url: str, airflow_db_url: str, redis_url: str, s3: tuple[str, str, str],
-                     spark_master: str, kafka: str, api_port: int, password_file: Path) -> dict[str, str]:
+                     spark_master: str, connect_url: str, kafka: str, api_port: int,
+                     password_file: Path) -> dict[str, str]:
         endpoint, key, secret = s3
         import sqlalchemy as sa
         from cryptography.fernet import Fernet
@@ -389,8 +419,11 @@ class Topology:
             "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": "120",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
             "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": kafka}}),
-            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": host, "port": int(port),
-                                                      "extra": {"deploy-mode": "client"}}),
+            # the sweeps' diagnosis: a client of the warm Connect server; spark_submit: the fallback
+            # (make it spark_default to diagnose through spark-submit in client mode instead)
+            "AIRFLOW_CONN_SPARK_DEFAULT": connection_json(connect_url),
+            "AIRFLOW_CONN_SPARK_SUBMIT": json.dumps({"conn_type": "spark", "host": host, "port": int(port),
+                                                     "extra": {"deploy-mode": "client"}}),
             f"AIRFLOW_CONN_{S3_CONN_ID.upper()}": json.dumps(aws),
             f"AIRFLOW_CONN_{STATE_CONN_ID.upper()}": json.dumps(
                 {"conn_type": "postgres", "host": state.host, "port": state.port, "login": state.username,
@@ -479,6 +512,8 @@ class Topology:
             endpoint, key, secret, _ = self._start_s3()
             self.report("starting Spark: a master and two workers ...")
             master, spark_ui, _ = self._start_spark()
+            self.report("starting the Spark Connect server (the warm engine) on that cluster ...")
+            connect_url, _ = self._start_connect(master, (endpoint, key, secret))
             self.report("starting the Kafka broker ...")
             kafka, _ = self._start_kafka()
             import sqlalchemy as sa
@@ -494,7 +529,8 @@ class Topology:
             with os.fdopen(fd, "w") as f:
                 json.dump({AIRFLOW_USER: password}, f)
             env = self._airflow_env(state_url=state_db, airflow_db_url=airflow_db, redis_url=redis_url,
-                                    s3=(endpoint, key, secret), spark_master=master, kafka=kafka,
+                                    s3=(endpoint, key, secret), spark_master=master, connect_url=connect_url,
+                                    kafka=kafka,
                                     api_port=api_port, password_file=password_file)
             self.report("starting Airflow: API server, scheduler, DAG processor, Celery workers w1 and w2 ...")
             airflow_parts = self._start_airflow(env, api_port)
@@ -507,7 +543,8 @@ class Topology:
         self.addresses = TopologyAddresses(
             workdir=self.workdir, postgres_admin_url=admin_url, airflow_db_url=airflow_db, state_url=state_db,
             redis_url=redis_url, s3_endpoint=endpoint, bucket=BUCKET, s3_key=key, s3_secret=secret,
-            data_root=env["LAGDOCTOR_DATA_ROOT"], spark_master=master, spark_ui=spark_ui, kafka_bootstrap=kafka,
+            data_root=env["LAGDOCTOR_DATA_ROOT"], spark_master=master, spark_ui=spark_ui, spark_connect=connect_url,
+            kafka_bootstrap=kafka,
             airflow_url=url, airflow_password=password, worker_names=WORKERS,
             airflow_env={**env, "AIRFLOW_HOME": str(self.workdir / "airflow")})
         return self.addresses
@@ -547,24 +584,7 @@ class Topology:
 
 
 def stop_process_group(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, grace_s: float = STOP_GRACE_S) -> None:
-    if proc is None:
-        return
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # whatever is left, children included
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        pass
+    connectserver.stop_process_group(proc, sig, grace_s)
 
 
 def s3_client(endpoint: str, key: str, secret: str):
@@ -615,7 +635,8 @@ def run(workdir: Path, api_port: int | None = None) -> int:
         say(f"Airflow: {a.airflow_url}  login {a.airflow_user}, password in {passwords}"
             f"  (lag page: {a.airflow_url}/lagdoctor/)")
         say(f"data root {a.data_root} on {a.s3_endpoint} (S3 keys: {workdir.resolve() / 's3' / 's3.json'}); "
-            f"state in PostgreSQL database lagdoctor_state; Spark {a.spark_master} (client mode)")
+            f"state in PostgreSQL database lagdoctor_state; diagnosis on the Spark Connect server {a.spark_connect} "
+            f"(executors on {a.spark_master}; spark_submit: client mode there)")
         say("press Ctrl-C to stop")
         while True:
             dead = topology.check()

@@ -1,0 +1,184 @@
+"""The warm Spark engine (issue 20): a Spark Connect server, and the diagnosis as its client.
+
+The job's own suite (test_diagnosis_job.py, test_faults_diagnosis.py) runs once per
+engine; here: the server's lifecycle, a whole sweep on Connect whose diagnosis,
+run again through spark-submit on the same prepared input, writes the same
+findings, and what a user meets when the server is gone or out of reach.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from lagdoctor.connectserver import ConnectServer, ConnectServerError, connection_json, free_port, trivial_query
+from lagdoctor.diagnosis.submit import plan_connect, run_connect_process
+
+pytestmark = pytest.mark.spark
+DAGS = Path(__file__).resolve().parents[1] / "dags"
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def test_a_server_answers_a_new_client_and_stops_with_its_jvm(tmp_path):
+    server = ConnectServer(tmp_path / "engine", master="local[1]")
+    with server:
+        assert server.url == f"sc://127.0.0.1:{server.port}"
+        assert trivial_query(server.url) > 0
+        pgid = server.pid
+        assert group_alive(pgid)
+    deadline = time.monotonic() + 30  # killed processes leave the group once reaped
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not group_alive(pgid)  # the JVM and anything it started: gone
+    assert server.proc.poll() is not None
+
+
+def test_a_server_that_cannot_bind_says_why_in_one_line(tmp_path, connect_server):
+    clash = ConnectServer(tmp_path / "clash", port=connect_server.port, master="local[1]")
+    with pytest.raises(ConnectServerError) as info:
+        with clash:
+            pass
+    message = str(info.value)
+    assert "\n" not in message and "before it was ready" in message and str(clash.log) in message
+    assert not clash.alive()
+    assert trivial_query(connect_server.url) > 0  # the server already there is untouched
+
+
+def test_the_job_says_in_one_line_when_no_server_answers(tmp_path):
+    from lagdoctor.lab.sim import write_seeds_incident
+
+    store = tmp_path / "snapshots"
+    write_seeds_incident(str(store))
+    port = free_port()  # nothing listens there
+    proc = run_connect_process(str(store), str(tmp_path / "out"), remote=f"sc://127.0.0.1:{port}/;token=s3cr3t-t0ken",
+                               timeout=120)
+    assert proc.returncode == 1  # worth a retry: not bad input
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"diagnose_lag: error: cannot start a Spark session on sc://127.0.0.1:{port}:")
+    assert "s3cr3t-t0ken" not in proc.stderr + proc.stdout  # the URL's token is never printed
+    assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+def test_a_remote_server_with_a_local_data_root_is_refused(monkeypatch, tmp_path):
+    from lagdoctor.diagnosis.submit import connect_master
+    from lagdoctor.objectstore import ObjectStoreError, check_deployable
+
+    assert connect_master("sc://127.0.0.1:15002/") == "local"
+    assert connect_master("sc://spark-connect.prod:15002/;token=x") == "sc://spark-connect.prod:15002/"
+    with pytest.raises(ObjectStoreError, match="LAGDOCTOR_DATA_ROOT is a local path"):
+        check_deployable(str(tmp_path), master=connect_master("sc://spark-connect.prod:15002/;token=x"))
+    check_deployable(str(tmp_path), master=connect_master("sc://localhost:15002/"))  # one host: fine
+
+
+def test_session_settings_go_to_a_private_file_not_the_command_line(tmp_path):
+    prep = {"python": "/venv/bin/python", "application": "/app/diagnose_lag.py", "py_files": "/app/lagdoctor.zip",
+            "args": ["--snapshots", str(tmp_path / "s"), "--output", str(tmp_path / "o")]}
+    environ = {"LAGDOCTOR_SPARK_CONF": json.dumps({"spark.hadoop.fs.s3a.secret.key": "hunter2",
+                                                   "spark.sql.shuffle.partitions": "8"}), "PATH": "/usr/bin"}
+    plan = plan_connect(prep, remote="sc://127.0.0.1:15002/", environ=environ, session_conf_dir=tmp_path,
+                        operator_conf={"spark.sql.shuffle.partitions": "6"})
+    assert plan.command == ["/venv/bin/python", "/app/diagnose_lag.py", *prep["args"]]
+    assert "hunter2" not in " ".join(plan.command) and "hunter2" not in json.dumps(
+        {k: v for k, v in plan.env.items() if k != "LAGDOCTOR_SPARK_CONF"})
+    conf_file = Path(plan.env["LAGDOCTOR_SPARK_SESSION_CONF"])
+    assert oct(conf_file.stat().st_mode & 0o777) == "0o600"
+    assert json.loads(conf_file.read_text()) == {"spark.hadoop.fs.s3a.secret.key": "hunter2",
+                                                 "spark.sql.shuffle.partitions": "6"}  # the operator's wins
+    assert plan.env["SPARK_REMOTE"] == "sc://127.0.0.1:15002/"
+    assert plan.env["PYTHONPATH"].split(os.pathsep)[0] == "/app/lagdoctor.zip"
+
+
+@pytest.mark.broker
+@pytest.mark.airflow
+def test_a_sweep_on_connect_and_its_diagnosis_on_spark_submit_give_the_same_findings(
+        airflow_db, kafka_bootstrap, crashed_group, slack_connection, connect_server, tmp_path, monkeypatch):
+    """One sweep run, its diagnosis on the warm server (the spark_default connection of type
+    spark_connect); then the same prepared diagnosis through spark-submit (type spark):
+    the same findings and statuses, byte for byte."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.utils.state import DagRunState, TaskInstanceState
+
+    from lagdoctor.contracts import SWEEP_DAG_ID
+    from lagdoctor.pipeline import DiagnoseLagOperator
+
+    topic, group = crashed_group
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps(
+        {"conn_type": "kafka", "extra": {"bootstrap.servers": kafka_bootstrap}}))
+    monkeypatch.delenv("LAGDOCTOR_SWEEP_CLUSTERS", raising=False)
+    monkeypatch.delenv("LAGDOCTOR_STATE_URL", raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", connection_json(connect_server.url))
+    data = tmp_path / "data"
+    monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", str(data))
+    bag = DagBag(dag_folder=str(DAGS / f"{SWEEP_DAG_ID}.py"))
+    assert bag.import_errors == {}
+    run = bag.dags[SWEEP_DAG_ID].test(run_conf={"group_pattern": re.escape(group), "topic": topic, "samples": 2,
+                                                "interval_seconds": 1, "window_minutes": 30, "dry_run": True})
+    assert run.state == DagRunState.SUCCESS
+    tis = {ti.task_id: ti for ti in run.get_task_instances() if ti.task_id != "snapshot"}
+    assert tis["diagnose"].state == TaskInstanceState.SUCCESS
+    prep = tis["prepare_diagnosis"].xcom_pull(task_ids="prepare_diagnosis")
+    on_connect = Path(prep["output"])
+    connect_findings = [json.loads(line) for line in (on_connect / "findings.jsonl").read_text().splitlines()]
+    assert [f["diagnosis"] for f in connect_findings if f["group_id"] == group] == ["crashed_consumer"]
+
+    # the same prepared input through spark-submit, into a folder of its own
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    on_submit = tmp_path / "on-spark-submit"
+    args = list(prep["args"])
+    args[args.index("--output") + 1] = str(on_submit)
+
+    class PreparedTI:
+        def xcom_pull(self, task_ids):
+            return {**prep, "args": args, "output": str(on_submit)}
+
+    DiagnoseLagOperator(task_id="diagnose_again", prepare_task_id="prepare_diagnosis").execute({"ti": PreparedTI()})
+    for name in ("findings.jsonl", "partition_status.jsonl", "quarantined.jsonl"):
+        assert (on_submit / name).read_text() == (on_connect / name).read_text(), name
+    assert (on_submit / "findings.jsonl").read_text()
+
+
+def test_sigterm_interrupts_the_clients_queries_and_exits(tmp_path, connect_server):
+    """Airflow killing the task: the client asks the server to stop its queries, then exits
+    (a server would otherwise run them on for a client that is gone)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "client.py"
+    script.write_text(
+        "import sys\n"
+        "from lagdoctor.diagnosis.session import start_spark\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from diagnose_lag import stop_on_term\n"
+        "spark = start_spark('sleepy')\n"
+        "stop_on_term(spark)\n"
+        "print('started', flush=True)\n"
+        "spark.range(10**12).selectExpr('sum(id % 7)').collect()\n")
+    from lagdoctor.diagnosis.submit import connect_client_env, default_job_script
+
+    env = connect_client_env(connect_server.url)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1] / "plugins"),
+                                                    env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.Popen([sys.executable, str(script), str(Path(default_job_script()).parent)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "started"
+    time.sleep(3)  # the query is running on the server
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(60)
+    assert code == 128 + signal.SIGTERM, proc.stderr.read()
+    assert time.monotonic() - started < 30
+    assert trivial_query(connect_server.url) < 30  # the server is free again, not summing 10^12 rows
