@@ -108,4 +108,4 @@ bench: $(STAMP)
 	@$(BIN)/python bench/snapshot_bench.py
 
 clean:
-	rm -rf $(VENV) .demo .bench .topology .topology.previous
+	rm -rf $(VENV) .demo .bench .topology .topology.previous .connect-server

@@ -182,3 +182,19 @@ def test_sigterm_interrupts_the_clients_queries_and_exits(tmp_path, connect_serv
     assert code == 128 + signal.SIGTERM, proc.stderr.read()
     assert time.monotonic() - started < 30
     assert trivial_query(connect_server.url) < 30  # the server is free again, not summing 10^12 rows
+
+
+def test_the_cli_diagnoses_as_a_client_of_a_server(tmp_path, connect_server, capsys):
+    from lagdoctor.cli import main
+    from lagdoctor.lab.sim import write_seeds_incident
+
+    store = tmp_path / "snapshots"
+    write_seeds_incident(str(store))
+    out = tmp_path / "out"
+    assert main(["diagnose", "--remote", connect_server.url, "--snapshots", str(store), "--output", str(out)]) == 0
+    findings = [json.loads(line) for line in (out / "findings.jsonl").read_text().splitlines()]
+    assert [(f["group_id"], f["diagnosis"], f["partitions"]) for f in findings] == [
+        ("orders-processor", "partition_imbalance", [1])]
+    assert main(["diagnose", "--remote", connect_server.url, "--master", "local[2]", "--snapshots", str(store),
+                 "--output", str(tmp_path / "o2")]) == 1
+    assert "--remote and --master exclude each other" in capsys.readouterr().err

@@ -124,8 +124,13 @@ def cmd_describe(args: argparse.Namespace) -> int:
 # -- diagnose -----------------------------------------------------------------
 
 def cmd_diagnose(args: argparse.Namespace, passthrough: list[str]) -> int:
-    from lagdoctor.diagnosis.submit import run_diagnosis
+    from lagdoctor.diagnosis.submit import run_connect_process, run_diagnosis
 
+    if args.remote:
+        if args.master:
+            raise CommandError("diagnose: --remote and --master exclude each other (the server has its master)")
+        return run_connect_process(args.snapshots, args.output, args.as_of, args.window_minutes, remote=args.remote,
+                                   extra_args=passthrough, capture=False).returncode
     return run_diagnosis(
         snapshots=args.snapshots,
         output=args.output,
@@ -181,6 +186,17 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         server.shutdown()
         server.server_close()
     return 0
+
+
+# -- connect-server -------------------------------------------------------------
+
+def cmd_connect_server(args: argparse.Namespace) -> int:
+    from lagdoctor.connectserver import main as serve
+
+    argv = ["--port", str(args.port), "--master", args.master, "--workdir", args.workdir]
+    if args.driver_memory:
+        argv += ["--driver-memory", args.driver_memory]
+    return serve(argv)
 
 
 # -- topology -----------------------------------------------------------------
@@ -242,7 +258,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--as-of", default=None, metavar="ISO-8601")
     p.add_argument("--window-minutes", type=float, default=None, metavar="N")
     p.add_argument("--master", default=None, help="Spark master (default: local[*])")
+    p.add_argument("--remote", default=None, metavar="sc://HOST:PORT",
+                   help="run as a client of this Spark Connect server instead of spark-submit")
     p.set_defaults(func=cmd_diagnose)
+
+    p = sub.add_parser("connect-server", help="run a Spark Connect server (the warm engine) until Ctrl-C")
+    p.add_argument("--port", type=int, default=15002, help="loopback port (default: 15002)")
+    p.add_argument("--master", default="local[*]", help="its Spark master (default: local[*])")
+    p.add_argument("--driver-memory", default=None, metavar="SIZE", help="e.g. 2g (default: Spark's, 1g)")
+    p.add_argument("--workdir", default=".connect-server", metavar="DIR", help="its log (default: .connect-server)")
+    p.set_defaults(func=cmd_connect_server)
 
     p = sub.add_parser("compact", help="fold each closed hour's snapshot files into one file")
     p.add_argument("--data-root", default=None, metavar="PATH",
