@@ -682,7 +682,7 @@ LOW_RATE_SCENARIOS = ("healthy_steady", "healthy_batch_committer", "healthy_comm
                       "healthy_unknown_membership", "healthy_single_rebalance", "stalled_consumer",
                       "crashed_consumer", "crashed_consumer_mid_window", "crashed_consumer_producer_stopped",
                       "rebalance_loop_staircase", "rebalance_loop_roller_coaster")
-SWEEP_WINDOW_SECONDS = 1830.0
+SWEEP_WINDOW_SECONDS = 1830.0  # 30 minutes of sweeps and the last sweep's samples
 # The sweep DAG's defaults (lagdoctor.stages.params): a run every SWEEP_EVERY_S, each taking
 # SWEEP_SAMPLES samples SWEEP_SAMPLE_INTERVAL_S apart.
 SWEEP_EVERY_S = 60.0
@@ -696,7 +696,7 @@ def _sweep_shape() -> tuple[float, int, float]:
 # look-alikes: a slow consumer, a hot partition, growing and level waves.
 SEEDS_SCENARIOS = ("partition_imbalance_case_study", "partition_imbalance", "slow_consumer", "producer_surge_early",
                    "producer_surge_late", "stalled_consumer_staircase", "stalled_consumer",
-                   "rebalance_loop_roller_coaster", "healthy_batch_committer")  # 30 minutes of sweeps and the last sweep's 3 samples
+                   "rebalance_loop_roller_coaster", "healthy_batch_committer")
 
 
 def _cadence_shape(rng) -> dict[str, Any]:

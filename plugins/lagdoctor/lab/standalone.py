@@ -310,10 +310,10 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(2)
             swept_at = time.monotonic()
             if sweep_runs(bindir, env):
-                say("  first sweep started by the scheduler; then every 5 minutes")
+                say("  first sweep started by the scheduler; then every minute")
             else:
                 ok, last = airflow_cli(bindir, env, "dags", "trigger", DAG_IDS[0])
-                say(f"  first sweep {'triggered' if ok else 'not triggered: ' + last}; then every 5 minutes")
+                say(f"  first sweep {'triggered' if ok else 'not triggered: ' + last}; then every minute")
         say("press Ctrl-C to stop")
         surged = args.no_workloads
         shortfalls: dict[str, str] = {}
