@@ -88,7 +88,7 @@ LATENCY_SCENARIOS = ("producer_surge", "producer_surge_late", "partition_imbalan
 WARMUP_S, AFTER_S, WINDOW_S = 1800.0, 900.0, 1800.0
 
 
-def latency_table(seed: int, groups: int, sweep: tuple[float, int, float]):
+def latency_table(seed: int, groups: int, sweep: tuple[float, int, float], scenarios=LATENCY_SCENARIOS):
     """Each scenario's group under sweeps of `sweep` (every s, samples, s apart), its cause
     starting at a random phase of a sweep after WARMUP_S; the history cut at the end of each
     sweep from one before onset to AFTER_S after it, each cut its own cluster (a sweep's window)."""
@@ -101,7 +101,7 @@ def latency_table(seed: int, groups: int, sweep: tuple[float, int, float]):
     rng = np.random.default_rng(seed)
     every = sweep[0]
     tables, cuts = [], []
-    for name in LATENCY_SCENARIOS:
+    for name in scenarios:
         for k in range(groups):
             onset = WARMUP_S + float(rng.uniform(0, every))
             group = f"{name}-{k}"
@@ -122,7 +122,8 @@ def latency_table(seed: int, groups: int, sweep: tuple[float, int, float]):
     return pa.concat_tables(tables), cuts
 
 
-def latency(seeds, groups: int, sweep: tuple[float, int, float], overrides=None, show: bool = False) -> dict:
+def latency(seeds, groups: int, sweep: tuple[float, int, float], overrides=None, show: bool = False,
+            scenarios=LATENCY_SCENARIOS) -> dict:
     """Per scenario: the time from onset to the end of the first sweep whose window gets the
     exact true set (median, max; 'never' within AFTER_S), and wrong findings before it; for
     the healthy ones, cuts with any problem named."""
@@ -140,7 +141,7 @@ def latency(seeds, groups: int, sweep: tuple[float, int, float], overrides=None,
     with tempfile.TemporaryDirectory(prefix="lagdoctor-latency-") as tmp:
         cuts = []
         for seed in seeds:
-            table, c = latency_table(seed, groups, sweep)
+            table, c = latency_table(seed, groups, sweep, scenarios)
             cuts += c
             for cluster in sorted({x["cluster"] for x in c}):
                 import pyarrow.compute as pc
@@ -185,7 +186,7 @@ def latency(seeds, groups: int, sweep: tuple[float, int, float], overrides=None,
     print(f"sweep every {sweep[0]:g} s, {sweep[1]} samples {sweep[2]:g} s apart; seeds {','.join(map(str, seeds))}, "
           f"{groups} groups per scenario; overrides {overrides or {}}")
     print(f"  {'scenario':30s} {'groups':>6s} {'median s':>9s} {'max s':>7s} {'never':>5s} {'wrong':>5s} {'alarms':>6s}")
-    for name in LATENCY_SCENARIOS:
+    for name in scenarios:
         r = out[name]
         med = f"{statistics.median(r['times']):9.0f}" if r["times"] else f"{'-':>9s}"
         mx = f"{max(r['times']):7.0f}" if r["times"] else f"{'-':>7s}"
@@ -199,7 +200,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", help="comma-separated (default: the holdout seeds)")
     parser.add_argument("--tuning", action="store_true", help="the tuning seeds")
     parser.add_argument("--groups", type=int, default=3, help="groups per (condition, scenario)")
-    parser.add_argument("--conditions", help="comma-separated condition names (default: all)")
+    parser.add_argument("--conditions", help="comma-separated condition names (default: all); "
+                                             "with --latency, scenario names")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a Thresholds override")
     parser.add_argument("--wrong", action="store_true", help="list every unit the engine got wrong")
     parser.add_argument("--latency", action="store_true",
@@ -217,7 +219,7 @@ def main(argv=None) -> int:
         shape = (float(every), int(samples), float(apart))
         sim._sweep_shape = lambda: shape
     if args.latency:
-        latency(seeds, args.groups, sim._sweep_shape(), overrides, args.wrong)
+        latency(seeds, args.groups, sim._sweep_shape(), overrides, args.wrong, conditions or LATENCY_SCENARIOS)
         return 0
     run(seeds, args.groups, conditions, overrides, args.wrong)
     return 0

@@ -414,9 +414,8 @@ def as_scheduled(monkeypatch):
     monkeypatch.setattr(dagrun_module, "get_or_create_dagrun", scheduled)
 
 
-@pytest.mark.broker
 def test_a_late_scheduled_sweep_skips_every_task_writes_nothing_and_posts_nothing(
-        airflow_db, as_scheduled, slack_connection, kafka_bootstrap, tmp_path, monkeypatch, caplog):
+        airflow_db, as_scheduled, slack_connection, tmp_path, monkeypatch, caplog):
     """A scheduled run due at 10:00 that starts hours later: the next was due at 10:01, so it
     skips in its first task with one line, every task skipped (none failed), no file in the
     data root, no Slack post; an open failure thread is not told "recovered"."""
@@ -429,7 +428,7 @@ def test_a_late_scheduled_sweep_skips_every_task_writes_nothing_and_posts_nothin
     monkeypatch.delenv("LAGDOCTOR_STATE_URL", raising=False)
     monkeypatch.delenv("LAGDOCTOR_SWEEP_CLUSTERS", raising=False)
     monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", str(tmp_path / "data"))
-    kafka_conn(monkeypatch, "kafka_default", kafka_bootstrap)
+    kafka_conn(monkeypatch, "kafka_default", DOWN)  # never contacted: the run skips before any read
     # an earlier run failed: its failure thread is open, and the state database holds it
     notify_failure({"ti": MappedTI("snapshot", "scheduled__earlier", 0, "kafka_default"), "run_id": "scheduled__earlier",
                     "exception": ClusterUnreadable("cluster kafka_default: cannot reach Kafka at 10.0.0.1:9092")},
