@@ -44,8 +44,8 @@ with DAG(
     doc_md="""
 ### Kafka lag health sweep
 
-Each run takes a few offset snapshots of every consumer group (`samples`,
-`interval_seconds` apart) on every cluster it covers, one `snapshot` task
+Each run takes an offset snapshot of every consumer group (`samples`, default 1;
+`interval_seconds` apart when more) on every cluster it covers, one `snapshot` task
 instance per cluster, in parallel, into the Parquet store under `LAGDOCTOR_DATA_ROOT`,
 so history accumulates run after run; a retention task keeps 7 days. The
 PySpark diagnosis then reads the last `window_minutes` of that history and the

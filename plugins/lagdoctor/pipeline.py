@@ -27,7 +27,9 @@ acts for the ticked targets alone and records the others rejected. A real
 remediation that a guardrail blocks fails the incident run with the reason
 (before or after the approval); the sweep, where a cooldown is routine, skips it
 (failed, if it acted for another group).
-Every task has an execution timeout, so nothing holds the sweep forever.
+Every task has an execution timeout, so nothing holds the sweep forever, and a scheduled
+sweep that starts when the next is already due skips in validate_params (skip_if_late):
+every task skipped, nothing written or posted; a triggered run never skips this way.
 Reports never hold back Slack: a report that fails or times out fails its own task
 (no retry) and the run, and post_findings still posts the findings (without report links).
 """
