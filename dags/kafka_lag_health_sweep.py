@@ -1,4 +1,4 @@
-"""Every few minutes: snapshot all consumer groups, diagnose, post, remediate."""
+"""Every minute: snapshot all consumer groups, diagnose, post, remediate."""
 
 from __future__ import annotations
 
@@ -7,19 +7,20 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
 
-from lagdoctor.notify.incidents import notify_failure, notify_recovery
-from lagdoctor.pipeline import build_pipeline, clusters_param, thresholds_param, use_data_root
-from lagdoctor.stages.params import sweep_clusters_default
+from lagdoctor.notify.incidents import notify_failure
+from lagdoctor.pipeline import (build_pipeline, clusters_param, notify_recovery_unless_skipped, thresholds_param,
+                                use_data_root)
+from lagdoctor.stages.params import SWEEP_SAMPLES, SWEEP_SAMPLE_INTERVAL_S, SWEEP_SCHEDULE, sweep_clusters_default
 
 with DAG(
     dag_id="kafka_lag_health_sweep",
     description="Snapshot consumer group offsets, diagnose lag with Spark, post findings and remediate.",
-    schedule=os.environ.get("LAGDOCTOR_SWEEP_SCHEDULE", "*/5 * * * *"),
+    schedule=os.environ.get("LAGDOCTOR_SWEEP_SCHEDULE", SWEEP_SCHEDULE),
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,
     tags=["lagdoctor", "kafka", "sweep"],
-    on_success_callback=notify_recovery,
+    on_success_callback=notify_recovery_unless_skipped,
     default_args={"retries": 1, "retry_delay": timedelta(minutes=1), "on_failure_callback": notify_failure,
                   "on_execute_callback": use_data_root},
     params={
@@ -33,17 +34,18 @@ with DAG(
         "topic": Param("", type="string", description="Only this topic; empty: all."),
         "window_minutes": Param(30, type="integer", minimum=1, maximum=1440,
                                 description="History the diagnosis looks at."),
-        "samples": Param(3, type="integer", minimum=1, maximum=60,
+        "samples": Param(SWEEP_SAMPLES, type="integer", minimum=1, maximum=60,
                          description="Snapshots taken by each run (history accumulates across runs)."),
-        "interval_seconds": Param(10, type="number", minimum=0, maximum=300),
+        "interval_seconds": Param(SWEEP_SAMPLE_INTERVAL_S, type="number", minimum=0, maximum=300,
+                                  description="Seconds between a run's snapshots."),
         "thresholds": thresholds_param(),
         "dry_run": Param(True, type="boolean", description="Remediation only says what it would do."),
     },
     doc_md="""
 ### Kafka lag health sweep
 
-Each run takes a few offset snapshots of every consumer group (`samples`,
-`interval_seconds` apart) on every cluster it covers, one `snapshot` task
+Each run takes an offset snapshot of every consumer group (`samples`, default 1;
+`interval_seconds` apart when more) on every cluster it covers, one `snapshot` task
 instance per cluster, in parallel, into the Parquet store under `LAGDOCTOR_DATA_ROOT`,
 so history accumulates run after run; a retention task keeps 7 days. The
 PySpark diagnosis then reads the last `window_minutes` of that history and the
@@ -53,6 +55,13 @@ sweep never waits for a human: an action that needs approval is proposed in its
 Slack thread; to carry it out, trigger `kafka_lag_incident` for that group with
 `dry_run` off, which asks for approval. Every task has a time limit, and a form
 value that cannot work fails the first task at once, without retry.
+
+**Cadence.** Every minute by default (`LAGDOCTOR_SWEEP_SCHEDULE` changes the cron),
+one run at a time, no catch-up. A scheduled run that starts when the next one is
+already due (the run before it overran and it waited) skips: `validate_params` logs
+one line saying how late it is and that the next run covers it, every task ends
+skipped (not failed), nothing is snapshotted, written or posted. A run you trigger
+is never skipped this way.
 
 **Which clusters** (Airflow connection ids of type kafka; the first rule that applies wins):
 
@@ -71,4 +80,4 @@ one Spark job, and the run ends failed. An unread cluster gets no finding that
 run: its open incident threads stay open (unknown is never healthy).
 """,
 ) as dag:
-    build_pipeline(samples=3, interval_s=10.0, prune=True)
+    build_pipeline(samples=SWEEP_SAMPLES, interval_s=SWEEP_SAMPLE_INTERVAL_S, prune=True)

@@ -77,12 +77,15 @@ def test_snapshot_time_limit_follows_samples_and_interval():
 
 def test_concurrency_and_callbacks(dagbag):
     from lagdoctor.notify.incidents import notify_failure, notify_recovery
+    from lagdoctor.pipeline import notify_recovery_unless_skipped
 
     sweep, incident = dagbag.dags[SWEEP_DAG_ID], dagbag.dags[INCIDENT_DAG_ID]
-    assert sweep.max_active_runs == 1
+    assert sweep.max_active_runs == 1 and sweep.catchup is False  # sweeps never pile up
     assert 1 < incident.max_active_runs <= 5
+    # a sweep that skipped itself for starting late checked nothing: it says nothing recovered
+    assert sweep.on_success_callback in (notify_recovery_unless_skipped, [notify_recovery_unless_skipped])
+    assert incident.on_success_callback in (notify_recovery, [notify_recovery])
     for dag in (sweep, incident):
-        assert dag.on_success_callback in (notify_recovery, [notify_recovery])
         assert dag.default_args["on_failure_callback"] is notify_failure
 
 
@@ -144,8 +147,13 @@ def test_group_pattern_help_says_full_match_with_an_example(dagbag, dag_id):
     assert "orders-.*" in help_text and "orders-processor" in help_text
 
 
-def test_sweep_runs_on_a_five_minute_schedule(dagbag):
-    assert dagbag.dags[SWEEP_DAG_ID].schedule == "*/5 * * * *"
+def test_sweep_runs_every_minute_unless_the_environment_says_otherwise(dagbag, monkeypatch):
+    assert dagbag.dags[SWEEP_DAG_ID].schedule == "* * * * *"
+    monkeypatch.setenv("LAGDOCTOR_SWEEP_SCHEDULE", "*/5 * * * *")
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(Path(__file__).resolve().parents[1] / "dags" / f"{SWEEP_DAG_ID}.py"))
+    assert bag.dags[SWEEP_DAG_ID].schedule == "*/5 * * * *"
 
 
 def test_incident_form_has_the_contract_params_and_dry_run_by_default(dagbag):

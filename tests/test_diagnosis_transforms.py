@@ -110,7 +110,8 @@ def test_stalled_partitions_but_not_batch_committers(spark, frame):
 
 
 def test_a_stall_is_called_at_the_sweeps_cadence_not_after_twice_its_gap(frame):
-    """Sweeps every 5 minutes, each taking 3 samples 10 s apart (the DAG's defaults): the
+    """Sweeps every 5 minutes, each taking 3 samples 10 s apart (the DAG's defaults before issue 20,
+    still what a 5-minute LAGDOCTOR_SWEEP_SCHEDULE with samples 3 gives): the
     commit advanced at every sample until minute 10, then stood still for 6 minutes on
     partition 0 while 100 msg/s arrive. The 4.7 minutes between sweeps are the sampling's
     gap, not the consumer's: it is stalled now, not once frozen for twice that."""

@@ -96,7 +96,7 @@ def _by_group_topic(table, *columns):
     return out
 
 
-def test_sweep_cadence_is_bursts_of_three_samples_every_five_minutes():
+def test_the_five_minute_sweep_is_bursts_of_three_samples():
     from lagdoctor.lab.sim import condition_table
 
     table, labels = condition_table(seed=21, conditions=["sweep_cadence"], n_groups_per_case=1)
@@ -107,6 +107,44 @@ def test_sweep_cadence_is_bursts_of_three_samples_every_five_minutes():
         assert stamps[-1] - stamps[0] >= timedelta(minutes=25)
         bursts = [i for i, s in enumerate(steps) if s > 100]
         assert [b - a for a, b in zip([-1] + bursts, bursts + [len(steps)])] == [3] * (len(bursts) + 1)
+
+
+def test_the_one_minute_sweep_is_the_dags_own_sampling_one_read_a_minute():
+    from lagdoctor.lab.sim import condition_table
+    from lagdoctor.stages.params import SWEEP_SAMPLES
+
+    assert SWEEP_SAMPLES == 1
+    table, labels = condition_table(seed=21, conditions=["sweep_1min"], n_groups_per_case=1)
+    assert {lab["scenario"] for lab in labels} >= {"producer_surge_late", "stalled_consumer_staircase"}
+    for rows in _by_group_topic(table).values():
+        stamps = sorted({r["snapshot_ts"] for r in rows})
+        steps = [(b - a).total_seconds() for a, b in zip(stamps, stamps[1:])]
+        assert all(55 <= s <= 65 or 115 <= s <= 245 for s in steps)  # the next minute's run (or a missed one)
+        assert stamps[-1] - stamps[0] >= timedelta(minutes=28) and 25 <= len(stamps) <= 31
+
+
+@pytest.mark.spark
+def test_one_minute_sweeps_name_each_cause_and_no_problem_on_healthy_groups(spark, tmp_path):
+    """The sweep's default sampling (one read a minute, a 30-minute window) on a seed never
+    tuned on: every simulated cause named exactly, nothing named on the healthy look-alikes."""
+    from lagdoctor.diagnosis.classify import findings
+    from lagdoctor.diagnosis.features import group_features, group_series, partition_features
+    from lagdoctor.diagnosis.snapshots import read_snapshots
+    from lagdoctor.lab.sim import score, score_text, write_conditions
+
+    labels = write_conditions(str(tmp_path), seed=9011, n_groups_per_case=2, conditions=["sweep_1min"])
+    df = read_snapshots(spark, str(tmp_path))
+    pf = partition_features(df)
+    found = [r.asDict() for r in findings(pf, group_features(group_series(df, pf))).collect()]
+    result = score(labels, found)
+    report = score_text(result)
+    assert not result["wrong"], report
+    assert sum(result["false_alarms"].values()) == 0, report
+    assert {d for lab in labels for d in lab["diagnoses"]} >= {
+        "partition_imbalance", "producer_surge", "slow_consumer", "stalled_consumer", "crashed_consumer",
+        "rebalance_loop"}
+    patterns = sum(result["pattern_hits"].values()) / sum(result["pattern_totals"].values())
+    assert patterns >= 0.85, report
 
 
 def test_multi_topic_groups_are_labelled_per_topic_with_one_sick_topic():

@@ -362,3 +362,111 @@ def test_a_sweep_over_three_clusters_one_unreachable(
     assert failure_posts and f"snapshot[{down}]" in failure_posts[0].body["text"]
     assert f"cluster {down}: cannot reach Kafka" in json.dumps(failure_posts[0].body["blocks"])
     assert not any("recovered" in json.dumps(p.body) and down in json.dumps(p.body) for p in slack_connection.posts)
+
+
+# -- a one-minute sweep: a run that starts when the next is due skips (issue 20) ----------------
+
+
+def test_a_scheduled_run_skips_once_the_next_is_due_and_a_manual_run_never_does():
+    from datetime import datetime, timezone
+
+    from lagdoctor.stages.params import late_run_line
+
+    at = datetime(2026, 11, 27, 10, 0, tzinfo=timezone.utc)
+    due = datetime(2026, 11, 27, 10, 1, tzinfo=timezone.utc)
+    assert late_run_line("scheduled", at, due, datetime(2026, 11, 27, 10, 0, 59, tzinfo=timezone.utc)) is None
+    line = late_run_line("scheduled", at, due, datetime(2026, 11, 27, 10, 3, 30, tzinfo=timezone.utc))
+    assert line == ("skipped: this scheduled run starts 210 s after its time (2026-11-27 10:00:00 UTC), past the "
+                    "next run's (10:01:00 UTC); nothing snapshotted, diagnosed or posted, the next run covers it")
+    for run_type in ("manual", "asset_triggered", "backfill"):
+        assert late_run_line(run_type, at, due, datetime(2026, 11, 28, tzinfo=timezone.utc)) is None
+
+
+def test_the_sweeps_next_run_is_due_a_minute_later(dagbag):
+    from datetime import datetime, timezone
+
+    from lagdoctor.contracts import SWEEP_DAG_ID
+    from lagdoctor.stages.params import next_scheduled_after
+
+    timetable = dagbag.dags[SWEEP_DAG_ID].timetable
+    at = datetime(2026, 11, 27, 10, 0, tzinfo=timezone.utc)
+    # the interval a scheduled run covers: [10:00, 10:00] for a cron trigger, [9:59, 10:00] with data intervals
+    start = at - timedelta(minutes=1) if type(timetable).__name__ == "CronDataIntervalTimetable" else at
+    assert next_scheduled_after(timetable, start, at) == datetime(2026, 11, 27, 10, 1, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def as_scheduled(monkeypatch):
+    """dag.test() creates manual runs only: this makes its run the scheduler's kind."""
+    import airflow.models.dagrun as dagrun_module
+    from airflow.utils.state import DagRunState
+    from airflow.utils.types import DagRunType
+
+    def scheduled(*, dag, run_id, logical_date, data_interval, run_after, conf, triggered_by,
+                  triggering_user_name, start_date, session):
+        return dag.create_dagrun(
+            run_id=dagrun_module.DagRun.generate_run_id(run_type=DagRunType.SCHEDULED, logical_date=logical_date,
+                                                        run_after=run_after),
+            logical_date=logical_date, data_interval=data_interval, run_after=run_after, conf=conf,
+            run_type=DagRunType.SCHEDULED, state=DagRunState.RUNNING, triggered_by=triggered_by,
+            triggering_user_name=triggering_user_name, start_date=start_date, session=session)
+
+    monkeypatch.setattr(dagrun_module, "get_or_create_dagrun", scheduled)
+
+
+def test_a_late_scheduled_sweep_skips_every_task_writes_nothing_and_posts_nothing(
+        airflow_db, as_scheduled, slack_connection, tmp_path, monkeypatch, caplog):
+    """A scheduled run due at 10:00 that starts hours later: the next was due at 10:01, so it
+    skips in its first task with one line, every task skipped (none failed), no file in the
+    data root, no Slack post; an open failure thread is not told "recovered"."""
+    from datetime import datetime, timezone
+
+    from airflow.utils.state import DagRunState, TaskInstanceState
+
+    from lagdoctor.notify.incidents import notify_failure
+
+    monkeypatch.delenv("LAGDOCTOR_STATE_URL", raising=False)
+    monkeypatch.delenv("LAGDOCTOR_SWEEP_CLUSTERS", raising=False)
+    monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", str(tmp_path / "data"))
+    kafka_conn(monkeypatch, "kafka_default", DOWN)  # never contacted: the run skips before any read
+    # an earlier run failed: its failure thread is open, and the state database holds it
+    notify_failure({"ti": MappedTI("snapshot", "scheduled__earlier", 0, "kafka_default"), "run_id": "scheduled__earlier",
+                    "exception": ClusterUnreadable("cluster kafka_default: cannot reach Kafka at 10.0.0.1:9092")},
+                   settings=Settings.from_env())
+    assert len(slack_connection.posts) == 1
+    before = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "data").rglob("*") if p.is_file())
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "data").rglob("*") if p.is_file()}
+
+    dag = parse_sweep()
+    due = datetime(2026, 11, 27, 10, 0, tzinfo=timezone.utc)
+    with caplog.at_level("WARNING"):
+        run = dag.test(logical_date=due, run_after=due)
+    assert run.state == DagRunState.SUCCESS
+    states = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    assert set(states.values()) == {TaskInstanceState.SKIPPED}, states
+    assert {"validate_params", "snapshot", "diagnose", "post_findings", "route", "prune_history",
+            "compact_history", "check_failures"} <= set(states)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipped: this scheduled run")]
+    assert lines and "after its time (2026-11-27 10:00:00 UTC), past the next run's (10:01:00 UTC)" in lines[0]
+    assert lines[0].endswith("the next run covers it") and "\n" not in lines[0]
+    assert len(slack_connection.posts) == 1  # nothing posted: no finding, no failure, no "recovered"
+    after = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "data").rglob("*") if p.is_file())
+    assert after == before  # no snapshot, findings, report, pruning or compaction
+    assert all(p.stat().st_mtime_ns == t for p, t in stamps.items())
+
+
+def test_a_manual_sweep_for_a_past_time_is_never_skipped(airflow_db, tmp_path, monkeypatch):
+    """Triggered by a person for a time long past: it runs (here its form fails, named)."""
+    from datetime import datetime, timezone
+
+    from airflow.utils.state import TaskInstanceState
+
+    monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", str(tmp_path / "data"))
+    monkeypatch.delenv("AIRFLOW_CONN_KAFKA_DEFAULT", raising=False)
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    monkeypatch.delenv("LAGDOCTOR_SWEEP_CLUSTERS", raising=False)
+    due = datetime(2026, 11, 27, 10, 0, tzinfo=timezone.utc)
+    run = parse_sweep().test(logical_date=due, run_after=due, run_conf={"cluster": "kafka_nowhere"})
+    tis = {ti.task_id: ti for ti in run.get_task_instances()}
+    assert tis["validate_params"].state == TaskInstanceState.FAILED  # the form was checked: not skipped
+    assert tis["validate_params"].xcom_pull(task_ids="validate_params", key="late_run") is None

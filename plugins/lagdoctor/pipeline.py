@@ -27,15 +27,18 @@ acts for the ticked targets alone and records the others rejected. A real
 remediation that a guardrail blocks fails the incident run with the reason
 (before or after the approval); the sweep, where a cooldown is routine, skips it
 (failed, if it acted for another group).
-Every task has an execution timeout, so nothing holds the sweep forever.
+Every task has an execution timeout, so nothing holds the sweep forever, and a scheduled
+sweep that starts when the next is already due skips in validate_params (skip_if_late):
+every task skipped, nothing written or posted; a triggered run never skips this way.
 Reports never hold back Slack: a report that fails or times out fails its own task
 (no retry) and the run, and post_findings still posts the findings (without report links).
 """
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -47,9 +50,10 @@ from lagdoctor.remediation import action_names, approval_meta, get_action
 from lagdoctor.stages import collect as collect_stage, diagnose as diagnose_stage, housekeeping as housekeeping_stage
 from lagdoctor.stages import notify as notify_stage, params as params_stage, plan as plan_stage
 from lagdoctor.stages import remediate as remediate_stage
-from lagdoctor.stages.common import SNAPSHOT_TASK_ID, run_failure_line
+from lagdoctor.stages.common import LATE_RUN_KEY, SNAPSHOT_TASK_ID, VALIDATE_TASK_ID, late_run, run_failure_line
 
-VALIDATE_TASK_ID = "validate_params"
+log = logging.getLogger(__name__)
+
 POST_TASK_ID = "post_findings"
 REPORTS_TASK_ID = "write_reports"
 REPORT_ERROR_KEY = "report_error"
@@ -273,6 +277,49 @@ def _run_id() -> str:
 CLUSTERS_TASK_ID = "list_clusters"
 
 
+def skip_if_late(context: Any, now: datetime | None = None) -> None:
+    """A scheduled run that starts when the next is already due skips, saying so in one
+    line (also left in XCom for the tasks that run whatever their upstream did); a manual run
+    never does. Its tasks end skipped, not failed: no Slack failure message, nothing written."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    dag_run = context.get("dag_run")
+    scheduled_for = getattr(dag_run, "run_after", None)
+    run_type = getattr(dag_run, "run_type", None)
+    if getattr(run_type, "value", run_type) != "scheduled" or scheduled_for is None:
+        return
+    start = getattr(dag_run, "data_interval_start", None) or scheduled_for
+    end = getattr(dag_run, "data_interval_end", None) or scheduled_for
+    next_due = params_stage.next_scheduled_after(context["dag"].timetable, start, end)
+    line = params_stage.late_run_line(run_type, scheduled_for, next_due, now or datetime.now(timezone.utc))
+    if line:
+        log.warning("%s", line)
+        context["ti"].xcom_push(key=LATE_RUN_KEY, value=line)
+        raise AirflowSkipException(line)
+
+
+def notify_recovery_unless_skipped(context: Any) -> dict[str, Any]:
+    """The sweep's on_success_callback: notify_recovery, unless the run checked nothing.
+    Airflow hands a DAG's success callback its last successful task; with none (every task
+    skipped: a late run) nothing was read, so nothing can be said to have recovered."""
+    from lagdoctor.notify.incidents import notify_recovery
+
+    line = late_run(context)
+    if line or not (context.get("ti") or context.get("task_instance")):
+        log.info("no recovery message: %s", line or "no task of this run succeeded")
+        return {"decision": "unchanged", "undelivered": 0, "delivery_error": None}
+    return notify_recovery(context)
+
+
+def skip_with_late_run(context: Any) -> None:
+    """For tasks that run whatever their upstream did (all_done): skipped with a late run too."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    line = late_run(context)
+    if line:
+        raise AirflowSkipException(line)
+
+
 def _narrow_snapshot_timeout(context: Any) -> None:
     """pre_execute: this run's snapshot timeout from its own samples and interval."""
     form = context["ti"].xcom_pull(task_ids=VALIDATE_TASK_ID) or {}
@@ -296,6 +343,7 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
 
     @task(task_id=VALIDATE_TASK_ID, execution_timeout=TIMEOUTS["validate_params"])
     def validate_params() -> dict[str, Any]:
+        skip_if_late(get_current_context())
         params = {"samples": samples, "interval_seconds": interval_s, **_params()}
         if kind == "incident":
             params.pop("clusters", None)  # an incident looks at its one cluster
@@ -358,6 +406,7 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
     # a Slack outage must not stop remediation. No plan (it failed): no branch.
     @task.branch(trigger_rule="all_done", execution_timeout=TIMEOUTS["route"])
     def route() -> list[str]:
+        skip_with_late_run(get_current_context())
         summary = get_current_context()["ti"].xcom_pull(task_ids=PLAN_TASK_ID)
         return plan_stage.choose_branches(summary, approvals=approvals)
 
@@ -422,6 +471,7 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
         # all_done: a cluster that stays unreachable must not stop retention for the others.
         @task(execution_timeout=TIMEOUTS["prune_history"], trigger_rule="all_done")
         def prune_history() -> int:
+            skip_with_late_run(get_current_context())
             return housekeeping_stage.prune_history()
 
         pruned = prune_history()
@@ -430,6 +480,7 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
 
         @task(execution_timeout=TIMEOUTS["compact_history"], trigger_rule="all_done")
         def compact_history() -> dict[str, Any]:
+            skip_with_late_run(get_current_context())
             return housekeeping_stage.compact_history()
 
         compacted = compact_history()

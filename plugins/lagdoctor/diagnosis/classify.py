@@ -79,9 +79,10 @@ Cases that sharpen the causes (issue 10; each measured by bench/accuracy_bench.p
                          hot owner is far below its load (4), or the hot         a loop's pauses left behind drains
                          partition consumes >= (1 - imbalance_behind_slack) x    near its load: 2 only, not 4
                          its late produce
-14  sweep cadence        3 samples 10 s apart every 5 minutes: rebalances show   2 still holds: owner ids change
-                         as owner-id changes between sweeps, rarely as a state   between sweeps; the pattern of
-                                                                                 steps blurs into steady_climb
+14  sweep cadence        one sample a minute (the sweep's default, issue 20), or  2 still holds: owner ids change
+                         3 samples 10 s apart every 5 minutes (a slower          between sweeps; at 5 minutes the
+                         schedule): rebalances show as owner-id changes          pattern of steps blurs into
+                         between sweeps, rarely as a state                       steady_climb
 15  early third unknown  no two snapshots in the first third (5-minute cadence   early rates are null, not 0: no
                          with a missed sweep)                                    surge from "0 -> N msg/s"
 16  mixed causes         rules hold independently (stalled partitions and a      one finding per rule that holds

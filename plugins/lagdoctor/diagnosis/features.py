@@ -618,8 +618,8 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
     rise_lag = F.when(F.col("in_rise"), F.col("total_lag"))
     # the diffs from the fastest rise down: what share of the total rise happens
     # in the fastest quarter of the window's time (staircase: nearly all of it).
-    # Time, not a count of diffs: at the sweep's cadence (3 samples 10 s apart
-    # every 5 minutes) two diffs in three are 10 s long and carry little.
+    # Time, not a count of diffs: at a 5-minute sweep's cadence (3 samples 10 s
+    # apart) two diffs in three are 10 s long and carry little.
     by_rate = Window.partitionBy(*GROUP_KEY).orderBy(_ratio(F.col("dy"), F.col("dt")).desc_nulls_last())
     s = s.withColumn(
         "dt_before", F.coalesce(F.sum("dt").over(by_rate.rowsBetween(Window.unboundedPreceding, -1)), F.lit(0.0))

@@ -97,7 +97,8 @@ class _Group:
                  interval: float | None = None, members: int | None = None, rate: float | None = None,
                  cadence: str | None = None, gap_rate: float = 0.03, snap_times: list[float] | None = None,
                  hexes: list[str] | None = None, record_ts: bool = False, optional_columns: bool = False,
-                 fractional_capacity: bool = False):
+                 fractional_capacity: bool = False, sweep: tuple[float, int, float] | None = None,
+                 onset: float | None = None):
         import numpy as np
 
         self.np = np
@@ -128,8 +129,12 @@ class _Group:
         self.owner = np.arange(self.n) % m  # round-robin assignment
         self.lag0 = self.base * rng.uniform(0.0, 2.0, self.n)  # a second or two behind
         self.labels_partitions: list[int] = []
-        # "sweep": the sweep DAG's own cadence, 3 samples 10 s apart every 5 minutes
+        # "sweep": a sweep DAG's cadence, `sweep` = (every s, samples, s apart); default the
+        # 5-minute one (3 samples 10 s apart) the classic condition was built with
         self.cadence, self.gap_rate, self.snap_times = cadence, gap_rate, snap_times
+        self.sweep = sweep or (300.0, 3, 10.0)
+        # when the cause begins (s from the start), for the scenarios that have one: None draws it
+        self.onset = onset
         self.record_ts, self.optional_columns = record_ts, optional_columns or record_ts
         self.pramp = None  # (ticks, n) produce multiplier over time per partition (a hot key's rise)
         self.freeze = None  # (ticks, n) True where a partition's consumer is stuck (a staircase's steps)
@@ -201,6 +206,7 @@ class _Group:
             lag0[hot] += self.base[hot] * pmult[hot] * rng.uniform(0, 300, k)
         elif sc == "producer_surge":
             s0 = rng.uniform(0.4, 0.6) * self.window
+            s0 = s0 if self.onset is None else self.onset
             factor = rng.uniform(2.5, 8.0)
             cap = self.base * rng.uniform(1.5, min(3.0, factor / 1.4), n)
             ramp = np.clip((times - s0) / 60.0, 0, 1)  # load ramps up over a minute
@@ -222,11 +228,13 @@ class _Group:
             self.labels_partitions = sorted(int(p) for p in stuck)
             frozen_from[stuck] = -rng.uniform(0, 0.5) * self.window  # stuck before the window
             lag0[stuck] += self.base[stuck] * rng.uniform(30, 600, len(stuck))
+            if self.onset is not None:  # kept up until it got stuck
+                frozen_from[stuck], lag0[stuck] = self.onset, self.base[stuck] * rng.uniform(0, 2, len(stuck))
             trickle[stuck] = np.where(rng.random(len(stuck)) < 0.3, rng.uniform(0.002, 0.01, len(stuck)), 0.0)
         elif sc.startswith("crashed_consumer"):
             c0 = -1.0
             if sc == "crashed_consumer_mid_window":
-                c0 = rng.uniform(0.4, 0.55) * self.window
+                c0 = rng.uniform(0.4, 0.55) * self.window if self.onset is None else self.onset
             lag0 += self.base * (rng.uniform(0, 600) if c0 < 0 else 0)
             after = times >= c0
             active[after] = False
@@ -245,6 +253,7 @@ class _Group:
             # peaks grow (the seeds' 0 -> 5000 -> 0 -> 8000 -> 0 -> 12000): each pause longer
             cap = self.base * (rng.uniform(1.5, 1.8, n) if roller else rng.uniform(0.99, 1.04, n))
             t = rng.uniform(0.02, 0.08 if roller else 0.12) * self.window
+            t = t if self.onset is None else self.onset
             if roller:
                 pause, growth = rng.uniform(35, 50), rng.uniform(1.45, 1.7)
             while t < self.window * 0.97:
@@ -266,7 +275,7 @@ class _Group:
             k = int(rng.integers(1, max(1, int(0.2 * n)) + 1))
             hot = rng.choice(n, size=k, replace=False)
             self.labels_partitions = sorted(int(p) for p in hot)
-            s0 = rng.uniform(0.35, 0.6) * self.window
+            s0 = rng.uniform(0.35, 0.6) * self.window if self.onset is None else self.onset
             factor = rng.uniform(4, 15)
             cap[hot] = self.base[hot] * np.maximum(1.2, factor * rng.uniform(0.25, 0.6, k))
             self.pramp = np.ones((ticks, n))
@@ -301,6 +310,7 @@ class _Group:
             # every partition's load rises 3-10x at an onset anywhere in the window; the consumers
             # kept up before and top out well above the old rate, below the new one
             s0 = (rng.uniform(0.08, 0.28) if sc.endswith("early") else rng.uniform(0.45, 0.8)) * self.window
+            s0 = s0 if self.onset is None else self.onset
             factor = rng.uniform(3.0, 10.0)
             cap = self.base * rng.uniform(1.3, max(1.4, 0.7 * factor), n)
             mult *= 1 + (factor - 1) * np.clip((times - s0) / rng.uniform(10, 60), 0, 1)
@@ -557,7 +567,8 @@ class _Group:
         if self.snap_times is not None:
             return list(self.snap_times)
         if self.cadence == "sweep":
-            return sweep_times(rng, self.window, self.gap_rate)
+            every, samples, spacing = self.sweep
+            return sweep_times(rng, self.window, self.gap_rate, every=every, samples=samples, spacing=spacing)
         return jittered_times(rng, self.window, self.interval, self.gap_rate)
 
 
@@ -671,12 +682,21 @@ LOW_RATE_SCENARIOS = ("healthy_steady", "healthy_batch_committer", "healthy_comm
                       "healthy_unknown_membership", "healthy_single_rebalance", "stalled_consumer",
                       "crashed_consumer", "crashed_consumer_mid_window", "crashed_consumer_producer_stopped",
                       "rebalance_loop_staircase", "rebalance_loop_roller_coaster")
-SWEEP_WINDOW_SECONDS = 1830.0
+SWEEP_WINDOW_SECONDS = 1830.0  # 30 minutes of sweeps and the last sweep's samples
+# The sweep DAG's defaults (lagdoctor.stages.params): a run every SWEEP_EVERY_S, each taking
+# SWEEP_SAMPLES samples SWEEP_SAMPLE_INTERVAL_S apart.
+SWEEP_EVERY_S = 60.0
+
+
+def _sweep_shape() -> tuple[float, int, float]:
+    from lagdoctor.stages.params import SWEEP_SAMPLE_INTERVAL_S, SWEEP_SAMPLES
+
+    return SWEEP_EVERY_S, SWEEP_SAMPLES, SWEEP_SAMPLE_INTERVAL_S
 # The seeds' case study, surges with the onset anywhere, a staircase of stuck records, and their
 # look-alikes: a slow consumer, a hot partition, growing and level waves.
 SEEDS_SCENARIOS = ("partition_imbalance_case_study", "partition_imbalance", "slow_consumer", "producer_surge_early",
                    "producer_surge_late", "stalled_consumer_staircase", "stalled_consumer",
-                   "rebalance_loop_roller_coaster", "healthy_batch_committer")  # 30 minutes of sweeps and the last sweep's 3 samples
+                   "rebalance_loop_roller_coaster", "healthy_batch_committer")
 
 
 def _cadence_shape(rng) -> dict[str, Any]:
@@ -700,6 +720,9 @@ CONDITIONS: dict[str, tuple[tuple[str, ...], Any]] = {
     "mixed_causes": (("mixed_stalled_rebalance_loop", "mixed_imbalance_rebalance_loop"), lambda rng: {}),
     # issue 18: the seeds' shapes beside the ones they must not be confused with
     "seeds": (SEEDS_SCENARIOS, lambda rng: {}),
+    # issue 20: the sweep DAG's own default cadence, every minute (sweep_cadence is the 5-minute one)
+    "sweep_1min": (CLASSIC_SCENARIOS + SEEDS_SCENARIOS[:1] + SEEDS_SCENARIOS[3:6],
+                   lambda rng: {"cadence": "sweep", "sweep": _sweep_shape(), "window_seconds": SWEEP_WINDOW_SECONDS}),
 }
 
 

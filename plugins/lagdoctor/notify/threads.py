@@ -14,7 +14,7 @@ The decision rules (pure; one test case each in tests/test_notify_threads.py):
   3. reply     an open thread gets a reply when severity, pattern or the partitions
                involved changed, or total lag at least doubled or halved since the
                last message (a ratio, not a threshold, so it doesn't flap).
-  4. nothing   otherwise: a sweep every 5 minutes must not repeat itself.
+  4. nothing   otherwise: a sweep every minute must not repeat itself.
   5. recover   a ``healthy`` finding closes every open thread of that
                (cluster, group, topic) with a recovery reply.
   7. decided   an open thread that last said the cause was provisional (issue 18) gets

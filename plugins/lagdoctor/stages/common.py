@@ -17,6 +17,19 @@ DEFAULT_KAFKA_CONN_ID = "kafka_default"
 MAX_WINDOW_MINUTES = 10080
 PLANS_FILE = "plans.json"
 SNAPSHOT_TASK_ID = "snapshot"  # mapped: one instance per cluster
+VALIDATE_TASK_ID = "validate_params"
+LATE_RUN_KEY = "late_run"  # validate_params' XCom: the line a late scheduled run skipped with
+
+
+def late_run(context: Mapping[str, Any]) -> str | None:
+    """The line validate_params skipped this run with (a scheduled run that started when the
+    next was already due), or None. For the tasks and callbacks that run whatever happened upstream."""
+    ti = context.get("ti") or context.get("task_instance")
+    try:
+        line = ti.xcom_pull(task_ids=VALIDATE_TASK_ID, key=LATE_RUN_KEY) if ti is not None else None
+    except Exception:  # noqa: BLE001 (no answer: not skipped, as far as anyone can tell)
+        return None
+    return line if isinstance(line, str) and line else None
 _RUN_KEY_PREFIX = 80
 
 

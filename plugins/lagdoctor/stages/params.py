@@ -6,6 +6,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from lagdoctor.stages.common import DEFAULT_KAFKA_CONN_ID, MAX_WINDOW_MINUTES
@@ -13,11 +14,51 @@ from lagdoctor.stages.common import DEFAULT_KAFKA_CONN_ID, MAX_WINDOW_MINUTES
 
 SWEEP_CLUSTERS_ENV = "LAGDOCTOR_SWEEP_CLUSTERS"
 SWEEP_WINDOW_MINUTES = 30
+# The sweep's default cadence and each run's own samples (issue 20). With a run every minute
+# the history is already dense: one sample per run gives the window 30 evenly spaced samples,
+# the best accuracy on the simulator (bursts of 2-3 samples 5 s apart added pairs whose short
+# steps carry noise, not evidence), and the snapshot phase is one read (about 1 s at 100
+# groups, 2-3 s at 2,000), leaving most of the minute to diagnose, plan and notify.
+# The interval matters only when a run's form asks for more samples.
+SWEEP_SCHEDULE = "* * * * *"
+SWEEP_SAMPLES = 1
+SWEEP_SAMPLE_INTERVAL_S = 10.0
 
 
 # A snapshot task sleeps samples x interval at most this long (its timeout follows).
 MAX_SAMPLING_SECONDS = 900
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def late_run_line(run_type: Any, scheduled_for: datetime | None, next_due: datetime | None,
+                  now: datetime) -> str | None:
+    """One line when a scheduled run starts so late that the next scheduled run is already
+    due (a run before it overran and this one waited): it skips, the next covers it.
+    None otherwise; a manual or API-triggered run is never skipped this way."""
+    if getattr(run_type, "value", run_type) != "scheduled" or scheduled_for is None or next_due is None:
+        return None
+    if now < next_due:
+        return None
+    late = (now - scheduled_for).total_seconds()
+    return (f"skipped: this scheduled run starts {late:.0f} s after its time ({scheduled_for:%Y-%m-%d %H:%M:%S} UTC), "
+            f"past the next run's ({next_due:%H:%M:%S} UTC); nothing snapshotted, diagnosed or posted, "
+            "the next run covers it")
+
+
+def next_scheduled_after(timetable: Any, start: datetime, end: datetime) -> datetime | None:
+    """When the run after the scheduled one of data interval [start, end] becomes due
+    (None: none, or the timetable cannot say)."""
+    import pendulum
+    from airflow.serialization.encoders import coerce_to_core_timetable
+    from airflow.timetables.base import DataInterval, TimeRestriction
+
+    try:
+        info = coerce_to_core_timetable(timetable).next_dagrun_info(
+            last_automated_data_interval=DataInterval(pendulum.instance(start), pendulum.instance(end)),
+            restriction=TimeRestriction(earliest=None, latest=None, catchup=True))
+    except Exception:  # noqa: BLE001 (a timetable that cannot say: the run goes ahead, never skipped)
+        return None
+    return None if info is None else info.run_after
 
 
 class FormError(ValueError):

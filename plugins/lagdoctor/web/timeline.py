@@ -42,7 +42,7 @@ from lagdoctor.web.data import (
 
 log = logging.getLogger(__name__)
 
-MAX_RUNS = 288  # a day of 5-minute sweeps: the group view reads no further back
+MAX_RUNS = 288  # runs the group view reads back: a day of 5-minute sweeps, nearly 5 hours of 1-minute ones
 MAX_READ_BYTES = 256 * 2**20  # and no more findings.jsonl than this (a sweep of 10,000 groups is ~15 MB)
 MAX_ACTIONS = 500  # newest action-log rows read for one group
 MAX_MESSAGE = 300  # an action's message is one line on the page
