@@ -119,6 +119,7 @@ def main(argv=None) -> int:
 
     # FATAL: a failure is reported as the one line below, not as Spark's task logs
     spark = start_spark("lagdoctor-diagnose-lag", log_level="FATAL")
+    cached = []  # unpersisted when the run ends: a Connect server outlives the run
     try:
         use_spark_s3_access(spark)
         # extract
@@ -143,8 +144,12 @@ def main(argv=None) -> int:
         in_window = select_window(snapshots, start, end)
         # transform
         partitions = partition_features(in_window, thresholds).cache()
+        cached.append(partitions)
         group_feats = group_features(group_series(in_window, partitions), thresholds).cache()
+        cached.append(group_feats)
         carried = read_carried(spark, absolute(args.carry_from)) if args.carry_from else None
+        if carried is not None:
+            cached.append(carried)
         found = findings(partitions, group_feats, thresholds, start, end, carried=carried)
         status = partition_status(partitions, group_feats, int(end.timestamp() * 1000), thresholds)
         # load: the outputs, then _SUCCESS last (a reader skips the folder until then)
@@ -157,7 +162,19 @@ def main(argv=None) -> int:
         code = EXIT_BAD_INPUT if _is_input_error(message) else EXIT_FAILED
         return fail(code, f"cannot diagnose {args.snapshots}: {message}")
     finally:
+        release(cached)
         spark.stop()
+
+
+def release(frames) -> None:
+    """Drop this run's cached frames. A Connect session whose artifacts are not isolated
+    (lagdoctor.diagnosis.session) leaves its cache on the server when it closes: every
+    sweep's would pile up in the server's memory."""
+    for df in frames:
+        try:
+            df.unpersist()
+        except Exception:  # the run's outcome stands; a server that went away frees it anyway
+            pass
 
 
 def read_carried(spark, path: str):
