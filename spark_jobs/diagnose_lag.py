@@ -167,9 +167,9 @@ def main(argv=None) -> int:
 
 
 def release(frames) -> None:
-    """Drop this run's cached frames. A Connect session whose artifacts are not isolated
-    (lagdoctor.diagnosis.session) leaves its cache on the server when it closes: every
-    sweep's would pile up in the server's memory."""
+    """Drop this run's cached frames now: a Connect server outlives the run, and a session
+    that does not clean up after itself (seen with artifact isolation off) would leave every
+    sweep's cache in the server's memory."""
     for df in frames:
         try:
             df.unpersist()
