@@ -233,3 +233,15 @@ def test_a_surge_that_outlasts_the_window_is_still_a_surge_on_the_next_run(tmp_p
     assert carried.returncode == 0, carried.stderr
     (f,) = read_jsonl(later / "findings.jsonl")
     assert (f["diagnosis"], f["evidence"]["baseline_source"]) == ("producer_surge", "previous run")
+
+
+def test_a_nan_or_infinite_value_is_written_as_null_and_every_other_line_unchanged():
+    # the writer encodes as is and cleans a record only when the encoder refuses a value
+    from lagdoctor.diagnosis.output import to_json_line
+
+    plain = {"group_id": "g", "evidence": {"lag": 5, "rates": (1.5, 2)}, "partitions": [0, 1]}
+    assert to_json_line(plain) == '{"group_id":"g","evidence":{"lag":5,"rates":[1.5,2]},"partitions":[0,1]}'
+    odd = {"group_id": "é", "evidence": {"surge_ratio": float("nan"), "rates": [float("inf"), -float("inf"), 1.0]}}
+    assert json.loads(to_json_line(odd)) == {"group_id": "é", "evidence": {"surge_ratio": None,
+                                                                          "rates": [None, None, 1.0]}}
+    assert "é" in to_json_line(odd)  # not escaped

@@ -32,8 +32,16 @@ def _clean(value: Any) -> Any:
     return value
 
 
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
 def to_json_line(record: dict) -> str:
-    return json.dumps(_clean(record), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    # NaN and infinity are rare: encode as is, and walk the record to null them only when
+    # the encoder refuses one (22k findings and statuses: _clean on every value took ~1 s)
+    try:
+        return _ENCODE(record)
+    except ValueError:
+        return _ENCODE(_clean(record))
 
 
 def _fsspec_url(path: str) -> str:
