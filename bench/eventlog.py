@@ -43,8 +43,9 @@ def event_files(path: str | Path) -> list[Path]:
     rolled = sorted(path.glob("events_*"), key=_roll_index)
     if rolled:
         return rolled
-    apps = [p for p in path.iterdir() if p.name.startswith("eventlog_v2_") or p.is_file()]
-    apps = [p for p in apps if not p.name.startswith(".")]
+    # an eventLog.dir, or a folder of them: the newest application anywhere under it
+    apps = [p for p in path.rglob("eventlog_v2_*") if p.is_dir()] or \
+        [p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")]
     if not apps:
         raise FileNotFoundError(f"no Spark application's event log in {path}")
     return event_files(max(apps, key=lambda p: p.stat().st_mtime))
@@ -184,9 +185,11 @@ def breakdown(events, from_ms: int | None = None, to_ms: int | None = None) -> t
     return chosen, stages
 
 
-def format_breakdown(executions: list[Execution], stages: dict[int, Stage], *, run_ms: int | None = None,
+def format_breakdown(executions: list[Execution], stages: dict[int, Stage], *,
+                     run_span: tuple[int, int] | None = None,
                      top_stages: int = 8) -> list[str]:
-    """Lines: one per SQL execution and its jobs' stages, then the stages that took longest."""
+    """Lines: one per SQL execution and its jobs' stages, then the stages that took longest.
+    `run_span`: the client run's (start, end) epoch ms, to say how much of it no execution covers."""
     if not executions:
         return ["  (no SQL execution in the event log for this run)"]
     t0 = executions[0].start_ms
@@ -210,8 +213,11 @@ def format_breakdown(executions: list[Execution], stages: dict[int, Stage], *, r
     summary = (f"  {len(executions)} SQL executions, {sum(len(x.jobs) for x in executions)} jobs, "
                f"{len(run_stages)} stages; {sql_ms / 1000:.1f} s inside SQL executions, "
                f"{(end - t0) / 1000:.1f} s from the first start to the last end")
-    if run_ms is not None:
-        summary += f"; client run {run_ms / 1000:.1f} s ({(run_ms - sql_ms) / 1000:.1f} s outside any execution)"
+    if run_span is not None:
+        run_ms = run_span[1] - run_span[0]
+        summary += (f"; client run {run_ms / 1000:.1f} s ({(run_ms - sql_ms) / 1000:.1f} s outside any execution: "
+                    f"{(t0 - run_span[0]) / 1000:.1f} s before the first, {(run_span[1] - end) / 1000:.1f} s "
+                    f"after the last)")
     lines.append(summary)
     if run_stages:
         lines.append("  longest stages:")
