@@ -1,6 +1,29 @@
-"""Benchmark the diagnosis job: simulated snapshot histories through spark-submit.
+"""Benchmark the diagnosis job: simulated snapshot histories through spark-submit or a warm Connect server.
 
-    .venv/bin/python bench/diagnose_bench.py                 # 1M and 10M rows, local[2]
+    .venv/bin/python bench/diagnose_bench.py --goals               # issue 20's targets, both engines (~25 min)
+
+--goals (= --shape goals) runs, in one run on local[2]: the baselines (a trivial
+`spark-submit`: session up, count 1,000 rows, stop; a trivial Connect query on
+the warm server; DuckDB on each shape's files), then
+
+    | sweep window through spark-submit, 200 x 10              | <= 1.3x the trivial spark-submit |
+    | sweep window through spark-submit, 2,000 x 10            | <= 1.5x the trivial spark-submit |
+    | sweep window on a warm Connect server, 2,000 x 10        | <= 0.25x the trivial spark-submit |
+    | sweep window on a warm Connect server, 10,000 x 10       | runs in the server's default driver memory |
+    | 10,000 x 20 diagnosis, warm server                       | <= 1x the trivial spark-submit |
+    | 10M rows of short series (37,000 groups), warm server    | <= 3x DuckDB |
+
+and prints them as a table: ratios to the same-run baselines first, seconds
+(median of --repeat runs: 3 up to 1M rows, else 1) second, the peak RSS of the
+server's and of the client's process trees apart, met / not met. The Connect
+cases share ONE server (`lagdoctor.connectserver.ConnectServer`, --master, its
+default driver memory), which first runs the job once on the smallest shape
+(that run is discarded: it compiles what every later run reuses). The server
+writes Spark's event log under .bench/diagnose-events/ and the stage breakdown
+of each Connect case's last run is printed (bench/eventlog.py reads it).
+--engine submit|connect limits it to one engine.
+
+    .venv/bin/python bench/diagnose_bench.py                 # 1M and 10M rows, local[2], spark-submit
     .venv/bin/python bench/diagnose_bench.py --rows 1000000 --master 'local[*]'
 
 For each size: simulate the history once (cached under .bench/diagnose/, which
@@ -15,12 +38,12 @@ Target: 10M rows in <= 90 s with local[2] on a 2-core machine.
     .venv/bin/python bench/diagnose_bench.py --shape week          # the sweep window over 30 min vs 7 days of history
 
 --shape writes the store as lagdoctor.store.write_snapshot does (one file per
-sample under cluster=/date=), runs the job as the sweep DAG does (the cluster
-folder, --as-of the last sample, --window-minutes, --quarantine, no shuffle
-setting) and, in the same run, times a single-process DuckDB query of
-comparable per-partition features on the same files (the bench extra:
-pip install -e '.[bench]'), printing spark/duckdb. Issue 9's targets: sweep
-window 200 x 10 <= 20 s, 2,000 x 10 <= 30 s; short series <= 3x DuckDB.
+sample under cluster=/date=, cached under .bench/diagnose/), runs the job as
+the sweep DAG does (the cluster folder, --as-of the last sample,
+--window-minutes, --quarantine, no shuffle setting, Spark's default driver
+memory) on --engine (default both) and, in the same run, prints the baselines
+above, including a single-process DuckDB query of comparable per-partition
+features on the same files (the bench extra: pip install -e '.[bench]').
 """
 
 from __future__ import annotations
