@@ -27,6 +27,8 @@ from pathlib import Path
 
 SQL_START = "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionStart"
 SQL_END = "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionEnd"
+CONNECT_OPERATION = "org.apache.spark.sql.connect.service.SparkListenerConnectOperation"
+CONNECT_TAG = "SparkConnect_OperationTag_"
 # plan wrappers that say nothing about the work
 PLAN_WRAPPERS = {"AdaptiveSparkPlan", "ResultQueryStage", "ShuffleQueryStage", "BroadcastQueryStage",
                  "TableCacheQueryStage", "InputAdapter", "WholeStageCodegen", "ReusedExchange", "ColumnarToRow",
@@ -105,6 +107,9 @@ class Execution:
     end_ms: int | None
     operators: list[str]
     jobs: list[Job] = field(default_factory=list)
+    operation_tag: str = ""  # a Spark Connect operation's job tag
+    # epoch ms of that operation's Started, Analyzed, ReadyForExecution events (Connect only)
+    operation: dict[str, int] = field(default_factory=dict)
 
     @property
     def wall_ms(self) -> int:
@@ -148,12 +153,18 @@ def breakdown(events, from_ms: int | None = None, to_ms: int | None = None) -> t
     job_exec: dict[int, int] = {}
     stages: dict[int, Stage] = {}
     task_ms: dict[int, int] = {}
+    operations: dict[str, dict[str, int]] = {}
     for e in events:
         kind = e.get("Event")
         if kind == SQL_START:
             info = e.get("sparkPlanInfo") or {}
+            tags = [t for t in e.get("jobTags") or [] if str(t).startswith(CONNECT_TAG)]
             executions[int(e["executionId"])] = Execution(int(e["executionId"]), int(e["time"]), None,
-                                                          _plan_operators(info))
+                                                          _plan_operators(info),
+                                                          operation_tag=tags[0] if tags else "")
+        elif kind.startswith(CONNECT_OPERATION) and e.get("jobTag"):
+            step = kind[len(CONNECT_OPERATION):]
+            operations.setdefault(e["jobTag"], {})[step] = int(e["eventTime"])
         elif kind == SQL_END and int(e["executionId"]) in executions:
             executions[int(e["executionId"])].end_ms = int(e["time"])
         elif kind == "SparkListenerJobStart":
@@ -177,6 +188,8 @@ def breakdown(events, from_ms: int | None = None, to_ms: int | None = None) -> t
     for sid, ms in task_ms.items():
         if sid in stages:
             stages[sid].task_ms = ms
+    for x in executions.values():
+        x.operation = operations.get(x.operation_tag, {})
     for job_id, exec_id in job_exec.items():
         if exec_id in executions:
             executions[exec_id].jobs.append(jobs[job_id])
@@ -201,6 +214,12 @@ def format_breakdown(executions: list[Execution], stages: dict[int, Stage], *,
         ops = ", ".join(x.operators[:8]) + (", ..." if len(x.operators) > 8 else "")
         lines.append(f"  sql {x.execution_id:>4}  at {x.start_ms - t0:>7,} ms  {x.wall_ms:>7,} ms  "
                      f"{len(x.jobs)} jobs  {ops}")
+        op = x.operation
+        if "Started" in op and "Analyzed" in op and "ReadyForExecution" in op:
+            # the server's analysis and planning of the client's plan, before any job runs
+            lines.append(f"      connect operation: received {x.start_ms - op['Started']:,} ms before the execution; "
+                         f"analysed in {op['Analyzed'] - op['Started']:,} ms, planned in "
+                         f"{op['ReadyForExecution'] - op['Analyzed']:,} ms")
         for job in sorted(x.jobs, key=lambda j: j.job_id):
             for sid in job.stage_ids:
                 st = stages.get(sid)
