@@ -86,6 +86,8 @@ class Stage:
     tasks: int
     operators: list[str]
     task_ms: int = 0  # summed executor run time of its tasks
+    gc_ms: int = 0  # summed JVM GC time of its tasks (memory pressure shows here)
+    spill_bytes: int = 0  # summed disk bytes spilled by its tasks
 
     @property
     def wall_ms(self) -> int:
@@ -152,7 +154,7 @@ def breakdown(events, from_ms: int | None = None, to_ms: int | None = None) -> t
     jobs: dict[int, Job] = {}
     job_exec: dict[int, int] = {}
     stages: dict[int, Stage] = {}
-    task_ms: dict[int, int] = {}
+    task_ms: dict[int, list[int]] = {}  # stage: [run ms, GC ms, spilled bytes]
     operations: dict[str, dict[str, int]] = {}
     for e in events:
         kind = e.get("Event")
@@ -184,10 +186,13 @@ def breakdown(events, from_ms: int | None = None, to_ms: int | None = None) -> t
         elif kind == "SparkListenerTaskEnd":
             metrics = e.get("Task Metrics") or {}
             sid = int(e["Stage ID"])
-            task_ms[sid] = task_ms.get(sid, 0) + int(metrics.get("Executor Run Time", 0))
-    for sid, ms in task_ms.items():
+            total = task_ms.setdefault(sid, [0, 0, 0])
+            total[0] += int(metrics.get("Executor Run Time", 0))
+            total[1] += int(metrics.get("JVM GC Time", 0))
+            total[2] += int(metrics.get("Disk Bytes Spilled", 0))
+    for sid, (run, gc, spill) in task_ms.items():
         if sid in stages:
-            stages[sid].task_ms = ms
+            stages[sid].task_ms, stages[sid].gc_ms, stages[sid].spill_bytes = run, gc, spill
     for x in executions.values():
         x.operation = operations.get(x.operation_tag, {})
     for job_id, exec_id in job_exec.items():
@@ -227,10 +232,13 @@ def format_breakdown(executions: list[Execution], stages: dict[int, Stage], *,
                     continue
                 run_stages.append(st)
                 lines.append(f"      job {job.job_id:>4} stage {sid:>4}  {st.wall_ms:>7,} ms wall  "
-                             f"{st.tasks:>4} tasks  {st.task_ms:>8,} ms in tasks  {', '.join(st.operators)}")
+                             f"{st.tasks:>4} tasks  {st.task_ms:>8,} ms in tasks ({st.gc_ms:,} GC"
+                             f"{f', {st.spill_bytes / 2**20:,.0f} MiB spilled' if st.spill_bytes else ''})  "
+                             f"{', '.join(st.operators)}")
     end = max((x.end_ms or x.start_ms) for x in executions)
     summary = (f"  {len(executions)} SQL executions, {sum(len(x.jobs) for x in executions)} jobs, "
-               f"{len(run_stages)} stages; {sql_ms / 1000:.1f} s inside SQL executions, "
+               f"{len(run_stages)} stages ({sum(st.task_ms for st in run_stages) / 1000:.1f} s in tasks, "
+               f"{sum(st.gc_ms for st in run_stages) / 1000:.1f} s of it GC); {sql_ms / 1000:.1f} s inside SQL executions, "
                f"{(end - t0) / 1000:.1f} s from the first start to the last end")
     if run_span is not None:
         run_ms = run_span[1] - run_span[0]
