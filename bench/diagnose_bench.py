@@ -1,6 +1,6 @@
 """Benchmark the diagnosis job: simulated snapshot histories through spark-submit or a warm Connect server.
 
-    .venv/bin/python bench/diagnose_bench.py --goals               # issue 20's targets, both engines (~25 min)
+    .venv/bin/python bench/diagnose_bench.py --goals               # issue 20's targets, both engines (24-35 min, 2 loaded cores)
 
 --goals (= --shape goals) runs, in one run on local[2]: the baselines (a trivial
 `spark-submit`: session up, count 1,000 rows, stop; a trivial Connect query on
