@@ -45,6 +45,9 @@ SERVER_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.sql.codegen.cache.maxEntries": "2000",
     "spark.sql.session.timeZone": "UTC",
+    # static here: a client reads it to decide whether to record a call site for every
+    # Column it builds (0.5 s of a sweep's client CPU); sessions cannot change it
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 
 
