@@ -171,7 +171,7 @@ def test_every_part_answers_on_loopback(world):
     a, topology = world["a"], world["topology"]
     names = [p.name for p in topology.parts]
     assert names == ["PostgreSQL", "Redis", "SeaweedFS S3", "Spark master", "Spark worker-1", "Spark worker-2",
-                     "Kafka broker", "Airflow API server", "Airflow scheduler", "Airflow DAG processor",
+                     "Spark Connect", "Kafka broker", "Airflow API server", "Airflow scheduler", "Airflow DAG processor",
                      "Celery worker w1", "Celery worker w2"]
     # each its own process group (one can be killed alone)
     groups = {os.getpgid(p.pid) for p in topology.parts}

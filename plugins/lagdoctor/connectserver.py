@@ -15,9 +15,10 @@ between runs.
 and the topology start one and point the `spark_default` connection at it
 (conn_type `spark_connect`); production points that connection at its own
 (a Connect server on a cluster's master, or Databricks). pyspark 4.3 ships the
-server (jars/spark-connect_2.13-4.3.0.jar): it is `spark-submit --class
-SparkConnectServer`, run here in its own process group so stopping it never
-leaves its JVM behind.
+server (jars/spark-connect_2.13-4.3.0.jar); lagdoctor runs it as a plugin of a
+small driver of its own (connect_driver.py: sessions share one class loader, so
+a warm run reuses the classes the last one compiled), in its own process group
+so stopping it never leaves its JVM behind.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+# The Connect service as a plugin of lagdoctor's own driver (connect_driver.py), not the
+# SparkConnectServer class: that one gives every session a class loader of its own, and so
+# every warm run a cold code-generation cache.
+CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
 READY_LINE = "Spark Connect server started"
 HOST = "127.0.0.1"
 DEFAULT_PORT = 15002  # Spark Connect's own default
@@ -73,15 +77,17 @@ def server_command(*, port: int, host: str = HOST, master: str = "local[*]", con
     """The spark-submit argv of a Connect server on host:port (secrets go in `properties_file`)."""
     merged = {**SERVER_CONF, **dict(conf or {}),
               "spark.connect.grpc.binding.address": host, "spark.connect.grpc.binding.port": str(port)}
+    plugins = [p for p in (merged.pop("spark.plugins", ""), CONNECT_PLUGIN) if p]
+    merged["spark.plugins"] = ",".join(dict.fromkeys(",".join(plugins).split(",")))
     cmd = [spark_submit_binary()]
     if properties_file:
         cmd += ["--extra-properties-file", properties_file]
-    cmd += ["--class", CONNECT_CLASS, "--name", "lagdoctor-connect-server", "--master", master]
+    cmd += ["--name", "lagdoctor-connect-server", "--master", master]
     if driver_memory:
         cmd += ["--driver-memory", driver_memory]
     for key, value in merged.items():
         cmd += ["--conf", f"{key}={value}"]
-    return cmd
+    return cmd + [str(Path(__file__).with_name("connect_driver.py"))]
 
 
 def server_env(base: Mapping[str, str] | None = None) -> dict[str, str]:

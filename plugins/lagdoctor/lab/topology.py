@@ -349,9 +349,10 @@ class Topology:
                                     path_style=True))
         conf = {"spark.cores.max": "1", "spark.executor.memory": "512m", **classpath_conf(hadoop_aws_jars()),
                 **{k: v for k, v in store.items() if not is_secret_conf(k)}}
+        env = self._spark_env(self.workdir / "spark" / "conf")
+        env.pop("SPARK_DAEMON_MEMORY")  # spark-submit gives a server class the daemons' heap (too small for a driver)
         server = ConnectServer(self.workdir / "spark" / "connect", master=spark_master, conf=conf,
-                               secret_conf={k: v for k, v in store.items() if is_secret_conf(k)},
-                               env=self._spark_env(self.workdir / "spark" / "conf")).start()
+                               secret_conf={k: v for k, v in store.items() if is_secret_conf(k)}, env=env).start()
         part = Part("Spark Connect", server.url, server.log, server.proc)
         self.parts.append(part)
         try:
