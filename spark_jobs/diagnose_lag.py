@@ -83,7 +83,12 @@ def use_spark_s3_access(spark) -> None:
     Connect, the settings this client gave its session)."""
     from lagdoctor.objectstore import access_from_spark_conf, configure_fsspec
 
-    access = access_from_spark_conf(dict(spark.conf.getAll))
+    from lagdoctor.diagnosis.session import is_connect, session_conf_file
+
+    conf = dict(spark.conf.getAll)
+    if is_connect(spark):
+        conf.update(session_conf_file())  # what a server returns has its secrets redacted
+    access = access_from_spark_conf(conf)
     if access is not None:
         configure_fsspec(access)
 

@@ -109,7 +109,7 @@ def start_spark(
     """
     remote = remote or os.environ.get("SPARK_REMOTE")
     if remote:
-        return _start_connect(app_name, remote, {**_DEFAULT_CONF, **_session_conf_file(), **dict(extra_conf or {})})
+        return _start_connect(app_name, remote, {**_DEFAULT_CONF, **session_conf_file(), **dict(extra_conf or {})})
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
@@ -134,7 +134,8 @@ def start_spark(
     return spark
 
 
-def _session_conf_file() -> dict[str, str]:
+def session_conf_file() -> dict[str, str]:
+    """The settings a Connect client was given for its session (SESSION_CONF_ENV); {} without."""
     import json
 
     path = os.environ.get(SESSION_CONF_ENV)
