@@ -170,7 +170,7 @@ class DiagnoseLagOperator(SparkSubmitOperator):
             check_deployable(Settings.from_env().data_root, master=connect_master(url), executor=airflow_executor())
             plan = plan_connect(prep, remote=url, connection_conf=_connection_extra(self._conn_id).get("conf"),
                                 operator_conf=self.conf, session_conf_dir=private_dir)
-        self.log.info("diagnosis on the Spark Connect server %s", connect_master(url))
+        self.log.info("diagnosis on the Spark Connect server %s", url.split(";", 1)[0])  # never its token
         tail: deque[str] = deque(maxlen=40)
         self._connect_proc = proc = subprocess.Popen(plan.command, env=plan.env, stdout=subprocess.PIPE,
                                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
