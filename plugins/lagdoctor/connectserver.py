@@ -237,7 +237,8 @@ def trivial_query(url: str) -> float:
 
     mode = os.environ.get("SPARK_CONNECT_MODE_ENABLED")
     start = time.perf_counter()
-    spark = SparkSession.builder.remote(url).getOrCreate()
+    # create(), not getOrCreate(): the latter refuses while a classic session runs in this process
+    spark = SparkSession.builder.remote(url).create()
     try:
         if spark.range(1000).count() != 1000:
             raise ConnectServerError(f"the Spark Connect server on {url} counted wrong")
