@@ -59,12 +59,28 @@ RULES = [
     (finding(), None, "post", "1: no thread yet"),
     (finding(), state_for(finding(), status="closed"), "post", "1: a closed incident that returns is a new thread"),
     (finding(severity="critical"), state_for(finding(), last_run_id="run-2"), "nothing", "2: a retried task of the same run"),
-    (finding(severity="critical"), state_for(finding()), "reply", "3: severity changed"),
-    (finding(pattern="explosion"), state_for(finding()), "reply", "3: pattern changed"),
-    (finding(partitions=(0, 1, 4)), state_for(finding()), "reply", "3: another partition is involved"),
-    (finding(lag=2000), state_for(finding()), "reply", "3: lag doubled"),
-    (finding(lag=400), state_for(finding()), "reply", "3: lag halved (draining)"),
+    (finding(severity="critical"), state_for(finding()), "reply", "3: severity rose"),
+    (finding(severity="warning"), state_for(finding(severity="critical")), "nothing",
+     "3: severity fell back: hysteresis, said with the next material change or the recovery"),
+    (finding(severity="critical"), state_for(finding(severity="warning"), told_partitions=[0, 1]), "reply",
+     "3: it rose again after an unsaid fall: the thread still says warning"),
+    (finding(pattern="explosion"), state_for(finding()), "nothing", "3: a new lag pattern alone is not news"),
+    (finding(partitions=(0, 1, 4)), state_for(finding()), "reply", "3: a partition never named is involved"),
+    (finding(partitions=(1,)), state_for(finding()), "nothing", "3: fewer partitions: hysteresis, not news"),
+    (finding(partitions=(0, 1, 2)), state_for(finding(partitions=(1,)), told_partitions=[0, 1, 2]), "nothing",
+     "3: a set that shrank and grew back names nothing new (data-loss [1] <-> [0, 1, 2] flapping)"),
+    (finding(lag=2000), state_for(finding()), "reply", "3: lag doubled by 1,000 or more"),
+    (finding(lag=20_000), state_for(finding(lag=50_000)), "reply", "3: lag more than halved (draining)"),
+    (finding(lag=400), state_for(finding()), "nothing", "3: halved by 600: below LAG_MATERIAL_MIN"),
+    (finding(lag=73), state_for(finding(lag=4)), "nothing", "3: 4 -> 73 is a flap, not news"),
     (finding(lag=1900), state_for(finding()), "nothing", "4: lag moved but not 2x: no repeat every sweep"),
+    (finding(lag=5000), state_for(finding(lag=2000), updated_at=(T0 - timedelta(minutes=5)).isoformat()),
+     "nothing", "3: a lag-only change 5 min after the last reply waits (one per quarter hour)"),
+    (finding(lag=5000), state_for(finding(lag=2000), updated_at=(T0 - timedelta(minutes=16)).isoformat()),
+     "reply", "3: a lag-only change 16 min after the last reply is said"),
+    (finding(lag=5000, severity="critical"),
+     state_for(finding(lag=2000), updated_at=(T0 - timedelta(minutes=5)).isoformat()),
+     "reply", "3: a severity rise is said at once, whatever the last reply's age"),
     (finding(summary="other words"), state_for(finding()), "nothing", "4: a reworded summary alone is not news"),
     (finding(), state_for(finding(), provisional=True, deciding_between=["slow_consumer", "producer_surge"]),
      "decided", "7: the thread said provisional, this finding is decided"),
@@ -76,7 +92,7 @@ RULES = [
 
 @pytest.mark.parametrize("current,state,expected,why", RULES, ids=[r[3] for r in RULES])
 def test_decision_rules(current, state, expected, why):
-    assert decide(current, state, run_id="run-2").kind == expected
+    assert decide(current, state, run_id="run-2", now=T0).kind == expected
 
 
 def healthy(complete=True, **kw):
@@ -270,13 +286,14 @@ def test_an_unsure_sweep_in_a_thread_that_named_its_cause_never_brings_a_decided
     server = slack_connection
     named = finding("partition_imbalance", "critical", partitions=(1,), lag=5000, provisional=False)
     assert post_or_update_incident(named, None, run_id="run-1", now=T0)["decision"] == "posted"
-    # unsure, and the lag grew tenfold: a reply about the growth, which names no doubt
+    # unsure, and the lag grew tenfold (a lag-only reply, past its quarter hour): one about the growth,
+    # which names no doubt
     unsure = finding("partition_imbalance", "critical", partitions=(1,), lag=60_000, provisional=True,
-                     deciding_between=["partition_imbalance", "stalled_consumer"], decided_by="2026-11-21T10:10:00Z",
+                     deciding_between=["partition_imbalance", "stalled_consumer"], decided_by="2026-11-21T10:20:00Z",
                      samples_needed=2, undecided_because="the commit on partition 1 has stood still for 1m00s")
-    assert post_or_update_incident(unsure, None, run_id="run-2", now=T0 + timedelta(minutes=5))["decision"] == "replied"
+    assert post_or_update_incident(unsure, None, run_id="run-2", now=T0 + timedelta(minutes=16))["decision"] == "replied"
     named_again = finding("partition_imbalance", "critical", partitions=(1,), lag=60_000, provisional=False)
-    third = post_or_update_incident(named_again, None, run_id="run-3", now=T0 + timedelta(minutes=10))
+    third = post_or_update_incident(named_again, None, run_id="run-3", now=T0 + timedelta(minutes=20))
     assert third.get("decided") is not True
     assert not any("Decided" in m["text"] for m in server.messages)
     assert [s.provisional for s in ThreadStore().all() if s.status == "open"] == [False]

@@ -206,8 +206,8 @@ def app_url(env, clock):
 
 # ---------------------------------------------------------------- helpers
 
-def finding(severity="critical", pattern="steady_climb", group="orders-eu"):
-    return {"cluster": "prod", "group_id": group, "topic": "orders", "partitions": [1],
+def finding(severity="critical", pattern="steady_climb", group="orders-eu", partitions=(1,)):
+    return {"cluster": "prod", "group_id": group, "topic": "orders", "partitions": list(partitions),
             "diagnosis": "crashed_consumer", "pattern": pattern, "severity": severity,
             "summary": "no live members while lag grows", "evidence": {"lag_total": 5000},
             "window_start": "2026-11-21T09:30:00Z", "window_end": "2026-11-21T10:00:00Z"}
@@ -701,7 +701,8 @@ def test_acknowledge_silences_updates_until_the_severity_changes(app_url, clock,
     assert again.json()["text"].startswith("Already acknowledged by slack:U0STRANGER (carol)")
 
     count = len(slack.posts)
-    quiet = post_or_update_incident(finding("warning", "plateau"), run_id="r2", settings=env, now=T0)
+    # news (another partition lags) that an acknowledgement holds back
+    quiet = post_or_update_incident(finding("warning", partitions=(1, 2)), run_id="r2", settings=env, now=T0)
     assert quiet["decision"] == "quiet" and len(slack.posts) == count
     loud = post_or_update_incident(finding("critical", "plateau"), run_id="r3", settings=env, now=T0)
     assert loud["decision"] == "replied"
@@ -718,7 +719,7 @@ def test_snooze_silences_every_update_for_an_hour(app_url, clock, slack, env):
     count = len(slack.posts)
     during = post_or_update_incident(finding("critical"), run_id="r2", settings=env, now=T0 + timedelta(minutes=59))
     assert during["decision"] == "quiet" and len(slack.posts) == count
-    after = post_or_update_incident(finding("critical", "plateau"), run_id="r3", settings=env,
+    after = post_or_update_incident(finding("critical", partitions=(1, 2)), run_id="r3", settings=env,
                                     now=T0 + timedelta(minutes=61))
     assert after["decision"] == "replied" and slack.posts[-1].body["thread_ts"] == root.ts
 

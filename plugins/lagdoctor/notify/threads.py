@@ -11,9 +11,13 @@ The decision rules (pure; one test case each in tests/test_notify_threads.py):
 
   1. post      a non-healthy finding with no open thread starts one.
   2. same run  a thread already updated by this run gets nothing more (task retry).
-  3. reply     an open thread gets a reply when severity, pattern or the partitions
-               involved changed, or total lag at least doubled or halved since the
-               last message (a ratio, not a threshold, so it doesn't flap).
+  3. reply     an open thread gets a reply on a material change since what it last said:
+               severity rose above any it told; a partition it never named is involved;
+               or total lag at least doubled or halved AND moved by LAG_MATERIAL_MIN messages,
+               at most once per LAG_UPDATE_MIN_SECONDS when that is all that changed.
+               Hysteresis, so a sweep every minute does not flap: a severity that falls
+               back, a partition set that shrinks, a new lag pattern or a lag of 4 -> 73
+               is said in the next material reply (or the recovery), not on its own.
   4. nothing   otherwise: a sweep every minute must not repeat itself.
   5. recover   a ``healthy`` finding closes every open thread of that
                (cluster, group, topic) with a recovery reply.
@@ -104,6 +108,10 @@ class ThreadState:
     deciding_between: list[str] = field(default_factory=list)
     # rule 9: the decided_by the thread last promised (ISO); rows written before it read None
     decided_by: str | None = None
+    # rule 3: every partition the thread has named (a set that shrinks and grows back is not news)
+    told_partitions: list[int] = field(default_factory=list)
+    # say-once action replies: action -> what the thread last said of it (incidents.action_signature)
+    said_actions: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -225,21 +233,62 @@ def lag_total_of(finding: Mapping[str, Any]) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def changes_since(state: ThreadState, finding: Mapping[str, Any]) -> list[str]:
-    out = []
+SEVERITY_RANK = {"ok": 0, "warning": 1, "critical": 2}
+# Rule 3's lag hysteresis: a doubling or halving is news only when it moves this many messages
+# (the default warning_lag), and a lag-only reply comes at most once per quarter hour.
+LAG_MATERIAL_MIN = 1_000
+LAG_UPDATE_MIN_SECONDS = 15 * 60
+
+
+def _rank(severity: str) -> int:
+    return SEVERITY_RANK.get(severity, -1)
+
+
+def _partitions_of(finding: Mapping[str, Any]) -> list[int]:
+    return sorted(p for p in finding.get("partitions") or [] if isinstance(p, int))
+
+
+def _lag_is_news(before: float | None, lag: float | None) -> bool:
+    if lag is None or before is None or abs(lag - before) < LAG_MATERIAL_MIN:
+        return False
+    return (before == 0 and lag > 0) or (before > 0 and (lag >= 2 * before or lag <= before / 2))
+
+
+def _seconds_since(stamp: str, now: datetime | None) -> float | None:
+    if not stamp or now is None:
+        return None
+    try:
+        return (now - datetime.fromisoformat(stamp)).total_seconds()
+    except (TypeError, ValueError):
+        return None
+
+
+def changes_since(state: ThreadState, finding: Mapping[str, Any], now: datetime | None = None) -> list[str]:
+    """Rule 3: the material changes since what the thread last said; empty when nothing is news.
+    Secondary changes (a lower severity, another pattern, fewer partitions) ride along with a
+    material one and are never news alone."""
+    material: list[str] = []
     severity, pattern = str(finding.get("severity", "")), str(finding.get("pattern", ""))
-    parts = sorted(p for p in finding.get("partitions") or [] if isinstance(p, int))
-    if severity != state.severity:
-        out.append(f"severity {state.severity or '-'} → {severity}")
-    if pattern != state.pattern:
-        out.append(f"pattern {state.pattern or '-'} → {pattern}")
-    if parts != sorted(state.partitions):
-        out.append(f"partitions {state.partitions or '-'} → {parts or '-'}")
+    parts = _partitions_of(finding)
+    told = sorted(set(state.told_partitions) | set(state.partitions))
+    if _rank(severity) > _rank(state.severity):
+        material.append(f"severity {state.severity or '-'} → {severity}")
+    if set(parts) - set(told):
+        material.append(f"partitions {told or '-'} → {parts or '-'}")
     lag, before = lag_total_of(finding), state.lag_total
-    if lag is not None and before is not None:
-        if (before == 0 and lag > 0) or (before > 0 and (lag >= 2 * before or lag <= before / 2)):
-            out.append(f"total lag {int(before):,} → {int(lag):,}")
-    return out
+    if _lag_is_news(before, lag):
+        since = _seconds_since(state.updated_at, now)
+        if material or since is None or since >= LAG_UPDATE_MIN_SECONDS:
+            material.append(f"total lag {int(before):,} → {int(lag):,}")
+    if not material:
+        return []
+    if _rank(severity) < _rank(state.severity):
+        material.append(f"severity {state.severity} → {severity}")
+    if pattern != state.pattern:
+        material.append(f"pattern {state.pattern or '-'} → {pattern}")
+    if parts != sorted(state.partitions) and not set(parts) - set(told):
+        material.append(f"partitions {state.partitions or '-'} → {parts or '-'}")
+    return material
 
 
 def data_complete(finding: Mapping[str, Any]) -> bool:
@@ -285,8 +334,8 @@ def decide(finding: Mapping[str, Any], state: ThreadState | None, *, run_id: str
     if run_id and state.last_run_id == run_id:
         return Decision("nothing")
     if state.provisional and finding.get("provisional") is not True:
-        return Decision("decided", tuple(changes_since(state, finding)))
-    changes = changes_since(state, finding)
+        return Decision("decided", tuple(changes_since(state, finding, now)))
+    changes = changes_since(state, finding, now)
     if (state.provisional and finding.get("provisional") is True and promise_overdue(state.decided_by, now)
             and promised_at(finding.get("decided_by")) != promised_at(state.decided_by)):  # a new time, as said
         return Decision("undecided", tuple(changes))
@@ -302,7 +351,8 @@ def remember(state: ThreadState, finding: Mapping[str, Any], *, run_id: str, now
     promised: set when it said one (`opened`, `promised`), kept otherwise."""
     state.severity = str(finding.get("severity", ""))
     state.pattern = str(finding.get("pattern", ""))
-    state.partitions = sorted(p for p in finding.get("partitions") or [] if isinstance(p, int))
+    state.partitions = _partitions_of(finding)
+    state.told_partitions = sorted(set(state.partitions) | (set() if opened else set(state.told_partitions)))
     state.lag_total = lag_total_of(finding)
     state.last_run_id = run_id
     state.updated_at = now
