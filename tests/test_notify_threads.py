@@ -189,6 +189,45 @@ def test_action_result_replies_once_in_the_incident_thread(settings, slack_conne
     assert len(slack_connection.messages) == 2
 
 
+def test_a_sweep_every_minute_says_a_blocked_action_once_and_again_only_when_its_reason_changes(
+        settings, slack_connection):
+    """Seen live: `restart_consumers blocked ... no Deployment mapped` replied 12 times in 16 minutes.
+    Twelve one-minute sweeps of one crashed group, each running the action through the real runner:
+    one reply; a mapping added changes what is said (a dry run), once; a real outcome is said once."""
+    from lagdoctor.remediation import run_action
+    from lagdoctor.remediation.config import Deployment, RemediationConfig
+
+    crashed = finding("crashed_consumer", "critical", partitions=(), lag=4036)
+    unmapped = RemediationConfig()
+    mapped = RemediationConfig(deployments={"orders": Deployment(namespace="shop", name="orders")})
+
+    def sweep(i: int, config: RemediationConfig) -> dict:
+        run_id = f"scheduled__2026-11-21T10:{i:02d}:00+00:00"
+        at = T0 + timedelta(minutes=i)
+        post_or_update_incident(crashed, run_id=run_id, now=at)
+        record = run_action("restart_consumers", crashed, run_id=run_id, dry_run=True, config=config, now=at)
+        return post_action_result(record, now=at)
+
+    decisions = [sweep(i, unmapped)["decision"] for i in range(12)]
+    assert decisions == ["replied"] + ["unchanged"] * 11
+    replies = [m for m in slack_connection.messages if m.get("thread_ts")]
+    assert len(replies) == 1 and "no Deployment mapped" in replies[0]["text"]
+
+    assert [sweep(i, mapped)["decision"] for i in range(12, 15)] == ["replied", "unchanged", "unchanged"]
+    replies = [m for m in slack_connection.messages if m.get("thread_ts")]
+    assert len(replies) == 2 and "dry run" in replies[1]["blocks"][0]["text"]["text"]
+
+    executed = {"cluster": "prod", "group_id": "orders", "topic": "orders.v1", "diagnosis": "crashed_consumer",
+                "idempotency_key": "real-1", "action": "restart_consumers", "status": "executed",
+                "message": "restarted shop/orders"}
+    assert post_action_result(executed, now=T0 + timedelta(minutes=16))["decision"] == "replied"
+    assert post_action_result(executed, now=T0 + timedelta(minutes=16))["decision"] == "unchanged"  # a retry
+    # after an outcome, what the sweep proposes is news again, once
+    assert [sweep(i, mapped)["decision"] for i in range(17, 19)] == ["replied", "unchanged"]
+    assert len([m for m in slack_connection.messages if m.get("thread_ts")]) == 4
+    assert len([m for m in slack_connection.messages if not m.get("thread_ts")]) == 1  # one top-level message
+
+
 def test_rate_limit_and_server_errors_are_retried_by_slack_sdk_handlers(settings, slack_connection):
     server = slack_connection
     server.fail_next(429, retry_after=1)

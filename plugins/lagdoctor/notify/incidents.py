@@ -403,10 +403,32 @@ def post_action_result(
     """Reply with a remediation record (from ``run_action``) in its incident's thread.
 
     Each (idempotency key, status) is queued once, so a retried task does not
-    repeat it. Without a thread (none was ever posted) it goes top-level.
+    repeat it; a proposal, dry run, block or recommendation (SAY_ONCE_STATUSES) is
+    said once per incident thread, and again only when what it says changes
+    (``action_signature``). Without a thread (none was ever posted) it goes top-level.
     """
     args = {"record": dict(record), "now": _now(now).isoformat()}
     return _call("action_result", args, settings=settings, sender=sender, now=now, spooled={"threads": []})
+
+
+# What a sweep says again every minute unless held back: a proposal, a dry run, a block or advice.
+# Each is said once per incident thread, and again only when what it says changes.
+SAY_ONCE_STATUSES = frozenset({"dry_run", "blocked", "recommended", "awaiting_approval"})
+_RUN_IDS_AND_TIMES = re.compile(r"\b(?:scheduled|manual|backfill|asset_triggered)__\S+|\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)?")
+
+
+def action_signature(record: Mapping[str, Any]) -> str | None:
+    """What a say-once record says, minus what moves every sweep (run ids, times; a guardrail's clock
+    and counts: "cooldown ends in 12 min", "4 actions in the last hour", who holds the lease).
+    None for an outcome (executed, noop, failed, rejected), which is said once per attempt."""
+    status = str(record.get("status", ""))
+    if status not in SAY_ONCE_STATUSES:
+        return None
+    rule = str(record.get("rule") or "")
+    message = _RUN_IDS_AND_TIMES.sub("<>", str(record.get("message") or ""))
+    if status == "blocked":
+        message = "" if rule == "lease" else re.sub(r"\d+", "#", message)
+    return f"{status}|{rule}|{message}"
 
 
 def _action_result_in(db, conn, *, record: Mapping[str, Any], now: str) -> tuple[dict[str, Any], Any]:
@@ -414,9 +436,13 @@ def _action_result_in(db, conn, *, record: Mapping[str, Any], now: str) -> tuple
     key = IncidentKey(str(record.get("cluster", "")), str(record.get("group_id", "")),
                       str(record.get("topic", "")), str(record.get("diagnosis", "")))
     marker = f"{record.get('idempotency_key')}:{record.get('status')}"
+    action, signature = str(record.get("action", "")), action_signature(record)
     outbox.lock_key(db, conn, key.lock_name())
     state = store.get(key, conn=conn)
     if state is not None and marker in state.posted_actions:
+        decision = "unchanged"
+    elif state is not None and signature is not None and state.said_actions.get(action) == signature:
+        log.info("%s for group %s: %s, as already said in its thread", action, key.group_id, record.get("status"))
         decision = "unchanged"
     else:
         msg = render.render_action_result(record)
@@ -425,6 +451,10 @@ def _action_result_in(db, conn, *, record: Mapping[str, Any], now: str) -> tuple
                              now=datetime.fromisoformat(now), **target)
         if state is not None:
             state.posted_actions.append(marker)
+            if signature is not None:
+                state.said_actions[action] = signature
+            else:  # an outcome: what was proposed before it is news again afterwards
+                state.said_actions.pop(action, None)
             state.replies += 1
             store.save(state, conn=conn)
         decision = "replied" if state is not None else "posted"
