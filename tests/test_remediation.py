@@ -176,7 +176,8 @@ def test_a_dry_run_never_waits_for_a_human_even_for_irreversible_actions(setting
     for name in ("skip_poison_pill", "add_partitions"):
         assert needs_approval(name, dry_run=True) is False
         assert needs_approval(name, dry_run=False) is True
-        rec = run_action(name, finding("stalled_consumer"), run_id="r1", now=T0)
+        # a consumer on each partition: nothing in the finding rules either action out
+        rec = run_action(name, finding("stalled_consumer", group_members=6), run_id="r1", now=T0)
         assert rec["status"] == "dry_run" and rec["requires_approval"] is False
         assert "irreversible" in rec["warning"].lower() or "never process" in rec["warning"]
 
@@ -594,3 +595,24 @@ def test_blocked_for_one_group_after_acting_for_another_says_something_changed(s
     assert blocked.value.changed is True
     assert "blocked for 1 of 2 group(s), not run: group billing on prod: no Deployment mapped" in str(blocked.value)
     assert len(k8s.writes()) == 1
+
+
+@pytest.mark.parametrize("members,partitions,offered,why", [
+    (1, 2, False, "seen live: 2 -> 8 approved for a group with one consumer; partitions 2-7 stayed unassigned"),
+    (0, 6, False, "a crashed group consumes none of the partitions it has"),
+    (6, 6, True, "a consumer on every partition: only more partitions add capacity"),
+    (None, 6, True, "membership unknown: not ruled out (the approval still asks a human)"),
+])
+def test_add_partitions_is_offered_only_once_scaling_consumers_cannot_help(settings, members, partitions, offered,
+                                                                           why):
+    from lagdoctor.remediation.runner import preview_action
+
+    surge = finding("producer_surge", partition_count=partitions, group_members=members)
+    dry = run_action("add_partitions", surge, run_id="r1", params={"add": 6}, now=T0)
+    form = preview_action("add_partitions", surge, params={"add": 6}, now=T0)
+    if offered:
+        assert dry["status"] == "dry_run" and form["blocked"] is None
+    else:
+        assert dry["status"] == "blocked" and dry["rule"] == "action"
+        assert form["blocked"] == dry["message"]
+        assert ("scale consumers first" if members else "no live consumer") in dry["message"]

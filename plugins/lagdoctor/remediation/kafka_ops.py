@@ -328,6 +328,18 @@ class AddPartitions(Action):
                "partitions (per-key order breaks across the change) and every group on the topic rebalances.")
     params = {"add": int, "total": int}
 
+    def blocked_by_finding(self, ctx: ActionContext) -> str | None:
+        """The runbook's order: more partitions help only a group that already has a consumer on each
+        partition; below that, scaling consumers is the cheaper, reversible step."""
+        members, partitions = ctx.evidence.get("group_members"), ctx.evidence.get("partition_count")
+        if not isinstance(members, int) or not isinstance(partitions, int) or members >= partitions:
+            return None
+        if members == 0:
+            return (f"the group has no live consumer on its {partitions} partitions: more partitions cannot help "
+                    "until it consumes again (restart it first)")
+        return (f"the group has {members} consumer(s) for {partitions} partitions: scale consumers first (up to "
+                f"{partitions}); more partitions help only once every partition has its own consumer")
+
     def prepare(self, ctx: ActionContext) -> dict[str, Any]:
         total, add = ctx.params.get("total"), ctx.params.get("add")
         if total is None and add is None:

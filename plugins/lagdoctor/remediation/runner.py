@@ -10,8 +10,10 @@ Order of checks for a call (a DAG task calls this; nothing else runs actions):
   2. guardrails    deny/allow lists, cooldown, hourly cap (guardrails.py),
                    also in dry runs so a dry run says what a real run would meet.
   3. prepare       what the action would do (pure).
-  4. dry run       stop here: record ``dry_run``. A dry run never waits for a
-                   human, takes no lease and counts against nothing.
+  4. dry run       stop here: record ``dry_run`` (``blocked`` for an irreversible
+                   action the finding already rules out, as a real run would be).
+                   A dry run never waits for a human, takes no lease and counts
+                   against nothing.
   5. approval      irreversible actions (and those the config or runbook marks)
                    need ``approved=True``: ``None`` records ``awaiting_approval``
                    (the DAG then asks through a HITL ApprovalOperator and calls
@@ -261,8 +263,11 @@ def run_action(
         if not action.changes_state:
             outcome = action.apply(ctx, plan)
             return record(outcome.status, outcome.message, plan, detail=dict(outcome.detail))
-        # 4. dry run
+        # 4. dry run: an irreversible action the finding already rules out says so, as a real run would
         if dry_run:
+            known = action.blocked_by_finding(ctx) if action.irreversible else None
+            if known:
+                return record("blocked", one_line(known), plan, rule="action")
             return record("dry_run", "would " + action.describe(plan), plan)
         # 5. approval
         if approval and approved is not True:
