@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
 
-from lagdoctor.notify.incidents import notify_failure
+from lagdoctor.notify.incidents import notify_run_failed, record_task_failure
 from lagdoctor.pipeline import (build_pipeline, clusters_param, notify_recovery_unless_skipped, thresholds_param,
                                 use_data_root)
 from lagdoctor.stages.params import SWEEP_SAMPLES, SWEEP_SAMPLE_INTERVAL_S, SWEEP_SCHEDULE, sweep_clusters_default
@@ -21,7 +21,10 @@ with DAG(
     max_active_runs=1,
     tags=["lagdoctor", "kafka", "sweep"],
     on_success_callback=notify_recovery_unless_skipped,
-    default_args={"retries": 1, "retry_delay": timedelta(minutes=1), "on_failure_callback": notify_failure,
+    # A failure is said once the run has failed: a task whose failure the run tolerates, or one
+    # beside a branch waiting for a human, is not yet a failed run.
+    on_failure_callback=notify_run_failed,
+    default_args={"retries": 1, "retry_delay": timedelta(minutes=1), "on_failure_callback": record_task_failure,
                   "on_execute_callback": use_data_root},
     params={
         "cluster": Param("kafka_default", type="string", minLength=1,

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
 
-from lagdoctor.notify.incidents import notify_failure, notify_recovery
+from lagdoctor.notify.incidents import notify_recovery, notify_run_failed, record_task_failure
 from lagdoctor.pipeline import build_pipeline, thresholds_param, use_data_root
 
 with DAG(
@@ -19,7 +19,10 @@ with DAG(
     max_active_runs=3,
     tags=["lagdoctor", "kafka", "incident"],
     on_success_callback=notify_recovery,
-    default_args={"retries": 1, "retry_delay": timedelta(seconds=30), "on_failure_callback": notify_failure,
+    # A failure is said once the run has failed: a task whose failure the run tolerates, or one
+    # beside a branch waiting for a human, is not yet a failed run.
+    on_failure_callback=notify_run_failed,
+    default_args={"retries": 1, "retry_delay": timedelta(seconds=30), "on_failure_callback": record_task_failure,
                   "on_execute_callback": use_data_root},
     params={
         "cluster": Param("kafka_default", type="string", minLength=1, title="Cluster",

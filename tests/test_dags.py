@@ -76,7 +76,7 @@ def test_snapshot_time_limit_follows_samples_and_interval():
 
 
 def test_concurrency_and_callbacks(dagbag):
-    from lagdoctor.notify.incidents import notify_failure, notify_recovery
+    from lagdoctor.notify.incidents import notify_recovery, notify_run_failed, record_task_failure
     from lagdoctor.pipeline import notify_recovery_unless_skipped
 
     sweep, incident = dagbag.dags[SWEEP_DAG_ID], dagbag.dags[INCIDENT_DAG_ID]
@@ -86,7 +86,9 @@ def test_concurrency_and_callbacks(dagbag):
     assert sweep.on_success_callback in (notify_recovery_unless_skipped, [notify_recovery_unless_skipped])
     assert incident.on_success_callback in (notify_recovery, [notify_recovery])
     for dag in (sweep, incident):
-        assert dag.default_args["on_failure_callback"] is notify_failure
+        # a task's failure is remembered; the run's failure is what Slack hears of
+        assert dag.default_args["on_failure_callback"] is record_task_failure
+        assert dag.on_failure_callback in (notify_run_failed, [notify_run_failed])
 
 
 def test_the_sweep_never_waits_for_a_human(dagbag):

@@ -51,7 +51,46 @@ def test_action_results_land_in_the_run_thread(slack_connection, settings):
     post_incident_run([{"finding": f, "plan": None}], run_id="manual__3", scope="prod", settings=settings)
     header = slack_connection.posts[0]
     record = {"cluster": "prod", "group_id": "orders-eu", "topic": "orders", "diagnosis": "crashed_consumer",
-              "action": "restart_consumers", "status": "dry_run", "dry_run": True,
+              "action": "restart_consumers", "status": "dry_run", "dry_run": True, "run_id": "manual__3",
               "idempotency_key": "k1", "message": "would restart deployment orders-eu"}
     post_action_result(record, settings=settings)
     assert slack_connection.posts[-1].body["thread_ts"] == header.ts
+    assert post_action_result(record, settings=settings)["decision"] == "unchanged"  # a retried task
+    assert len(slack_connection.posts) == 3
+
+
+def test_sweeps_and_an_incident_run_keep_their_own_threads(slack_connection, settings):
+    """Seen live: a sweep's `skip_poison_pill dry run` reply landed in an incident run's thread right
+    after that run's `blocked` line. The sweep's incident thread stays the sweep's; the run's, the run's."""
+    from datetime import datetime, timedelta, timezone
+
+    from lagdoctor.notify.incidents import post_or_update_incident
+
+    t0 = datetime(2026, 11, 21, 3, 14, tzinfo=timezone.utc)
+    stalled = finding("payments-ledger", "stalled_consumer", partitions=(0,))
+
+    def record(run_id, status, message):
+        return {"cluster": "prod", "group_id": "payments-ledger", "topic": "orders", "diagnosis": "stalled_consumer",
+                "action": "skip_poison_pill", "status": status, "run_id": run_id, "idempotency_key": run_id,
+                "dry_run": status == "dry_run", "message": message}
+
+    post_or_update_incident(stalled, run_id="scheduled__1", settings=settings, now=t0)
+    sweep_root = slack_connection.posts[0]
+    post_incident_run([{"finding": stalled, "plan": None}], run_id="manual__9", scope="prod", settings=settings,
+                      now=t0 + timedelta(minutes=1))
+    run_root = slack_connection.posts[1]
+    post_action_result(record("manual__9", "blocked", "group is STABLE with 1 member(s), not EMPTY"),
+                       settings=settings, now=t0 + timedelta(minutes=1))
+    assert slack_connection.posts[-1].body["thread_ts"] == run_root.ts
+
+    # the next sweeps: a material change and the sweep's own dry run go to the sweep's thread
+    post_or_update_incident({**stalled, "partitions": [0, 2]}, run_id="scheduled__2", settings=settings,
+                            now=t0 + timedelta(minutes=2))
+    post_action_result(record("scheduled__2", "dry_run", "would copy the record at orders p0@120 to orders.dlq"),
+                       settings=settings, now=t0 + timedelta(minutes=2))
+    replies = [p for p in slack_connection.posts if p.body.get("thread_ts")]
+    in_run = [p for p in replies if p.body["thread_ts"] == run_root.ts]
+    in_sweep = [p for p in replies if p.body["thread_ts"] == sweep_root.ts]
+    assert len(in_sweep) == 2 and "dry run" in in_sweep[-1].body["blocks"][0]["text"]["text"]
+    assert [p.body["text"] for p in in_run][-1].startswith("skip_poison_pill")
+    assert len(in_run) == 2  # the run's finding and its own blocked result, nothing of the sweep's

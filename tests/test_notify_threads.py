@@ -176,6 +176,43 @@ def test_recovery_closes_every_open_diagnosis_of_the_group_and_topic(settings, s
     assert [s.key.topic for s in open_left] == ["other"]
 
 
+def test_a_cause_that_changes_between_sweeps_stays_in_one_thread(settings, slack_connection):
+    """Rule 10. Seen live: 10 top-level messages for six incidents, a cause named wrong first (slow
+    consumer) and right a sweep later (producer surge) opening a second thread."""
+    slow = finding("slow_consumer", "warning", lag=3000)
+    surge = finding("producer_surge", "critical", lag=5000)
+    post_or_update_incident(slow, run_id="r1", now=T0, sweep=[slow])
+    result = post_or_update_incident(surge, run_id="r2", now=T0 + timedelta(minutes=1), sweep=[surge])
+    assert result["decision"] == "replied" and result["joined"] == "slow_consumer"
+    root = slack_connection.posts[0]
+    reply = slack_connection.messages[-1]
+    assert reply["thread_ts"] == root.ts and "Cause changed:* slow consumer → producer surge" in json.dumps(reply, ensure_ascii=False)
+    assert post_or_update_incident(surge, run_id="r3", now=T0 + timedelta(minutes=2),
+                                   sweep=[surge])["decision"] == "unchanged"
+    recovered = post_or_update_incident(healthy(), run_id="r4", now=T0 + timedelta(minutes=3))
+    assert recovered["decision"] == "recovered"
+    assert len([m for m in slack_connection.messages if not m.get("thread_ts")]) == 1
+    assert len(slack_connection.messages) == 3
+    assert [s.status for s in ThreadStore().all()] == ["closed"]
+
+
+def test_two_causes_at_once_share_one_thread_and_one_recovery(settings, slack_connection):
+    """Rule 10 ("the truth is a set"): an imbalance and a rebalance loop found by one sweep."""
+    imbalance = finding("partition_imbalance", "critical", partitions=(1,), lag=5000)
+    loop = finding("rebalance_loop", "warning", partitions=(), lag=5000)
+    for f in (imbalance, loop):
+        post_or_update_incident(f, run_id="r1", now=T0, sweep=[imbalance, loop])
+    also = slack_connection.messages[-1]
+    assert also["thread_ts"] == slack_connection.posts[0].ts
+    assert "Also:* rebalance loop (beside partition imbalance, still open)" in json.dumps(also)
+    for f in (imbalance, loop):  # the next sweep, nothing new
+        assert post_or_update_incident(f, run_id="r2", now=T0 + timedelta(minutes=1),
+                                       sweep=[imbalance, loop])["decision"] == "unchanged"
+    post_or_update_incident(healthy(), run_id="r3", now=T0 + timedelta(minutes=2))
+    assert len(slack_connection.messages) == 3  # the post, "Also", one recovery
+    assert sorted(s.status for s in ThreadStore().all()) == ["closed", "closed"]
+
+
 def test_action_result_replies_once_in_the_incident_thread(settings, slack_connection):
     post_or_update_incident(finding(), run_id="r1", now=T0)
     record = {"cluster": "prod", "group_id": "orders", "topic": "orders.v1", "diagnosis": "slow_consumer",
@@ -278,6 +315,53 @@ def test_failure_callback_posts_through_the_outbox_to_slack(settings, slack_conn
     assert "spark-submit exited 1 stack" in msg["blocks"][0]["text"]["text"]
 
 
+def _context(dag_id: str, task_id: str, run_id: str, exception: Exception | None = None, **extra) -> dict:
+    class TI:
+        pass
+
+    ti = TI()
+    ti.dag_id, ti.task_id, ti.run_id = dag_id, task_id, run_id
+    return {"ti": ti, "run_id": run_id, **({"exception": exception} if exception else {}), **extra}
+
+
+def test_a_failure_is_said_once_the_run_has_failed_naming_the_task_that_failed_first(settings, slack_connection):
+    """Seen live: `kafka_lag_incident failed` posted in the same second as `Approval needed`, while the run
+    still waited for a human. A task's failure is remembered; the run's failure is said, once."""
+    from lagdoctor.notify import notify_recovery, notify_run_failed, record_task_failure
+
+    sweep = "kafka_lag_health_sweep"
+    record_task_failure(_context(sweep, "diagnose", "scheduled__1", RuntimeError("spark-submit exited 1")))
+    record_task_failure(_context(sweep, "remediate_restart_consumers", "scheduled__1", RuntimeError("blocked")))
+    assert slack_connection.messages == []  # the run has not failed yet
+    notify_run_failed(_context(sweep, "check_failures", "scheduled__1", reason="task_failure"))
+    (msg,) = slack_connection.messages
+    text = msg["blocks"][0]["text"]["text"]
+    assert "diagnose" in msg["text"] and "spark-submit exited 1" in text
+    assert "also failed: remediate_restart_consumers" in text
+
+    # a task failed, but the run tolerated it and succeeded: nothing is said of that task,
+    # and the open failure thread gets its one recovery reply
+    record_task_failure(_context(sweep, "write_reports", "scheduled__2", RuntimeError("disk full")))
+    notify_recovery(_context(sweep, "post_findings", "scheduled__2"))
+    assert len(slack_connection.messages) == 2 and "disk full" not in json.dumps(slack_connection.messages)
+    # nor later, when another run fails for its own reason
+    notify_run_failed(_context(sweep, "snapshot", "scheduled__3", RuntimeError("x"), reason="task_failure"))
+    assert "disk full" not in json.dumps(slack_connection.messages)
+
+
+def test_an_incident_runs_failure_goes_to_the_runs_own_thread(settings, slack_connection):
+    from lagdoctor.notify import notify_run_failed, post_incident_run, record_task_failure
+
+    dag = "kafka_lag_incident"
+    post_incident_run([{"finding": finding(), "plan": None}], run_id="manual__7", scope="prod", now=T0)
+    header = slack_connection.posts[0]
+    record_task_failure(_context(dag, "restart_consumers", "manual__7", RuntimeError("lease held by another run")))
+    notify_run_failed(_context(dag, "check_failures", "manual__7", reason="task_failure"))
+    last = slack_connection.posts[-1]
+    assert last.body["thread_ts"] == header.ts and "lease held by another run" in last.body["blocks"][0]["text"]["text"]
+    assert len([p for p in slack_connection.posts if "thread_ts" not in p.body]) == 1  # no DAG failure thread
+
+
 def test_failure_callback_without_slack_writes_the_outbox_and_never_raises(settings):
     class TI:
         dag_id, task_id, run_id = "kafka_lag_incident", "snapshot", "manual__1"
@@ -313,10 +397,12 @@ def test_a_provisional_incident_is_decided_in_the_same_thread_without_a_diagnosi
     assert [s.key.diagnosis for s in ThreadStore().all() if s.status == "open"] == ["stalled_consumer"]
     third = post_or_update_incident(decided, None, run_id="run-3", now=T0 + timedelta(minutes=10))
     assert third["decision"] == "unchanged"
-    # a change between decided causes is what it was: a thread of its own
+    # a change between decided causes (rule 10): the same thread says the cause changed, re-keyed to it
     other = finding("slow_consumer", "critical", partitions=(1,), lag=5000)
-    assert post_or_update_incident(other, None, run_id="run-4", now=T0 + timedelta(minutes=15))["decision"] == "posted"
-    assert "thread_ts" not in server.messages[-1]
+    changed = post_or_update_incident(other, None, run_id="run-4", now=T0 + timedelta(minutes=15), sweep=[other])
+    assert changed["decision"] == "replied" and server.messages[-1]["thread_ts"] == server.posts[0].ts
+    assert "Cause changed" in json.dumps(server.messages[-1]) and len(server.posts) == 3
+    assert [s.key.diagnosis for s in ThreadStore().all() if s.status == "open"] == ["slow_consumer"]
 
 
 def test_an_unsure_sweep_in_a_thread_that_named_its_cause_never_brings_a_decided_reply(settings, slack_connection):

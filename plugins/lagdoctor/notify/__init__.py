@@ -10,6 +10,8 @@ Task-level API (each queues in the state database, then delivers what waits):
     post_notice(message, dedupe_key=...)                  a one-off message, once
     deliver_pending()                                     send what an outage left waiting
     notify_failure / notify_recovery                      one failure thread per DAG
+    record_task_failure / notify_run_failed               the DAGs' callbacks: a failure is said
+                                                          once the run has failed, not before
     slack_sender()                                        provider SlackHook or local outbox
     with_partition_status(finding, rows)                  evidence table from partition_status.jsonl
 """
@@ -18,13 +20,16 @@ from lagdoctor.notify.incidents import (
     deliver_pending,
     notify_failure,
     notify_recovery,
+    notify_run_failed,
     post_action_result,
     post_incident_run,
     post_notice,
     post_or_update_incident,
+    record_task_failure,
 )
 from lagdoctor.notify.render import with_partition_status
 from lagdoctor.notify.slack import SlackDeliveryError, slack_sender
 
-__all__ = ["SlackDeliveryError", "deliver_pending", "notify_failure", "notify_recovery", "post_action_result",
-           "post_incident_run", "post_notice", "post_or_update_incident", "slack_sender", "with_partition_status"]
+__all__ = ["SlackDeliveryError", "deliver_pending", "notify_failure", "notify_recovery", "notify_run_failed",
+           "post_action_result", "post_incident_run", "post_notice", "post_or_update_incident", "record_task_failure",
+           "slack_sender", "with_partition_status"]

@@ -43,6 +43,7 @@ from lagdoctor.notify.threads import (
     remember,
     reply_target,
     superseded_threads,
+    thread_to_join,
 )
 
 log = logging.getLogger(__name__)
@@ -216,19 +217,24 @@ def _on_healthy(db, conn, store: ThreadStore, finding: Mapping[str, Any], *, run
     if not open_threads:
         return {"decision": "healthy" if complete else "incomplete", "replied": 0}, []
     replied = 0
-    for state in open_threads:
+    recovered_anchors: set[str] = set()  # threads told already (rule 10: causes may share one)
+    for state in sorted(open_threads, key=lambda s: s.opened_at or ""):
         decision = decide_healthy(finding, state)
         if decision.kind == "recover":
-            opened = datetime.fromisoformat(state.opened_at) if state.opened_at else None
-            duration = (now - opened).total_seconds() if opened else None
-            msg = render.render_recovery(finding, diagnosis=state.key.diagnosis, duration_seconds=duration)
-            outbox.queue_message(db, conn, dedupe_key=f"incident:{state.key.digest()}:{_thread_anchor(state)}:recovered",
-                                 text=msg["text"], blocks=msg["blocks"], now=now, **reply_target(state))
+            if _thread_anchor(state) not in recovered_anchors:  # rule 10: causes sharing a thread, one reply
+                recovered_anchors.add(_thread_anchor(state))
+                opened = datetime.fromisoformat(state.opened_at) if state.opened_at else None
+                duration = (now - opened).total_seconds() if opened else None
+                msg = render.render_recovery(finding, diagnosis=state.key.diagnosis, duration_seconds=duration)
+                outbox.queue_message(db, conn,
+                                     dedupe_key=f"incident:{state.key.digest()}:{_thread_anchor(state)}:recovered",
+                                     text=msg["text"], blocks=msg["blocks"], now=now, **reply_target(state))
             state.status, state.closed_at, state.replies = "closed", stamp, state.replies + 1
             remember(state, finding, run_id=run_id, now=stamp)
         elif decision.kind == "incomplete":
-            if quiet_reason(conn, state, finding, now):
+            if quiet_reason(conn, state, finding, now) or _thread_anchor(state) in recovered_anchors:
                 continue
+            recovered_anchors.add(_thread_anchor(state))  # said once per thread, too
             msg = render.render_data_incomplete(finding, state.key.diagnosis)
             outbox.queue_message(
                 db, conn, dedupe_key=f"incident:{state.key.digest()}:{_thread_anchor(state)}:incomplete:{run_id}",
@@ -248,16 +254,39 @@ def _on_problem(db, conn, store: ThreadStore, finding: Mapping[str, Any], plan: 
     key = IncidentKey.of(finding)
     open_before = store.open_threads(key.cluster, key.group_id, key.topic, conn=conn)
     result, keys = _on_own_thread(db, conn, store, finding, plan, open_before, run_id=run_id, now=now,
-                                  dag_id=dag_id, buttons=buttons)
+                                  dag_id=dag_id, buttons=buttons, sweep=sweep)
     # after the finding's own message, so a closing reply never points at a thread not posted yet
     result["superseded"] = _close_superseded(db, conn, store, finding, superseded_threads(finding, open_before, sweep),
                                              own_thread=result["decision"] != "posted", run_id=run_id, now=now)
     return result, keys
 
 
+def _join_thread(db, conn, store: ThreadStore, finding: Mapping[str, Any], plan: Mapping[str, Any] | None,
+                 thread: ThreadState, still_open: bool, *, run_id: str, now: datetime, dag_id: str | None,
+                 controls: str | None) -> tuple[dict[str, Any], list[IncidentKey]]:
+    """Rule 10: the finding's cause replies in the (cluster, group, topic)'s open thread: re-keyed to it
+    when the thread's cause is gone, sharing the thread beside it when not."""
+    stamp, key, was = now.isoformat(), IncidentKey.of(finding), thread.key.diagnosis
+    msg = render.render_cause_change(finding, was, plan, still_open=still_open, run_id=run_id, dag_id=dag_id,
+                                     controls=controls)
+    outbox.queue_message(db, conn, dedupe_key=f"incident:{key.digest()}:{_thread_anchor(thread)}:joined:{run_id}",
+                         text=msg["text"], blocks=msg["blocks"], now=now, **reply_target(thread))
+    if still_open:
+        state = ThreadState(key=key, channel=thread.channel, thread_ts=thread.thread_ts, opened_at=stamp,
+                            root_message_id=thread.root_message_id)
+    else:
+        state = store.rekey(thread, key.diagnosis, conn=conn)
+        state.said_actions = {}  # another cause, other actions: what they say is news
+    state.replies += 1
+    store.save(remember(state, finding, run_id=run_id, now=stamp, opened=still_open), conn=conn)
+    return {"decision": "replied", "changes": [f"cause {was} → {key.diagnosis}"], "decided": False,
+            "undecided": False, "joined": was}, [key]
+
+
 def _on_own_thread(db, conn, store: ThreadStore, finding: Mapping[str, Any], plan: Mapping[str, Any] | None,
                    open_before: list[ThreadState], *, run_id: str, now: datetime, dag_id: str | None,
-                   buttons: bool) -> tuple[dict[str, Any], list[IncidentKey]]:
+                   buttons: bool, sweep: list[Mapping[str, Any]] | None = None
+                   ) -> tuple[dict[str, Any], list[IncidentKey]]:
     stamp = now.isoformat()
     key = IncidentKey.of(finding)
     state = store.get(key, conn=conn)
@@ -266,6 +295,11 @@ def _on_own_thread(db, conn, store: ThreadStore, finding: Mapping[str, Any], pla
         adopted = provisional_thread_for(finding, open_before)
         if adopted is not None:
             state = store.rekey(adopted, key.diagnosis, conn=conn)
+        else:
+            joined = thread_to_join(finding, open_before, sweep)
+            if joined is not None:  # rule 10: one incident, one top-level message
+                return _join_thread(db, conn, store, finding, plan, *joined, run_id=run_id, now=now,
+                                    dag_id=dag_id, controls=key.digest() if buttons else None)
     decision = decide(finding, state, run_id=run_id, now=now)
     if decision.kind == "nothing":
         if state is not None and state.status == "open" and state.provisional and state.decided_by is None \
@@ -340,8 +374,9 @@ def post_incident_run(
 
     ``items`` are ``{"finding", "plan"}`` pairs. The first call posts a header
     naming the scope and every finding; each problem then goes into that thread
-    in full, and becomes its incident key's thread, so action results and later
-    sweeps reply there too. Retrying the task posts nothing twice.
+    in full. The run's action results and its failure reply there; sweeps keep
+    their own incident threads and never reply in it. Retrying the task posts
+    nothing twice.
     """
     problems = sum(1 for i in items if i["finding"].get("diagnosis") != HEALTHY)
     args = {"items": [dict(i) for i in items], "run_id": run_id, "scope": scope, "now": _now(now).isoformat(),
@@ -352,24 +387,18 @@ def post_incident_run(
 
 def _incident_run_in(db, conn, *, items: list[Mapping[str, Any]], run_id: str, scope: str, now: str,
                      dag_id: str, buttons: bool) -> tuple[dict[str, Any], Any]:
-    from lagdoctor.state import run_threads
-
-    store = ThreadStore(db)
     at = datetime.fromisoformat(now)
-    stamp = at.isoformat()
     problems = [i for i in items if i["finding"].get("diagnosis") != HEALTHY]
     outbox.lock_key(db, conn, f"run:{run_id}")
     # Sorted, so two runs over overlapping groups take the locks in one order (no deadlock).
     for name in sorted({IncidentKey.of(i["finding"]).lock_name() for i in problems}):
         outbox.lock_key(db, conn, name)
-    row = conn.execute(sa.select(run_threads.c.data).where(run_threads.c.run_key == run_id)).first()
-    if row is None:
+    run = _run_thread(conn, run_id)
+    if run is None:
         msg = render.render_run_header([i["finding"] for i in items], scope=scope, run_id=run_id, dag_id=dag_id)
         root = outbox.queue_message(db, conn, dedupe_key=f"run:{run_id}:header", text=msg["text"],
                                     blocks=msg["blocks"], now=at)
         run = {"root_message_id": root, "posted": []}
-    else:
-        run = dict(row.data)
     root = int(run["root_message_id"])
     for item in problems:
         finding = item["finding"]
@@ -380,13 +409,10 @@ def _incident_run_in(db, conn, *, items: list[Mapping[str, Any]], run_id: str, s
                                      controls=key.digest() if buttons else None)
         outbox.queue_message(db, conn, dedupe_key=f"run:{run_id}:{key.digest()}", text=msg["text"],
                              blocks=msg["blocks"], parent_id=root, now=at)
-        thread = ThreadState(key=key, channel="", thread_ts="", opened_at=stamp, root_message_id=root)
-        store.save(remember(thread, finding, run_id=run_id, now=stamp, opened=True), conn=conn)
+        # The run's thread is the run's: the incident's own thread (a sweep's) is neither taken
+        # over nor opened here, so a sweep's replies never land among the run's.
         run["posted"] = [*run["posted"], key.digest()]
-    values = {"run_key": run_id, "data": run, "updated_at": at}
-    if not db.insert_ignore(conn, run_threads, values, ("run_key",)):
-        conn.execute(sa.update(run_threads).where(run_threads.c.run_key == run_id)
-                     .values(data=run, updated_at=values["updated_at"]))
+    _save_run_thread(db, conn, run_id, run, at)
 
     def thread_ts(db) -> dict[str, Any]:
         with db.engine.connect() as c:
@@ -438,6 +464,10 @@ def _action_result_in(db, conn, *, record: Mapping[str, Any], now: str) -> tuple
     marker = f"{record.get('idempotency_key')}:{record.get('status')}"
     action, signature = str(record.get("action", "")), action_signature(record)
     outbox.lock_key(db, conn, key.lock_name())
+    run_id = str(record.get("run_id") or "")
+    if run_id and _run_thread(conn, run_id) is not None:
+        return _run_action_result_in(db, conn, record=record, marker=marker, run_id=run_id,
+                                     now=datetime.fromisoformat(now))
     state = store.get(key, conn=conn)
     if state is not None and marker in state.posted_actions:
         decision = "unchanged"
@@ -464,6 +494,37 @@ def _action_result_in(db, conn, *, record: Mapping[str, Any], now: str) -> tuple
         return {"threads": [_thread_ref(found)] if found is not None else []}
 
     return {"decision": decision}, threads
+
+
+def _run_thread(conn, run_id: str) -> dict[str, Any] | None:
+    """The thread of a manual incident run (run_threads), or None for a sweep's run."""
+    from lagdoctor.state import run_threads
+
+    row = conn.execute(sa.select(run_threads.c.data).where(run_threads.c.run_key == run_id)).first()
+    return dict(row.data) if row is not None and isinstance(row.data, dict) else None
+
+
+def _save_run_thread(db, conn, run_id: str, data: Mapping[str, Any], at: datetime) -> None:
+    from lagdoctor.state import run_threads
+
+    values = {"run_key": run_id, "data": dict(data), "updated_at": at}
+    if not db.insert_ignore(conn, run_threads, values, ("run_key",)):
+        conn.execute(sa.update(run_threads).where(run_threads.c.run_key == run_id)
+                     .values(data=dict(data), updated_at=at))
+
+
+def _run_action_result_in(db, conn, *, record: Mapping[str, Any], marker: str, run_id: str,
+                          now: datetime) -> tuple[dict[str, Any], Any]:
+    """An incident run's action result: in the run's own thread, once per (attempt, status)."""
+    run = _run_thread(conn, run_id) or {}
+    if marker in (run.get("actions") or []):
+        return {"decision": "unchanged", "threads": []}, None
+    msg = render.render_action_result(record)
+    outbox.queue_message(db, conn, dedupe_key=f"action:{marker}", text=msg["text"], blocks=msg["blocks"],
+                         parent_id=int(run["root_message_id"]), now=now)
+    run["actions"] = [*(run.get("actions") or []), marker]
+    _save_run_thread(db, conn, run_id, run, now)
+    return {"decision": "replied", "threads": []}, None
 
 
 def post_notice(
@@ -634,7 +695,8 @@ def _failure_in(db, conn, *, dag_id: str, task_id: str, run_id: str, reason: str
                                     text=msg["text"], blocks=msg["blocks"], now=at)
         data = {"status": "open", "root_message_id": root, "opened_at": at.isoformat(), "signature": signature,
                 "signatures": [signature], "failed_runs": 1, "recent_runs": [run_id],
-                "seen": [f"{run_id}/{task_id}"], "repeats": 0, "replies": 0}
+                "seen": [f"{run_id}/{task_id}"], "repeats": 0, "replies": 0,
+                "pending": (data or {}).get("pending") or {}}
         decision = "posted"
     elif f"{run_id}/{task_id}" in data["seen"]:
         decision = "unchanged"  # the same failure reported twice (a re-run callback)
@@ -663,6 +725,77 @@ def _failure_in(db, conn, *, dag_id: str, task_id: str, run_id: str, reason: str
     return {"decision": decision, "failed_runs": data["failed_runs"], "repeats": data["repeats"]}, None
 
 
+def record_task_failure(context: Mapping[str, Any], *, settings: Any = None,
+                        now: datetime | None = None) -> dict[str, Any]:
+    """Task-level ``on_failure_callback``: remember why the task failed and say nothing yet. The run
+    may still succeed (a task whose failure it tolerates) or wait for a human; ``notify_run_failed``
+    says it once the run has failed. Never raises."""
+    try:
+        dag_id, task_id, run_id = _context_ids(context)
+        exc = context.get("exception")
+        args = {"dag_id": dag_id, "task_id": task_id, "run_id": run_id, "reason": one_line(exc) if exc else "",
+                "now": _now(now).isoformat()}
+        return _call("task_failed", args, settings=settings, sender=None, now=now)
+    except Exception as err:  # noqa: BLE001 - a notification problem must not mask the failure
+        log.error("could not record the task failure: %s", one_line(err))
+        return {"decision": "error", "undelivered": 0, "delivery_error": one_line(err)}
+
+
+def _task_failed_in(db, conn, *, dag_id: str, task_id: str, run_id: str, reason: str,
+                    now: str) -> tuple[dict[str, Any], Any]:
+    at = datetime.fromisoformat(now)
+    outbox.lock_key(db, conn, f"failure:{dag_id}")
+    data = _load_failure(db, conn, dag_id) or {"status": "none"}
+    pending = dict(data.get("pending") or {})
+    failed = [f for f in pending.get(run_id, []) if f[0] != task_id]
+    pending[run_id] = [*failed, [task_id, reason]]
+    data["pending"] = dict(list(pending.items())[-RECENT_FAILURES:])  # runs that never ended are bounded
+    _save_failure(db, conn, dag_id, data, at)
+    return {"decision": "recorded", "_quiet": True}, None
+
+
+def notify_run_failed(context: Mapping[str, Any], *, settings: Any = None, sender: Sender | None = None,
+                      now: datetime | None = None) -> dict[str, Any]:
+    """DAG-level ``on_failure_callback``: the run has failed. Said once, with the first task that
+    failed for good and its reason (``record_task_failure``): in the run's own thread when it has one
+    (a manual incident run), else in the DAG's failure thread (``notify_failure``'s rules). Never raises."""
+    try:
+        dag_id, task_id, run_id = _context_ids(context)
+        args = {"dag_id": dag_id, "run_id": run_id, "task_id": task_id,
+                "reason": str(context.get("reason") or ""), "now": _now(now).isoformat()}
+        result = _call("run_failed", args, settings=settings, sender=sender, now=now,
+                       spooled={"failed_runs": None, "repeats": None})
+        if result["decision"] == "spooled":
+            log.error("the failure notification waits in the spool: %s", result["delivery_error"])
+        return result
+    except Exception as err:  # noqa: BLE001
+        log.error("could not queue the failure notification: %s", one_line(err))
+        return {"decision": "error", "undelivered": 0, "delivery_error": one_line(err)}
+
+
+def _run_failed_in(db, conn, *, dag_id: str, run_id: str, task_id: str, reason: str,
+                   now: str) -> tuple[dict[str, Any], Any]:
+    at = datetime.fromisoformat(now)
+    outbox.lock_key(db, conn, f"failure:{dag_id}")
+    data = _load_failure(db, conn, dag_id)
+    recorded = list(((data or {}).get("pending") or {}).get(run_id) or [])
+    if recorded:
+        data["pending"] = {k: v for k, v in data["pending"].items() if k != run_id}
+        _save_failure(db, conn, dag_id, data, at)
+        task_id, reason = recorded[0]
+        if len(recorded) > 1:
+            reason += f" (also failed: {', '.join(t for t, _ in recorded[1:])})"
+    elif reason:
+        reason = f"the run failed ({reason})"
+    run = _run_thread(conn, run_id)
+    if run is None:
+        return _failure_in(db, conn, dag_id=dag_id, task_id=task_id, run_id=run_id, reason=reason, now=now)
+    msg = render.render_failure(dag_id=dag_id, task_id=task_id, run_id=run_id, reason=reason)
+    outbox.queue_message(db, conn, dedupe_key=f"failure:{dag_id}:{run_id}:run", text=msg["text"],
+                         blocks=msg["blocks"], parent_id=int(run["root_message_id"]), now=at)
+    return {"decision": "replied", "failed_runs": None, "repeats": None}, None
+
+
 def notify_recovery(context: Mapping[str, Any], *, settings: Any = None, sender: Sender | None = None,
                     now: datetime | None = None) -> dict[str, Any]:
     """DAG-level ``on_success_callback``: close the DAG's failure thread with one reply.
@@ -684,6 +817,9 @@ def _recovery_in(db, conn, *, dag_id: str, run_id: str, now: str) -> tuple[dict[
     at = datetime.fromisoformat(now)
     outbox.lock_key(db, conn, f"failure:{dag_id}")
     data = _load_failure(db, conn, dag_id)
+    if data is not None and run_id in (data.get("pending") or {}):
+        data["pending"] = {k: v for k, v in data["pending"].items() if k != run_id}
+        _save_failure(db, conn, dag_id, data, at)
     if data is None or data.get("status") != "open":
         return {"decision": "unchanged", "_quiet": True}, None
     msg = render.render_failure_recovery(dag_id=dag_id, run_id=run_id, failed_runs=data["failed_runs"])
@@ -706,5 +842,7 @@ _HANDLERS = {
     "action_result": _action_result_in,
     "notice": _notice_in,
     "failure": _failure_in,
+    "task_failed": _task_failed_in,
+    "run_failed": _run_failed_in,
     "recovery": _recovery_in,
 }

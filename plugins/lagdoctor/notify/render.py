@@ -717,6 +717,23 @@ def render_decided(finding: Mapping[str, Any], was_between: Sequence[str], plan:
                            topic=v["topic"]), "blocks": blocks}
 
 
+def render_cause_change(finding: Mapping[str, Any], was: str, plan: Mapping[str, Any] | None = None, *,
+                        still_open: bool, run_id: str = "", dag_id: str | None = None,
+                        controls: str | None = None) -> dict[str, Any]:
+    """A reply in the open thread of a (cluster, group, topic) when a sweep finds another cause there:
+    the cause the thread named is gone (``still_open`` False: "Cause changed"), or holds beside the new
+    one ("Also"). The whole finding, next steps and actions, as a first message has them: one incident,
+    one top-level message."""
+    v = _values(finding)
+    names = {"was": one_line_id(was, "").replace("_", " "), "diagnosis": v["diagnosis"].replace("_", " ")}
+    kind = "cause_added" if still_open else "cause_changed"
+    plan = plan or {}
+    blocks = _reply_blocks(finding, v, render(kind, emoji=v["emoji"], **names) + "\n" + render("summary", **v),
+                           _plan_blocks(plan, plan.get("actions") or []),
+                           run_id=run_id, dag_id=dag_id, controls=controls)
+    return {"text": render(f"{kind}_fallback", group=v["group"], topic=v["topic"], **names), "blocks": blocks}
+
+
 def _plan_blocks(plan: Mapping[str, Any], actions: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The plan's next steps and the action lines, each a section when there is any."""
     blocks = []

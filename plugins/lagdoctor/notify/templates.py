@@ -27,6 +27,10 @@ TEMPLATES: dict[str, str] = {
     "provisional_fallback": "{{ group }}: still deciding between {{ between }} on {{ where }}; {{ by }}",
     "decided": ":white_check_mark: *Decided:* {{ diagnosis }} (was still deciding between {{ between }})",
     "decided_fallback": "Decided for {{ group }} on {{ topic }}: {{ diagnosis }}",
+    "cause_changed": "{{ emoji }} *Cause changed:* {{ was }} → {{ diagnosis }}",
+    "cause_changed_fallback": "Cause changed for {{ group }} on {{ topic }}: {{ was }} -> {{ diagnosis }}",
+    "cause_added": "{{ emoji }} *Also:* {{ diagnosis }} (beside {{ was }}, still open)",
+    "cause_added_fallback": "Also for {{ group }} on {{ topic }}: {{ diagnosis }} (beside {{ was }})",
     # A provisional thread still undecided after the time it promised: said once per new promise.
     "still_undecided": ":hourglass: *Still deciding between {{ between }} on {{ where }}:* not decided at the "
                        "first sweep after {{ was }} as promised; {{ by }}\n_Not decided yet because_ {{ because }}",

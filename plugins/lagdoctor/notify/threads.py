@@ -36,6 +36,12 @@ The decision rules (pure; one test case each in tests/test_notify_threads.py):
                one reply saying what it became and which thread follows it; unless
                another finding of the same sweep lands in it (a sweep may find a rebalance
                loop beside the imbalance it is still deciding on).
+ 10. one thread  a decided non-healthy finding whose cause has no open thread, while its (cluster,
+               group, topic) has an open decided one, replies there instead of posting anew: one
+               incident, one top-level message. The thread's cause gone from the sweep: it is
+               re-keyed to the new one ("Cause changed"); still found beside it (or no sweep to
+               tell): the new cause shares the thread ("Also"). A recovery closes every cause of
+               the thread with one reply. Provisional findings keep rules 7-9.
   9. undecided a provisional thread whose promised time (decided_by, stored on the thread)
                passed while the sweep is still provisional gets one reply saying so, with the
                new time; once per new promise, not every sweep.
@@ -309,6 +315,23 @@ def provisional_thread_for(finding: Mapping[str, Any], open_threads: list[Thread
     the finding's diagnosis is, or None."""
     diagnosis = str(finding.get("diagnosis", ""))
     return next((s for s in open_threads if s.provisional and diagnosis in s.deciding_between), None)
+
+
+def thread_to_join(finding: Mapping[str, Any], open_threads: list[ThreadState],
+                   sweep: list[Mapping[str, Any]] | None = None) -> tuple[ThreadState, bool] | None:
+    """Rule 10: (the open decided thread of this (cluster, group, topic) a finding without a thread of its
+    own replies in, whether that thread's cause is still found in the sweep), or None. ``sweep``: the sweep's
+    findings of this (cluster, group, topic); None: this one alone. The thread opened first wins."""
+    key = IncidentKey.of(finding)
+    if finding.get("provisional") is True:  # rules 7-9 follow a cause not decided yet
+        return None
+    candidates = [s for s in open_threads if s.status == "open" and not s.provisional and s.key != key]
+    if not candidates:
+        return None
+    thread = min(candidates, key=lambda s: s.opened_at or "")
+    if sweep is None:  # without the sweep, the thread's cause is not known to be gone
+        return thread, True
+    return thread, thread.key.diagnosis in {str(f.get("diagnosis", "")) for f in sweep}
 
 
 def superseded_threads(finding: Mapping[str, Any], open_threads: list[ThreadState],
