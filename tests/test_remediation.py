@@ -616,3 +616,19 @@ def test_add_partitions_is_offered_only_once_scaling_consumers_cannot_help(setti
         assert dry["status"] == "blocked" and dry["rule"] == "action"
         assert form["blocked"] == dry["message"]
         assert ("scale consumers first" if members else "no live consumer") in dry["message"]
+
+
+def test_a_rebalance_loops_advice_says_what_the_broker_cannot_see_and_gives_the_rule(settings):
+    """Seen live: "consumer config: nothing to change" for a loop whose max.poll.interval.ms (4 s) was below
+    its batch time (6 s): Kafka's defaults were taken for the client's settings, which no broker reports."""
+    loop = finding("rebalance_loop", consume_rate=40.0, group_members=2)
+    rec = run_action("recommend_consumer_config", loop, run_id="r1", now=T0)
+    assert rec["status"] == "recommended"
+    assert "nothing to change" not in rec["message"]
+    assert "broker cannot see the group's client settings" in rec["message"]
+    assert "max.poll.interval.ms above the time one poll's batch takes" in rec["message"]
+    # the settings observed (a client that reports them): the concrete fix, as before
+    seen = finding("rebalance_loop", processing_ms_per_record=12.0,
+                   consumer_config={"max.poll.records": 500, "max.poll.interval.ms": 4000})
+    rec = run_action("recommend_consumer_config", seen, run_id="r2", now=T0)
+    assert rec["message"].startswith("consider max.poll.records=") and "defaults" not in rec["message"]

@@ -250,3 +250,36 @@ def test_a_provisional_finding_plans_no_remediation_until_decided():
     decided = choose_actions({**f, "provisional": False}, runbooks)
     assert [a.action for a in decided.actions] == ["scale_consumers", "add_partitions"]
     assert not decided.waiting_for_diagnosis
+
+
+def _hot_partition(owner_rows):
+    """The demo's hot partition: partition 1 of orders falls behind; rows as partition_status gives them."""
+    rows = [{"partition": p, "member_id": m, "host": "/10.0.1.15", "lag": lag, "consume_rate": c, "produce_rate": 40.0}
+            for p, m, lag, c in owner_rows]
+    return {"cluster": "prod", "group_id": "orders-processor", "topic": "orders", "partitions": [1],
+            "diagnosis": "partition_imbalance", "pattern": "steady_climb", "severity": "critical",
+            "summary": "partition 1 holds 100% of the lag", "evidence": {"partitions": rows}}
+
+
+def test_a_hot_partition_whose_owner_keeps_up_elsewhere_points_at_the_key_not_the_host():
+    """Seen live: "restart or move that pod", though the same member on the same host kept up on
+    partitions 0 and 2. The advice follows the evidence, and the restart is not proposed."""
+    from lagdoctor.runbooks import choose_actions, load_runbooks
+
+    f = _hot_partition([(0, "m-1", 3, 39.8), (1, "m-1", 3040, 8.0), (2, "m-1", 5, 40.1)])
+    plan = choose_actions(f, load_runbooks())
+    text = " ".join(plan.next_steps)
+    assert "m-1 on /10.0.1.15 keeps up on partition(s) 0, 2: the host is fine" in text
+    assert "restart or move" not in text and "hot key" in text
+    assert [a.action for a in plan.actions] == []
+
+    alone = _hot_partition([(0, "m-0", 3, 39.8), (1, "m-1", 3040, 8.0), (2, "m-2", 5, 40.1)])
+    plan = choose_actions(alone, load_runbooks())
+    assert "One owner, m-1 on /10.0.1.15, holds every hot partition" in " ".join(plan.next_steps)
+    assert [a.action for a in plan.actions] == ["restart_consumers"]
+
+    spread = {**_hot_partition([(0, "m-0", 3, 39.8), (1, "m-1", 3040, 8.0), (2, "m-2", 2900, 9.0)]),
+              "partitions": [1, 2]}
+    steps = choose_actions(spread, load_runbooks()).next_steps
+    assert "different owners: look for a hot key" in " ".join(steps)
+    assert all(s.strip() for s in steps)

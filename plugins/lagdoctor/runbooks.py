@@ -41,7 +41,11 @@ from lagdoctor.contracts import DIAGNOSES, SEVERITIES
 
 ENV_DIR = "LAGDOCTOR_RUNBOOKS_DIR"
 NO_ACTION = "no_action"  # the branch a DAG takes when a plan has no action
-TEMPLATE_VARS = ("group", "topic", "cluster", "partitions", "diagnosis", "severity", "pattern")
+TEMPLATE_VARS = ("group", "topic", "cluster", "partitions", "diagnosis", "severity", "pattern",
+                 "hot_owner", "owner_keeps_up")
+# An owner keeps up on a partition when it consumes at least this share of what arrives there
+# (the diagnosis' 1 - imbalance_behind_slack).
+KEEPS_UP_SHARE = 0.85
 _TOP_KEYS = {"diagnosis", "severities", "title", "diagnostic_steps", "actions", "slack"}
 _STEP_KEYS = {"title", "command", "why"}
 _ACTION_KEYS = {"action", "severities", "params", "guardrails"}
@@ -282,7 +286,7 @@ def choose_actions(finding: Mapping[str, Any], runbooks: Iterable[Runbook]) -> P
     shell_values = {k: shell_quote(v) for k, v in values.items()}
     planned = []
     for ra in runbook.actions:
-        if severity not in ra.severities:
+        if severity not in ra.severities or ruled_out_by_evidence(ra.action, finding):
             continue
         impl = get_action(ra.action)
         planned.append(PlannedAction(
@@ -290,7 +294,8 @@ def choose_actions(finding: Mapping[str, Any], runbooks: Iterable[Runbook]) -> P
             requires_approval=bool(impl.changes_state and (impl.requires_approval or ra.guardrails.get("require_approval"))),
             irreversible=impl.irreversible, description=impl.summary,
         ))
-    next_steps = tuple(render_mrkdwn_source(s, **values) for s in runbook.next_steps)
+    # A step whose condition the evidence does not meet renders empty: not a step.
+    next_steps = tuple(t for t in (render_mrkdwn_source(s, **values).strip() for s in runbook.next_steps) if t)
     held: list[str] = []
     waiting = finding.get("provisional") is True
     if waiting:
@@ -325,13 +330,44 @@ def plan_for_finding(finding: Mapping[str, Any], runbooks_dir: str | os.PathLike
     return choose_actions(finding, load_runbooks(runbooks_dir)).as_dict()
 
 
+def hot_owner_evidence(finding: Mapping[str, Any]) -> tuple[str, list[int]]:
+    """("<member> on <host>" when one member owns every partition the finding names, else "";
+    the other partitions that member keeps up on), from the finding's per-partition rows."""
+    evidence = finding.get("evidence") if isinstance(finding.get("evidence"), Mapping) else {}
+    rows = [r for r in evidence.get("partitions") or [] if isinstance(r, Mapping)]
+    hot = {p for p in finding.get("partitions") or [] if isinstance(p, int)}
+    hot_rows = [r for r in rows if r.get("partition") in hot]
+    owners = {r.get("member_id") for r in hot_rows}
+    if not hot or len(hot_rows) != len(hot) or len(owners) != 1 or None in owners:
+        return "", []
+    member = next(iter(owners))
+    host = next((r.get("host") for r in hot_rows if r.get("host")), None)
+    keeps_up = sorted(
+        r["partition"] for r in rows
+        if r.get("member_id") == member and r.get("partition") not in hot and isinstance(r.get("partition"), int)
+        and isinstance(r.get("produce_rate"), (int, float)) and isinstance(r.get("consume_rate"), (int, float))
+        and r["produce_rate"] > 0 and r["consume_rate"] >= KEEPS_UP_SHARE * r["produce_rate"])
+    return f"{member} on {host}" if host else str(member), keeps_up
+
+
+def ruled_out_by_evidence(action: str, finding: Mapping[str, Any]) -> str | None:
+    """Why the evidence says an action of the runbook cannot help this finding, else None."""
+    if action == "restart_consumers" and finding.get("diagnosis") == "partition_imbalance":
+        owner, keeps_up = hot_owner_evidence(finding)
+        if keeps_up:
+            return f"{owner} keeps up on partition(s) {', '.join(map(str, keeps_up))}: the host is not the cause"
+    return None
+
+
 def template_values(finding: Mapping[str, Any]) -> dict[str, Any]:
     parts = finding.get("partitions") or []
+    owner, keeps_up = hot_owner_evidence(finding)
     return {
         "group": finding.get("group_id", ""), "topic": finding.get("topic", ""),
         "cluster": finding.get("cluster", ""), "diagnosis": finding.get("diagnosis", ""),
         "severity": finding.get("severity", ""), "pattern": finding.get("pattern", ""),
         "partitions": ",".join(str(p) for p in parts) if parts else "all",
+        "hot_owner": owner, "owner_keeps_up": ", ".join(map(str, keeps_up)),
     }
 
 

@@ -445,7 +445,8 @@ _RUN_IDS_AND_TIMES = re.compile(r"\b(?:scheduled|manual|backfill|asset_triggered
 
 def action_signature(record: Mapping[str, Any]) -> str | None:
     """What a say-once record says, minus what moves every sweep (run ids, times; a guardrail's clock
-    and counts: "cooldown ends in 12 min", "4 actions in the last hour", who holds the lease).
+    and counts: "cooldown ends in 12 min", "4 actions in the last hour", who holds the lease; the
+    numbers of advice that follows the rates).
     None for an outcome (executed, noop, failed, rejected), which is said once per attempt."""
     status = str(record.get("status", ""))
     if status not in SAY_ONCE_STATUSES:
@@ -454,6 +455,8 @@ def action_signature(record: Mapping[str, Any]) -> str | None:
     message = _RUN_IDS_AND_TIMES.sub("<>", str(record.get("message") or ""))
     if status == "blocked":
         message = "" if rule == "lease" else re.sub(r"\d+", "#", message)
+    elif status == "recommended":  # advice whose numbers follow the rates is the same advice
+        message = re.sub(r"\d+", "#", message)
     return f"{status}|{rule}|{message}"
 
 

@@ -111,13 +111,28 @@ class RecommendConsumerConfig(Action):
             headroom=float(ctx.params.get("headroom", ctx.config.poll_headroom)),
             rebalance_loop=ctx.finding.get("diagnosis") == "rebalance_loop",
         )
-        return {"recommendations": [asdict(r) for r in recs]}
+        return {"recommendations": [asdict(r) for r in recs], "per_record_ms": per_record_ms_from_evidence(ev),
+                "config_observed": isinstance(ev.get("consumer_config"), Mapping),
+                "rebalance_loop": ctx.finding.get("diagnosis") == "rebalance_loop"}
 
     def describe(self, plan: Mapping[str, Any]) -> str:
         recs = plan.get("recommendations") or []
-        if not recs:
-            return "consumer config: nothing to change from what was observed"
-        return "consider " + ", ".join(f"{r['key']}={r['recommended']} (now {r['current']})" for r in recs)
+        # Plans recorded before these keys read as observed: what they said then stands.
+        observed = plan.get("config_observed", True)
+        if recs:
+            assumed = "" if observed else " (against Kafka's defaults: the broker cannot see the client's settings)"
+            return "consider " + ", ".join(f"{r['key']}={r['recommended']} (now {r['current']})" for r in recs) + assumed
+        if plan.get("rebalance_loop") and not observed:
+            # Seen live: "nothing to change" for a loop whose max.poll.interval.ms (4 s) was below its batch time (6 s).
+            ms = plan.get("per_record_ms")
+            batch = (f"; at ~{ms:.0f} ms a record, as consumed here, {KAFKA_DEFAULTS['max.poll.records']} records "
+                     f"(the default max.poll.records) take ~{ms * KAFKA_DEFAULTS['max.poll.records'] / 1000:.0f} s"
+                     if isinstance(ms, (int, float)) and ms > 0 else "")
+            return ("consumer config: the broker cannot see the group's client settings, so lagdoctor cannot name "
+                    "the wrong one. The rule: max.poll.interval.ms above the time one poll's batch takes "
+                    "(max.poll.records x time per record, with 2x headroom), or fewer max.poll.records; "
+                    "heartbeat.interval.ms at most a third of session.timeout.ms" + batch)
+        return "consumer config: nothing to change from what was observed"
 
     def apply(self, ctx: ActionContext, plan: Mapping[str, Any]) -> Outcome:
         return Outcome("recommended", self.describe(plan), plan)
