@@ -76,7 +76,7 @@ def test_links_follow_the_mount_point(lag_app):
 
 def test_api_findings_shape(lag_client):
     body = lag_client.get("/api/findings").json()
-    assert set(body) == {"generated_at", "runs", "findings"}
+    assert set(body) == {"generated_at", "runs", "findings", "sweep_cadence"}
     assert {f["group_id"] for f in body["findings"]} == {
         "orders-processor", "payments-ledger", "billing", "search-indexer", XSS_GROUP}
     f = next(f for f in body["findings"] if f["group_id"] == "orders-processor")
@@ -404,3 +404,47 @@ def test_a_provisional_finding_whose_promised_time_passed_says_overdue_on_page_g
     (api,) = [f for f in early.get("/api/findings").json()["findings"] if f["group_id"] == "orders-processor"]
     assert api["provisional_label"].endswith("· will know at the first sweep after 14:40 UTC")
     assert api["decision_overdue"] is False
+
+
+# ---------------------------------------------------------------- how often sweeps really run
+
+def _sweeps(minutes):
+    from datetime import timedelta
+
+    from tests.fixtures.web import END, SWEEP_DAG
+
+    return [{"dag_id": SWEEP_DAG, "kind": "sweep", "planned_at": (END - timedelta(minutes=m)).isoformat()}
+            for m in minutes]
+
+
+@pytest.mark.parametrize("minutes,expected,why", [
+    (range(0, 60), "every 1m00s (median) over the last hour: 60 run(s) of the 60 scheduled", "keeping up"),
+    (range(0, 60, 2), "every 2m00s (median) over the last hour: 30 run(s) of the 60 scheduled",
+     "seen live: runs took 1-2 minutes, every other one skipped late, the launcher said 'one every minute'"),
+    ([0, 1, 2, 30], "longest gap 28m00s", "a stall shows as its gap"),
+    ([5], "1 sweep in the last hour, 5m00s ago", "one sweep: no cadence to state"),
+    ([90], "No sweep ran in the last hour", "older sweeps do not count"),
+])
+def test_the_sweep_cadence_line_says_how_often_sweeps_really_ran(minutes, expected, why):
+    from lagdoctor.runindex import cadence_text, sweep_cadence
+    from tests.fixtures.web import END
+
+    assert expected in cadence_text(sweep_cadence(_sweeps(minutes), END))
+
+
+def test_the_lag_page_and_api_say_how_often_sweeps_ran(lag_data_root):
+    from datetime import timedelta
+
+    from lagdoctor.web.auth import dag_run_reader
+    from tests.fixtures.web import END, SWEEP_DAG, write_run
+
+    for m in range(2, 60, 2):  # a sweep every other minute before the seeded ones
+        write_run(lag_data_root.findings_root, f"{SWEEP_DAG}__every2__{m:02d}", [], [], dag_id=SWEEP_DAG,
+                  run_id=f"scheduled__{m}", planned_at=END - timedelta(minutes=m))
+    app = create_app(lambda: Settings(data_root=str(lag_data_root.root)), clock=lambda: END + timedelta(minutes=1))
+    app.dependency_overrides[dag_run_reader] = lambda: (lambda dag_id: True)
+    with TestClient(app) as client:
+        page = htmllib.unescape(client.get("/").text)
+        body = client.get("/api/findings").json()
+    assert re.search(r"Sweeps ran every 2m00s \(median\) over the last hour: \d+ run\(s\) of the 60 scheduled", page)
+    assert body["sweep_cadence"]["median_gap_seconds"] == 120 and body["sweep_cadence"]["text"] in page

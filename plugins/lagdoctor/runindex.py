@@ -126,6 +126,62 @@ def last_sweeps(metas: Iterable[Mapping[str, Any]]) -> dict[str, datetime]:
     return out
 
 
+SWEEP_DAG_ID = "kafka_lag_health_sweep"  # contract 5
+CADENCE_WINDOW_SECONDS = 3600
+
+
+def _is_sweep(meta: Mapping[str, Any]) -> bool:
+    return (meta.get("kind") == "sweep" or meta.get("dag_id") == SWEEP_DAG_ID) and not has_overrides(meta)
+
+
+def sweep_cadence(metas: Iterable[Mapping[str, Any]], now: datetime, *,
+                  within_seconds: float = CADENCE_WINDOW_SECONDS) -> dict[str, Any] | None:
+    """How often sweeps really ran over the last ``within_seconds`` before ``now``, from each folded
+    sweep's planned_at: a sweep that skipped (it started when the next was due) writes no folder, so
+    its gap shows. None without a sweep in that time."""
+    times = sorted(t for t in (parse_time(m.get("planned_at")) for m in metas if isinstance(m, Mapping) and _is_sweep(m))
+                   if t is not None and 0 <= (now - t).total_seconds() <= within_seconds)
+    if not times:
+        return None
+    gaps = sorted((b - a).total_seconds() for a, b in zip(times, times[1:]))
+    return {"runs": len(times), "within_seconds": within_seconds,
+            "median_gap_seconds": gaps[len(gaps) // 2] if gaps else None,
+            "longest_gap_seconds": gaps[-1] if gaps else None,
+            "since_last_seconds": (now - times[-1]).total_seconds()}
+
+
+def schedule_every_seconds(schedule: str) -> float | None:
+    """The interval of a cron schedule that fires every N minutes (`* * * * *`, `*/5 * * * *`), else None."""
+    fields = str(schedule).split()
+    if len(fields) != 5 or any(f != "*" for f in fields[1:]):
+        return None
+    if fields[0] == "*":
+        return 60.0
+    step = fields[0].removeprefix("*/")
+    return 60.0 * int(step) if fields[0].startswith("*/") and step.isdigit() and int(step) > 0 else None
+
+
+def _span(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def cadence_text(cadence: Mapping[str, Any] | None, *, scheduled_every_seconds: float | None = 60.0) -> str:
+    """One line for the page: how often sweeps ran, against the schedule when it is a fixed interval."""
+    if not cadence:
+        return "No sweep ran in the last hour."
+    hour = cadence["within_seconds"] / 3600
+    span = "hour" if hour == 1 else f"{hour:g} hours"
+    if cadence["median_gap_seconds"] is None:
+        return f"1 sweep in the last {span}, {_span(cadence['since_last_seconds'])} ago."
+    line = (f"Sweeps ran every {_span(cadence['median_gap_seconds'])} (median) over the last {span}: "
+            f"{cadence['runs']} run(s)")
+    if scheduled_every_seconds:
+        expected = int(cadence["within_seconds"] // scheduled_every_seconds)
+        line += f" of the {expected} scheduled (every {_span(scheduled_every_seconds)})"
+    return line + f", longest gap {_span(cadence['longest_gap_seconds'])}."
+
+
 def _stamp(info: Mapping[str, Any]) -> str:
     return str(info.get("mtime") or info.get("LastModified") or info.get("created") or "")
 
@@ -287,6 +343,11 @@ class RunIndex:
         groups gone, or the cluster unreadable) is no key's pointer, yet it says they were not collected."""
         return last_sweeps(rec["meta"] for rec in self.runs.values()
                            if isinstance(rec.get("meta"), Mapping) and can_read_dag(rec["meta"].get("dag_id")))
+
+    def sweep_cadence(self, now: datetime, can_read_dag=lambda dag_id: True) -> dict[str, Any] | None:
+        """``sweep_cadence`` over every folded run the caller may read."""
+        return sweep_cadence((rec["meta"] for rec in self.runs.values()
+                              if isinstance(rec.get("meta"), Mapping) and can_read_dag(rec["meta"].get("dag_id"))), now)
 
     @property
     def not_read(self) -> int:
