@@ -325,10 +325,12 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(2)
             swept_at = time.monotonic()
             if sweep_runs(bindir, env):
-                say("  first sweep started by the scheduler; then one every minute (the warm engine diagnoses each)")
+                say("  first sweep started by the scheduler; then one scheduled every minute (a run that starts late skips; "
+                    "the lag page says how often they really ran)")
             else:
                 ok, last = airflow_cli(bindir, env, "dags", "trigger", DAG_IDS[0])
-                say(f"  first sweep {'triggered' if ok else 'not triggered: ' + last}; then one every minute (the warm engine diagnoses each)")
+                say(f"  first sweep {'triggered' if ok else 'not triggered: ' + last}; then one scheduled every minute "
+                    "(a run that starts late skips; the lag page says how often they really ran)")
         say("press Ctrl-C to stop")
         surged = args.no_workloads
         shortfalls: dict[str, str] = {}
