@@ -92,6 +92,14 @@ def delivery_batch() -> Iterator[None]:
         _batch_failure.reset(token)
 
 
+def note_state_unavailable(line: str) -> None:
+    """Inside delivery_batch(): a caller found the state database unreachable, so the batch's calls go
+    to the spool at once instead of each waiting out another connect timeout."""
+    down = _batch_state_down.get()
+    if down is not None and not down:
+        down.append(line)
+
+
 def _deliver(db, settings: Any, sender: Sender | None, now: datetime | None) -> dict[str, Any]:
     """Send what is pending; a broken Slack setup is reported like an outage, never raised.
 
@@ -471,7 +479,7 @@ def _action_result_in(db, conn, *, record: Mapping[str, Any], now: str) -> tuple
     if run_id and _run_thread(conn, run_id) is not None:
         return _run_action_result_in(db, conn, record=record, marker=marker, run_id=run_id,
                                      now=datetime.fromisoformat(now))
-    state = store.get(key, conn=conn)
+    state = _action_thread(store, conn, key)
     if state is not None and marker in state.posted_actions:
         decision = "unchanged"
     elif state is not None and signature is not None and state.said_actions.get(action) == signature:
@@ -497,6 +505,58 @@ def _action_result_in(db, conn, *, record: Mapping[str, Any], now: str) -> tuple
         return {"threads": [_thread_ref(found)] if found is not None else []}
 
     return {"decision": decision}, threads
+
+
+def post_action_check(record: Mapping[str, Any], verdict: str, text: str, *, after_seconds: float,
+                      sender: Sender | None = None, settings: Any = None,
+                      now: datetime | None = None) -> dict[str, Any]:
+    """Reply once in an executed action's thread whether it did what it was for (``verdict`` "worked" or
+    "failed", lagdoctor.remediation.postcheck): once per action, whatever later sweeps see."""
+    args = {"record": dict(record), "verdict": verdict, "text": text, "after_seconds": after_seconds,
+            "now": _now(now).isoformat()}
+    return _call("action_check", args, settings=settings, sender=sender, now=now, spooled={"threads": []})
+
+
+def _action_check_in(db, conn, *, record: Mapping[str, Any], verdict: str, text: str, after_seconds: float,
+                     now: str) -> tuple[dict[str, Any], Any]:
+    store = ThreadStore(db)
+    key = IncidentKey(str(record.get("cluster", "")), str(record.get("group_id", "")),
+                      str(record.get("topic", "")), str(record.get("diagnosis", "")))
+    marker = f"{record.get('idempotency_key')}:check"
+    outbox.lock_key(db, conn, key.lock_name())
+    run_id = str(record.get("run_id") or "")
+    run = _run_thread(conn, run_id) if run_id else None
+    state = None if run is not None else _action_thread(store, conn, key)
+    if run is not None:
+        said = run.get("actions") or []
+    else:
+        said = state.posted_actions if state is not None else []
+    if marker in said:
+        return {"decision": "unchanged", "_quiet": True}, None
+    msg = render.render_action_check(record, verdict, text, after_seconds=after_seconds)
+    target = ({"parent_id": int(run["root_message_id"])} if run is not None
+              else reply_target(state) if state is not None else {})
+    at = datetime.fromisoformat(now)
+    outbox.queue_message(db, conn, dedupe_key=f"action:{marker}", text=msg["text"], blocks=msg["blocks"], now=at,
+                         **target)
+    if run is not None:
+        run["actions"] = [*(run.get("actions") or []), marker]
+        _save_run_thread(db, conn, run_id, run, at)
+    elif state is not None:
+        state.posted_actions.append(marker)
+        state.replies += 1
+        store.save(state, conn=conn)
+    return {"decision": "replied" if target else "posted", "verdict": verdict}, None
+
+
+def _action_thread(store: ThreadStore, conn, key: IncidentKey) -> ThreadState | None:
+    """The thread an action's record replies in: its incident key's, else (the cause re-keyed since,
+    threads rule 10) the open thread of its (cluster, group, topic) opened first."""
+    state = store.get(key, conn=conn)
+    if state is not None:
+        return state
+    open_now = store.open_threads(key.cluster, key.group_id, key.topic, conn=conn)
+    return min(open_now, key=lambda s: s.opened_at or "") if open_now else None
 
 
 def _run_thread(conn, run_id: str) -> dict[str, Any] | None:
@@ -843,6 +903,7 @@ _HANDLERS = {
     "incident": _incident_in,
     "incident_run": _incident_run_in,
     "action_result": _action_result_in,
+    "action_check": _action_check_in,
     "notice": _notice_in,
     "failure": _failure_in,
     "task_failed": _task_failed_in,

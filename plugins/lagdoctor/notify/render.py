@@ -683,6 +683,9 @@ def render_incident(finding: Mapping[str, Any], plan: Mapping[str, Any] | None =
     incomplete = incomplete_data_text(finding)
     if incomplete:
         blocks.append(_text_section(incomplete))
+    own = own_actions_text(finding)
+    if own:
+        blocks.append(_text_section(own))
     table = evidence_table(finding)
     if table:
         blocks.append(_text_section(render("evidence_title") + "\n```\n" + table + "\n```"))
@@ -761,6 +764,9 @@ def _reply_blocks(finding: Mapping[str, Any], v: Mapping[str, Any], lead: str,
     incomplete = incomplete_data_text(finding)
     if incomplete:
         blocks.append(_text_section(incomplete))
+    own = own_actions_text(finding)
+    if own:
+        blocks.append(_text_section(own))
     table = evidence_table(finding)
     if table:
         blocks.append(_text_section("```\n" + table + "\n```"))
@@ -835,6 +841,21 @@ def render_recovery(finding: Mapping[str, Any], *, diagnosis: str, duration_seco
     v = {**_values(finding), "diagnosis": diagnosis.replace("_", " "), "duration": fmt_duration(duration_seconds)}
     blocks = [_text_section(render("recovery", **v))] + ([_owner_note_block()] if v["owner_unknown"] else [])
     return {"text": render("recovery_fallback", **v), "blocks": blocks}
+
+
+def own_actions_text(finding: Mapping[str, Any]) -> str:
+    """What lagdoctor itself changed that explains part of this finding (``evidence.own_actions``,
+    lines from lagdoctor.remediation.postcheck.attribution), one line each; "" for none."""
+    lines = [str(x) for x in _evidence(finding).get("own_actions") or [] if x]
+    return "\n".join(render("own_action", line=" ".join(line.split())) for line in lines)
+
+
+def render_action_check(record: Mapping[str, Any], verdict: str, text: str, *, after_seconds: float) -> dict[str, Any]:
+    """The one reply that says whether an action lagdoctor took did what it was for."""
+    v = {"action": one_line_id(record.get("action"), "?"), "group": one_line_id(record.get("group_id")),
+         "text": " ".join(str(text).split()), "after": fmt_duration(after_seconds)}
+    kind = "action_check_worked" if verdict == "worked" else "action_check_failed"
+    return {"text": render(f"{kind}_fallback", **v), "blocks": [_text_section(render(kind, **v))]}
 
 
 def render_action_result(record: Mapping[str, Any]) -> dict[str, Any]:

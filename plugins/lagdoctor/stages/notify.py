@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from lagdoctor.settings import Settings
@@ -84,9 +85,69 @@ def _finding_key(finding: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(str(finding.get(k) or "") for k in ("cluster", "group_id", "topic"))
 
 
+def recent_own_actions(settings: Settings | None, now: datetime) -> list[dict[str, Any]]:
+    """lagdoctor's own executed actions whose effect a sweep can still check or explain; [] (and one
+    log line) when the state database cannot say: the findings then go out without that line."""
+    from lagdoctor.remediation.audit import ActionLog
+    from lagdoctor.remediation.postcheck import ATTRIBUTION_SECONDS, CHECKED_ACTIONS
+    from lagdoctor.state import is_unavailable, unavailable_line
+
+    try:
+        records = ActionLog.from_settings(settings).executed_since(now - timedelta(seconds=ATTRIBUTION_SECONDS))
+    except Exception as exc:
+        if not is_unavailable(exc):
+            raise
+        from lagdoctor.notify.incidents import note_state_unavailable
+
+        line = unavailable_line(exc)
+        log.warning("lagdoctor's own recent actions unknown: %s", line)
+        note_state_unavailable(line)
+        return []
+    return [r for r in records if r.get("action") in CHECKED_ACTIONS and not r.get("dry_run")]
+
+
+def _explains(record: Mapping[str, Any], finding: Mapping[str, Any]) -> bool:
+    """Partitions added to a topic change every group on it; the other actions, their own group."""
+    if (record.get("cluster"), record.get("topic")) != (finding.get("cluster"), finding.get("topic")):
+        return False
+    return record.get("action") == "add_partitions" or record.get("group_id") == finding.get("group_id")
+
+
+def with_own_actions(finding: Mapping[str, Any], records: list[Mapping[str, Any]], now: datetime) -> Mapping[str, Any]:
+    """The finding with ``evidence.own_actions``: a line per recent action of lagdoctor's that explains
+    part of it (postcheck.attribution); the finding itself when none does."""
+    from lagdoctor.remediation.postcheck import attribution
+
+    lines = [line for r in records if _explains(r, finding) for line in [attribution(r, finding, now)] if line]
+    if not lines:
+        return finding
+    evidence = finding.get("evidence") if isinstance(finding.get("evidence"), Mapping) else {}
+    return {**finding, "evidence": {**evidence, "own_actions": lines}}
+
+
+def check_own_actions(items: list[Mapping[str, Any]], records: list[Mapping[str, Any]], now: datetime, *,
+                      settings: Settings | None) -> list[Mapping[str, Any]]:
+    """Say once in each action's thread whether it worked, from this run's finding of its group
+    (postcheck rules 1-6); nothing while pending or not yet decided."""
+    from lagdoctor.notify.incidents import post_action_check
+    from lagdoctor.remediation.postcheck import GIVE_UP_SECONDS, post_check
+
+    results = []
+    for record in records:
+        key = (record.get("cluster"), record.get("group_id"), record.get("topic"))
+        finding = next((i["finding"] for i in items
+                        if (i["finding"].get("cluster"), i["finding"].get("group_id"), i["finding"].get("topic")) == key),
+                       None)
+        check = post_check(record, finding, now) if finding is not None else None
+        if check is not None and check.verdict in ("worked", "failed"):
+            results.append(post_action_check(record, check.verdict, check.text, after_seconds=GIVE_UP_SECONDS,
+                                             settings=settings, now=now))
+    return results
+
+
 def post_findings(
     plans_path: str, run_id: str, *, incident_scope: str | None = None, settings: Settings | None = None,
-    report_error: str | None = None,
+    report_error: str | None = None, now: datetime | None = None,
 ) -> dict[str, int]:
     """Tell Slack. A sweep posts, updates or closes each incident key's own thread;
     a manual incident run (`incident_scope` set) keeps the whole run in one thread.
@@ -100,14 +161,19 @@ def post_findings(
         log.warning("%s", report_error)
     from lagdoctor.notify.incidents import delivery_batch, post_incident_run, post_or_update_incident
 
+    now = now or datetime.now(timezone.utc)
     items = read_plans(plans_path)
     results: list[Mapping[str, Any]] = []
     with delivery_batch():  # Slack down: queue everything, retry it once, not once per finding
+        own = recent_own_actions(settings, now) if items else []
+        # What lagdoctor itself changed is said beside what it explains, never as a new unexplained problem.
+        items = [{**i, "finding": with_own_actions(i["finding"], own, now)} for i in items]
+        results.extend(check_own_actions(items, own, now, settings=settings))
         notice = post_quarantine_notice(plans_path.rstrip("/").rsplit("/", 1)[0], settings=settings)
         if notice is not None:
             results.append(notice)
         if incident_scope is not None:
-            result = post_incident_run(items, run_id=run_id, scope=incident_scope, settings=settings)
+            result = post_incident_run(items, run_id=run_id, scope=incident_scope, settings=settings, now=now)
             results.append(result)
             summary = {"problems": result["problems"], "findings": result["findings"]}
         else:
@@ -119,7 +185,7 @@ def post_findings(
                 sweeps.setdefault(_finding_key(item["finding"]), []).append(item["finding"])
             for item in items:
                 result = post_or_update_incident(item["finding"], item["plan"], run_id=run_id, settings=settings,
-                                                 sweep=sweeps[_finding_key(item["finding"])])
+                                                 sweep=sweeps[_finding_key(item["finding"])], now=now)
                 results.append(result)
                 summary[result["decision"]] = summary.get(result["decision"], 0) + 1
     log.info("slack: %s", summary)
