@@ -788,20 +788,32 @@ def _failure_in(db, conn, *, dag_id: str, task_id: str, run_id: str, reason: str
     return {"decision": decision, "failed_runs": data["failed_runs"], "repeats": data["repeats"]}, None
 
 
+def _callback(what: str, call: Any) -> dict[str, Any]:
+    """An Airflow callback's body: never raises, since a notification problem must not mask the
+    failure (or success) it reports; a call kept in the spool says so in the log."""
+    try:
+        result = call()
+    except Exception as err:  # noqa: BLE001
+        log.error("could not %s: %s", what, one_line(err))
+        return {"decision": "error", "undelivered": 0, "delivery_error": one_line(err)}
+    if result.get("decision") == "spooled":
+        log.error("the %s waits in the spool: %s", what, result["delivery_error"])
+    return result
+
+
 def record_task_failure(context: Mapping[str, Any], *, settings: Any = None,
                         now: datetime | None = None) -> dict[str, Any]:
     """Task-level ``on_failure_callback``: remember why the task failed and say nothing yet. The run
     may still succeed (a task whose failure it tolerates) or wait for a human; ``notify_run_failed``
     says it once the run has failed. Never raises."""
-    try:
+    def call() -> dict[str, Any]:
         dag_id, task_id, run_id = _context_ids(context)
         exc = context.get("exception")
         args = {"dag_id": dag_id, "task_id": task_id, "run_id": run_id, "reason": one_line(exc) if exc else "",
                 "now": _now(now).isoformat()}
         return _call("task_failed", args, settings=settings, sender=None, now=now)
-    except Exception as err:  # noqa: BLE001 - a notification problem must not mask the failure
-        log.error("could not record the task failure: %s", one_line(err))
-        return {"decision": "error", "undelivered": 0, "delivery_error": one_line(err)}
+
+    return _callback("record the task failure", call)
 
 
 def _task_failed_in(db, conn, *, dag_id: str, task_id: str, run_id: str, reason: str,
@@ -822,18 +834,14 @@ def notify_run_failed(context: Mapping[str, Any], *, settings: Any = None, sende
     """DAG-level ``on_failure_callback``: the run has failed. Said once, with the first task that
     failed for good and its reason (``record_task_failure``): in the run's own thread when it has one
     (a manual incident run), else in the DAG's failure thread (``notify_failure``'s rules). Never raises."""
-    try:
+    def call() -> dict[str, Any]:
         dag_id, task_id, run_id = _context_ids(context)
         args = {"dag_id": dag_id, "run_id": run_id, "task_id": task_id,
                 "reason": str(context.get("reason") or ""), "now": _now(now).isoformat()}
-        result = _call("run_failed", args, settings=settings, sender=sender, now=now,
-                       spooled={"failed_runs": None, "repeats": None})
-        if result["decision"] == "spooled":
-            log.error("the failure notification waits in the spool: %s", result["delivery_error"])
-        return result
-    except Exception as err:  # noqa: BLE001
-        log.error("could not queue the failure notification: %s", one_line(err))
-        return {"decision": "error", "undelivered": 0, "delivery_error": one_line(err)}
+        return _call("run_failed", args, settings=settings, sender=sender, now=now,
+                     spooled={"failed_runs": None, "repeats": None})
+
+    return _callback("queue the failure notification", call)
 
 
 def _run_failed_in(db, conn, *, dag_id: str, run_id: str, task_id: str, reason: str,
