@@ -752,10 +752,30 @@ def test_log_end_offset_going_backwards_is_a_warning_not_lag_0(frame):
     found, status = run_findings(frame(rows), with_status=True)
     (f,) = found
     assert f["severity"] == "warning" and f["evidence"]["offset_reset_partitions"] == [0]
+    assert f["evidence"]["log_end_fell_partitions"] == [0]
     assert "log end offset went backwards on partition 0 (topic recreated or truncated?)" in f["summary"]
     by_p = {s["partition"]: s for s in status}
     assert by_p[0]["status"] == "REWIND" and by_p[1]["status"] == "WARN"  # p1: Burrow's constant non-zero lag
     assert by_p[0]["produce_rate"] == pytest.approx(20 / 60, abs=1e-3)  # after the reset only
+
+
+def test_a_commit_above_a_log_end_that_never_moved_says_so_not_went_backwards(frame):
+    """Case 10, seen on data it never saw: commit 10,000 on a topic of 100 records, the log end
+    standing at 100 all window, a live member; partition 1 keeps up. Before: "log end offset went
+    backwards ... consumers keep up", neither of which was true."""
+    rows = []
+    for k in range(4):
+        rows.append(snap(60 * k, 0, 100, 10_000, lag=0))
+        rows.append(snap(60 * k, 1, 6_000 * k + 5_000, 6_000 * k + 4_980))
+    (f,) = run_findings(frame(rows))
+    assert (f["diagnosis"], f["severity"]) == ("healthy", "warning")
+    assert f["summary"].startswith(
+        "committed offset 10,000 is above the log end 100 on partition 0 (topic recreated, or offsets set by "
+        "hand): the group will reset per auto.offset.reset or read nothing; lag ")
+    assert "went backwards" not in f["summary"] and "keep up" not in f["summary"]
+    ev = f["evidence"]
+    assert (ev["offset_reset_partitions"], ev["commit_above_partitions"], ev["log_end_fell_partitions"]) == (
+        [0], [0], [])
 
 
 @pytest.mark.parametrize("above, expected", [(3, []), (3_216, [0])], ids=["read-race", "recreated-before-window"])

@@ -167,6 +167,19 @@ def test_nothing_to_act_on_says_nothing(catch_up, data_loss):
     assert "Catch-up" not in text and "Data loss" not in text and "Stuck record" not in text
 
 
+def test_a_commit_above_the_log_end_is_not_said_to_have_gone_backwards():
+    # classify.py case 10: the log end never moved; the commit is above it
+    f = stalled(offset_reset_partitions=[0, 2], commit_above_partitions=[0], log_end_fell_partitions=[2])
+    lines = [ln for ln in texts(render_incident(f, None)).splitlines() if ":rewind:" in ln]
+    assert lines == [
+        ":rewind: Committed offset above the log end on partition(s) 0 (topic recreated, or offsets set by "
+        "hand): the group will reset per auto.offset.reset or read nothing.",
+        ":rewind: Log end offset went backwards (topic recreated or truncated?) on partition(s) 2: lag there is "
+        "not comparable across the window."]
+    f = stalled(offset_reset_partitions=[0], commit_above_partitions=[0], log_end_fell_partitions=[])
+    assert "went backwards" not in texts(render_incident(f, None))
+
+
 def test_never_leaves_out_rates_that_contradict_it():
     text = texts(render_incident(stalled(consume_rate=50.0, produce_rate=40.0), None))
     assert "*Catch-up:* never at current rates\n" in text + "\n" and "consuming" not in text

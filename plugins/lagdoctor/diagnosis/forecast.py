@@ -6,7 +6,9 @@ rules read "now"), then rolled up per (cluster, group, topic):
 catch_up      caught_up   lag 0
               clearing    consumed faster than produced: seconds = lag / (consume - produce)
               never       consumed no faster than produced (a crashed group consumes nothing)
-              unknown     the lag at the end is unknown, or fewer than 2 snapshots
+              unknown     the lag at the end is unknown, fewer than 2 snapshots, or the
+                          commit is above the log end (classify.py case 10: the group
+                          reads nothing until it resets)
 data_loss     already     committed offset below the log start (retention_loss_partitions)
               at_risk     an estimate reaches the group's position at current rates:
                           log_start     the log start offset moves faster than the group
@@ -72,13 +74,14 @@ def compacted_only(policy):
 
 def partition_columns():
     """{name: Column} per partition; needs the features' lag_end, lag_end_unknown,
-    committed_end, log_start_offset_end, late rates, time_lag_seconds, retention_loss."""
+    committed_end, log_start_offset_end, late rates, time_lag_seconds, retention_loss, commit_above."""
     from pyspark.sql import functions as F
 
     c, p = F.col("late_consume_rate"), F.col("late_produce_rate")
     lag = F.col("lag_end")
     catch_state = (
-        F.when(F.col("lag_end_unknown") | lag.isNull() | (F.col("snapshots") < 2), F.lit("unknown"))
+        F.when(F.col("lag_end_unknown") | lag.isNull() | (F.col("snapshots") < 2)
+               | F.coalesce(F.col("commit_above"), F.lit(False)), F.lit("unknown"))
         .when(lag <= 0, F.lit("caught_up"))
         .when(c > p, F.lit("clearing"))
         .otherwise(F.lit("never"))

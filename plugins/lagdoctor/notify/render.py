@@ -624,7 +624,8 @@ def incomplete_data_text(finding: Mapping[str, Any]) -> str:
 
     Reads evidence ``data_complete`` (false), ``read_errors`` (one line each,
     the first MAX_READ_ERRORS shown), ``read_error_count`` and
-    ``offset_reset_partitions`` (log end offsets that went backwards) and
+    ``offset_reset_partitions`` (log end offsets that went backwards; from issue 29 on
+    ``log_end_fell_partitions`` and ``commit_above_partitions`` say which) and
     ``hanging_transaction_partitions`` (an open transaction holds the last stable offset).
     """
     ev = _evidence(finding)
@@ -638,6 +639,12 @@ def incomplete_data_text(finding: Mapping[str, Any]) -> str:
         if count > min(len(errors), MAX_READ_ERRORS):
             lines.append(f"… and {count - min(len(errors), MAX_READ_ERRORS)} more")
     resets = [p for p in ev.get("offset_reset_partitions") or [] if p is not None]
+    if "commit_above_partitions" in ev or "log_end_fell_partitions" in ev:
+        # said apart (classify.py case 10): only a log end that fell "went backwards"
+        resets = [p for p in ev.get("log_end_fell_partitions") or [] if p is not None]
+        above = [p for p in ev.get("commit_above_partitions") or [] if p is not None]
+        if above:
+            lines.append(render("commit_above", partitions=", ".join(one_line_id(p) for p in above)))
     if resets:
         lines.append(render("offset_reset", partitions=", ".join(one_line_id(p) for p in resets)))
     hanging = [p for p in ev.get("hanging_transaction_partitions") or [] if p is not None]
