@@ -138,7 +138,9 @@ A forecast that changes severity (forecast.py):
 17 data loss ahead      retention will delete records the group has not read     critical: waiting for the lag to
                          within the window's length (forecast.py: the log start   clear loses data; the estimate is
                          outruns consumption, or the time lag meets retention.ms) in evidence.data_loss, with
-                                                                                  evidence.catch_up beside it
+                                                                                  evidence.catch_up beside it; only
+                                                                                  real lag and a horizon within
+                                                                                  retention count (forecast.py F1-F3)
 
 Real client behaviour (issue 16; each a live test on Apache Kafka):
 

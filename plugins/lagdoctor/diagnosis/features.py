@@ -418,7 +418,7 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         F.coalesce(F.col("cleared_backlog"), F.lit(0)) >= 0.5 * F.col("lag_end"))
     feats = feats.withColumn("slow", ~F.col("stalled") & below & (F.col("lag_end") > F.col("lag_start"))
                              & ~F.coalesce(batch_rhythm, F.lit(False)))
-    feats = feats.withColumns(forecast.partition_columns())
+    feats = feats.withColumns(forecast.partition_columns(th))
     owners = snapshots.groupBy(*PARTITION_KEY).agg(
         F.max_by("member_id", "snapshot_ts").alias("member_id"),
         F.max_by("client_id", "snapshot_ts").alias("client_id"),
