@@ -231,6 +231,72 @@ def test_catch_up_clears_at_the_net_rate_or_never(frame):
     assert behind == {"state": "never", "seconds": None}
 
 
+def _sweep_window(seed, late_deficit):
+    """What the one-minute sweep saw live: a 3-partition topic at 40 msg/s (800 records a minute a
+    partition), a snapshot a minute for 30 minutes, retention.ms 7 days. Three groups hold their lag
+    (0, 32 and 5,000 a partition) with 0-8 records of jitter (`seed`); in the last third the
+    groups consume `late_deficit` msg/s (topic-wide) less than is produced."""
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for group, held in (("keeps-up", 0), ("lag-96", 32), ("held", 5_000)):
+        for p in range(3):
+            for k in range(31):
+                leo = 1_000_000 + 800 * k
+                behind = held + rng.randint(0, 8) + round(late_deficit / 3 * 60 * max(0, k - 20))
+                rows.append(snap(60 * k, p, leo, leo - behind, group=group, retention_ms=604_800_000))
+    return rows
+
+
+def test_forecasts_do_not_flip_between_sweeps_on_noise(frame):
+    """forecast.py F1-F3: two sweeps of the same state, differing only by noise (lag jitter 0-8,
+    consuming 39.9 vs 40.0 msg/s), give the same catch-up and data-loss forecasts, as a person
+    reads them. Before: "never" and "at risk in ~900d" on one sweep, not the other."""
+    from lagdoctor.notify.render import catch_up_text, data_loss_text
+
+    def forecasts(rows):
+        out = {}
+        for f in run_findings(frame(rows)):
+            ev = f["evidence"]
+            out[f["group_id"]] = (ev["catch_up"]["state"], ev["data_loss"]["state"], ev["data_loss"]["partitions"],
+                                  catch_up_text(ev), data_loss_text(ev))
+        return out
+
+    first, second = forecasts(_sweep_window(1, 0.1)), forecasts(_sweep_window(2, 0.0))
+    assert first == second
+    # within noise (F1): 32 records at 13.3 msg/s a partition is 2.4 s of production
+    for group in ("keeps-up", "lag-96"):
+        assert first[group] == ("caught_up", "safe", [], "caught up", "none within 7d at current rates"), group
+    # real lag, rates within the band (F2); a loss months out is no forecast (F3)
+    assert first["held"] == ("steady", "safe", [], "lag holding steady at current rates",
+                             "none within 7d at current rates")
+
+
+def test_never_and_at_risk_need_real_lag_a_clear_gap_and_the_horizon(frame):
+    from lagdoctor.diagnosis.thresholds import Thresholds
+
+    rows = []
+    for k in range(11):
+        t = 60 * k
+        # nobody consumes; retention 30 days: the unread records go in ~30 days, past the 7-day horizon
+        rows.append(snap(t, 0, 1_000 + 600 * k, 500, state="EMPTY", members=0, member=None, group="month",
+                         retention_ms=30 * 86_400_000))
+        # 10 msg/s arrive, 9 consumed (10% below): a real gap on a real lag, never
+        rows.append(snap(t, 0, 20_000 + 600 * k, 10_000 + 540 * k, group="behind", retention_ms=30 * 86_400_000))
+    found = {f["group_id"]: f["evidence"] for f in run_findings(frame(rows))}
+    month = found["month"]["data_loss"]
+    assert (month["state"], month["seconds"], month["partitions"], month["basis"], month["horizon_seconds"]) == (
+        "safe", None, [], "beyond_horizon", 7 * 86_400.0)
+    assert found["month"]["catch_up"]["state"] == "never"
+    assert found["behind"]["catch_up"] == {"state": "never", "seconds": None}
+    # the horizon is a named threshold: at 60 days the same group is at risk in ~30 days
+    wide = {f["group_id"]: f["evidence"] for f in run_findings(
+        frame(rows), Thresholds(forecast_max_horizon_seconds=60 * 86_400.0))}
+    assert wide["month"]["data_loss"]["state"] == "at_risk"
+    assert wide["month"]["data_loss"]["seconds"] == pytest.approx(30 * 86_400, rel=0.01)
+
+
 def test_retention_outrunning_the_group_is_critical_before_any_data_is_lost(frame):
     rows = []
     for k in range(11):
@@ -267,7 +333,8 @@ def test_time_lag_meeting_retention_ms_is_at_risk_and_infinite_retention_is_safe
     # no retention known and a log start that never moved: cannot tell, and says so
     assert found["unsaid"]["evidence"]["data_loss"] == {"state": "unknown", "seconds": None, "partitions": [],
                                                         "retention_ms": None, "retention_bytes": None,
-                                                        "basis": None, "cleanup_policy": None}
+                                                        "basis": None, "cleanup_policy": None,
+                                                        "horizon_seconds": 7 * 86_400.0}
 
 
 def test_a_compacted_topic_gets_no_data_loss_forecast_from_retention_ms(frame):
@@ -284,7 +351,7 @@ def test_a_compacted_topic_gets_no_data_loss_forecast_from_retention_ms(frame):
     assert loss == {"state": "not_applicable", "seconds": None, "partitions": [], "retention_ms": 3_600_000,
                     "retention_bytes": None,
                     "basis": "compacted topic: retention.ms does not delete unread records",
-                    "cleanup_policy": "compact"}
+                    "cleanup_policy": "compact", "horizon_seconds": 3_600.0}
     # compact,delete: retention.ms still deletes, the forecast stands
     both = found["both"]["evidence"]["data_loss"]
     assert (both["state"], both["basis"]) == ("at_risk", "retention_ms")
@@ -752,10 +819,31 @@ def test_log_end_offset_going_backwards_is_a_warning_not_lag_0(frame):
     found, status = run_findings(frame(rows), with_status=True)
     (f,) = found
     assert f["severity"] == "warning" and f["evidence"]["offset_reset_partitions"] == [0]
+    assert f["evidence"]["log_end_fell_partitions"] == [0]
     assert "log end offset went backwards on partition 0 (topic recreated or truncated?)" in f["summary"]
     by_p = {s["partition"]: s for s in status}
     assert by_p[0]["status"] == "REWIND" and by_p[1]["status"] == "WARN"  # p1: Burrow's constant non-zero lag
     assert by_p[0]["produce_rate"] == pytest.approx(20 / 60, abs=1e-3)  # after the reset only
+
+
+def test_a_commit_above_a_log_end_that_never_moved_says_so_not_went_backwards(frame):
+    """Case 10, seen on data it never saw: commit 10,000 on a topic of 100 records, the log end
+    standing at 100 all window, a live member; partition 1 keeps up. Before: "log end offset went
+    backwards ... consumers keep up", neither of which was true."""
+    rows = []
+    for k in range(4):
+        rows.append(snap(60 * k, 0, 100, 10_000, lag=0))
+        rows.append(snap(60 * k, 1, 6_000 * k + 5_000, 6_000 * k + 4_980))
+    (f,) = run_findings(frame(rows))
+    assert (f["diagnosis"], f["severity"]) == ("healthy", "warning")
+    assert f["summary"].startswith(
+        "committed offset 10,000 is above the log end 100 on partition 0 (topic recreated, or offsets set by "
+        "hand): the group will reset per auto.offset.reset or read nothing; lag ")
+    assert "went backwards" not in f["summary"] and "keep up" not in f["summary"]
+    ev = f["evidence"]
+    assert (ev["offset_reset_partitions"], ev["commit_above_partitions"], ev["log_end_fell_partitions"]) == (
+        [0], [0], [])
+    assert ev["catch_up"]["state"] == "unknown"  # it reads nothing until it resets: not "caught up"
 
 
 @pytest.mark.parametrize("above, expected", [(3, []), (3_216, [0])], ids=["read-race", "recreated-before-window"])

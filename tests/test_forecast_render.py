@@ -167,8 +167,43 @@ def test_nothing_to_act_on_says_nothing(catch_up, data_loss):
     assert "Catch-up" not in text and "Data loss" not in text and "Stuck record" not in text
 
 
-def test_never_leaves_out_rates_that_contradict_it():
-    text = texts(render_incident(stalled(consume_rate=50.0, produce_rate=40.0), None))
+def test_a_lag_holding_steady_says_so_not_never():
+    # forecast.py F2: consuming 39.9 of 40.0 msg/s is keeping pace, not "never"
+    f = stalled(catch_up={"state": "steady", "seconds": None}, consume_rate=39.9, produce_rate=40.0)
+    text = texts(render_incident(f, None))
+    assert "*Catch-up:* lag holding steady at current rates\n" in text + "\n"
+    assert "never" not in text
+
+
+@pytest.mark.parametrize("retention_ms, retention_bytes, shown", [
+    (604_800_000, -1, "none within 7d at current rates"),  # F3: how far it looked, never a date past it
+    (-1, -1, "none expected at current rates"),            # nothing is ever deleted
+])
+def test_safe_says_how_far_the_forecast_looked(tmp_path, retention_ms, retention_bytes, shown):
+    loss = {"state": "safe", "seconds": None, "partitions": [], "retention_ms": retention_ms,
+            "retention_bytes": retention_bytes, "basis": "beyond_horizon", "horizon_seconds": 604_800.0}
+    f = stalled(data_loss=loss)
+    assert "Data loss" not in texts(render_incident(f, None))  # nothing to act on in Slack
+    seed(tmp_path, [f], status_rows())
+    assert facts(card(client_for(tmp_path).get("/").text))["Data loss"] == shown
+
+
+def test_a_commit_above_the_log_end_is_not_said_to_have_gone_backwards():
+    # classify.py case 10: the log end never moved; the commit is above it
+    f = stalled(offset_reset_partitions=[0, 2], commit_above_partitions=[0], log_end_fell_partitions=[2])
+    lines = [ln for ln in texts(render_incident(f, None)).splitlines() if ":rewind:" in ln]
+    assert lines == [
+        ":rewind: Committed offset above the log end on partition(s) 0 (topic recreated, or offsets set by "
+        "hand): the group will reset per auto.offset.reset or read nothing.",
+        ":rewind: Log end offset went backwards (topic recreated or truncated?) on partition(s) 2: lag there is "
+        "not comparable across the window."]
+    f = stalled(offset_reset_partitions=[0], commit_above_partitions=[0], log_end_fell_partitions=[])
+    assert "went backwards" not in texts(render_incident(f, None))
+
+
+@pytest.mark.parametrize("consume", [50.0, 39.9])  # above, or within the noise band of, 40 produced
+def test_never_leaves_out_rates_that_contradict_it(consume):
+    text = texts(render_incident(stalled(consume_rate=consume, produce_rate=40.0), None))
     assert "*Catch-up:* never at current rates\n" in text + "\n" and "consuming" not in text
 
 

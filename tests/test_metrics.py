@@ -9,6 +9,7 @@ job's real output.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import selectors
@@ -210,6 +211,7 @@ def test_catch_up_and_data_loss_gauges_per_group_and_topic(tmp_path):
     groups = {  # group: (catch_up, data_loss)
         "clearing": (("clearing", 725.5), ("at_risk", 3900.0)),
         "never": (("never", None), ("already", None)),
+        "steady": (("steady", None), ("safe", None)),  # the lag holds: it does not clear either
         "caught-up": (("caught_up", 0), ("safe", None)),
         "unknown": (("unknown", None), ("unknown", None)),
         "old-run": (None, None),  # written before the forecasts existed
@@ -224,6 +226,7 @@ def test_catch_up_and_data_loss_gauges_per_group_and_topic(tmp_path):
     where = dict(cluster_name="local", topic="orders")
     assert only(samples, "lagdoctor_lag_catch_up_seconds", group="clearing", **where) == 725.5
     assert only(samples, "lagdoctor_lag_catch_up_seconds", group="caught-up", **where) == 0
+    assert only(samples, "lagdoctor_lag_catch_up_seconds", group="steady", **where) == math.inf
     assert only(samples, "lagdoctor_data_loss_seconds", group="clearing", **where) == 3900
     assert only(samples, "lagdoctor_data_loss_seconds", group="never", **where) == 0  # already losing
     # Unknown, safe or not forecast at all: no sample, never a 0 that reads as "now".

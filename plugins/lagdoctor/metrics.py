@@ -384,11 +384,12 @@ def _forecast(findings: list[dict[str, Any]], key: str) -> list[tuple[str, float
 
 
 def catch_up_seconds(findings: list[dict[str, Any]]) -> float | None:
-    """+Inf for never, 0 once caught up (no lag left), the forecast while clearing; None when
-    unknown. Findings of one group and topic share the forecast; the slowest one wins."""
+    """+Inf for never and for a lag holding steady (it does not clear at current rates either), 0
+    once caught up (no real lag left), the forecast while clearing; None when unknown. Findings
+    of one group and topic share the forecast; the slowest one wins."""
     values = []
     for state, seconds in _forecast(findings, "catch_up"):
-        if state == "never":
+        if state in ("never", "steady"):
             values.append(math.inf)
         elif state == "caught_up":
             values.append(0.0)

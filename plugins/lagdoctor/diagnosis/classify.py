@@ -57,10 +57,16 @@ is the problem):
                                                                                   the finding says groups may be missing
 10  offset reset          a partition's log end offset fell within the window     rates and lag count from the last
                          (topic recreated or truncated), or its commit is above   fall; offset_reset_partitions
-                         the log end by more than the read race explains          names them; at least warning,
-                         (reset_commit_slack, reset_race_seconds)                 the summary says so: a commit
-                                                                                  above a new log's end is lag 0
-                                                                                  by contract 1, not health
+                         the log end by more than the read race explains          names both, log_end_fell_ and
+                         (reset_commit_slack, reset_race_seconds)                 commit_above_partitions each; at
+                                                                                  least warning; the summary says
+                                                                                  which: "went backwards" only for a
+                                                                                  fall; "committed offset N is above
+                                                                                  the log end M" for the other (topic
+                                                                                  recreated before the window, offsets
+                                                                                  set by hand: the log end need not
+                                                                                  move), lag 0 by contract 1 but not
+                                                                                  health: no "consumers keep up"
 
 Cases that sharpen the causes (issue 10; each measured by bench/accuracy_bench.py):
 
@@ -132,7 +138,9 @@ A forecast that changes severity (forecast.py):
 17 data loss ahead      retention will delete records the group has not read     critical: waiting for the lag to
                          within the window's length (forecast.py: the log start   clear loses data; the estimate is
                          outruns consumption, or the time lag meets retention.ms) in evidence.data_loss, with
-                                                                                  evidence.catch_up beside it
+                                                                                  evidence.catch_up beside it; only
+                                                                                  real lag and a horizon within
+                                                                                  retention count (forecast.py F1-F3)
 
 Real client behaviour (issue 16; each a live test on Apache Kafka):
 
@@ -318,6 +326,17 @@ def partition_rollup(partition_feats, thresholds: Thresholds = Thresholds()):
         ),
         F.array_sort(F.collect_list(F.when(F.col("offset_reset"), F.col("partition")))).alias(
             "offset_reset_partitions"
+        ),
+        # case 10's two halves, said apart: a log end that fell, a commit above the log end
+        F.array_sort(F.collect_list(F.when(F.col("offset_reset_t").isNotNull(), F.col("partition")))).alias(
+            "log_end_fell_partitions"
+        ),
+        F.array_sort(F.collect_list(F.when(F.col("commit_above"), F.col("partition")))).alias(
+            "commit_above_partitions"
+        ),
+        F.max_by(F.struct("partition", "committed_end", "log_end_offset_end"),
+                 F.when(F.col("commit_above"), F.col("committed_end") - F.col("log_end_offset_end"))).alias(
+            "commit_above_worst"
         ),
         F.array_sort(F.collect_list(F.when(F.col("hanging_transaction"), F.col("partition")))).alias(
             "hanging_transaction_partitions"
@@ -761,6 +780,8 @@ def findings(
         .otherwise(F.lit(0))
     )
     reset_parts = F.coalesce(c("offset_reset_partitions"), F.array().cast("array<int>"))
+    fell_parts = F.coalesce(c("log_end_fell_partitions"), F.array().cast("array<int>"))
+    above_parts = F.coalesce(c("commit_above_partitions"), F.array().cast("array<int>"))
     doubtful = ~c("data_complete") | (F.size(reset_parts) > 0)  # rules 7 and 10
     level = F.when((c("finding.diagnosis") == "healthy") & ~doubtful, F.lit(0)).otherwise(F.greatest(level, F.lit(1)))
     # unread data deleted within the window's length: critical, whatever the cause (case 17)
@@ -829,6 +850,8 @@ def findings(
         c("read_error_count").alias("read_error_count"),
         F.coalesce(c("lag_unknown_partitions"), F.array().cast("array<int>")).alias("lag_unknown_partitions"),
         reset_parts.alias("offset_reset_partitions"),
+        fell_parts.alias("log_end_fell_partitions"),
+        above_parts.alias("commit_above_partitions"),
         f["committed_record"].alias("committed_record"),
         f["last_stable_offset_end"].alias("last_stable_offset"),
         F.round(f["transaction_open_seconds"], 3).alias("transaction_open_seconds"),
@@ -851,14 +874,33 @@ def findings(
             F.coalesce(F.element_at(c("read_error_lines"), 1), F.lit("lag unknown at the end")),
         ),
     )
+    above = c("commit_above_worst")
     reset_note = F.when(
-        F.size(reset_parts) > 0,
+        F.size(fell_parts) > 0,
         F.format_string(
             "log end offset went backwards on %s (topic recreated or truncated?); rates and lag count from the reset",
-            _partitions_text(reset_parts),
+            _partitions_text(fell_parts),
         ),
     )
-    summary = F.concat_ws("; ", incomplete_note, reset_note, early_end_note, c("finding.summary"))
+    # case 10, the commit above the log end: lag 0 by contract 1, but nothing is read (the log end need not move)
+    above_note = F.when(
+        F.size(above_parts) > 0,
+        F.format_string(
+            "committed offset %s is above the log end %s on %s (topic recreated, or offsets set by hand): "
+            "the group will reset per auto.offset.reset or read nothing",
+            F.format_number(above["committed_end"], 0),
+            F.format_number(above["log_end_offset_end"], 0),
+            F.when(F.size(above_parts) == 1, _partitions_text(above_parts)).otherwise(
+                F.format_string("partition %d (and %s likewise)", above["partition"],
+                                _partitions_text(F.filter(above_parts, lambda x: x != above["partition"])))),
+        ),
+    )
+    # a healthy finding beside it does not say "consumers keep up": they read nothing there
+    own_summary = F.when(
+        (c("finding.diagnosis") == "healthy") & (F.size(above_parts) > 0),
+        F.regexp_replace(c("finding.summary"), "^consumers keep up: ", ""),
+    ).otherwise(c("finding.summary"))
+    summary = F.concat_ws("; ", incomplete_note, reset_note, above_note, early_end_note, own_summary)
     start = F.lit(_iso(window_start)) if window_start else F.date_format(F.timestamp_seconds(c("t_first")), _ISO)
     end = F.lit(_iso(window_end)) if window_end else F.date_format(F.timestamp_seconds(c("t_last")), _ISO)
     return g.select(

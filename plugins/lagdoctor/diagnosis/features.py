@@ -78,9 +78,9 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     evaluator), read_error (of the last row), lag_end_unknown (the last row's
     lag is null because a read failed: lag_end is then the last known lag,
     null if none), offset_reset_t (epoch s of the last fall of the log end
-    offset; the rows before it are ignored), offset_reset (that, or a commit
-    far above the log end: more than reset_commit_slack and
-    reset_race_seconds of production, which the read race cannot explain).
+    offset; the rows before it are ignored), commit_above (a commit far above
+    the log end: more than reset_commit_slack and reset_race_seconds of
+    production, which the read race cannot explain), offset_reset (either).
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -349,9 +349,8 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     commit_above = (F.col("committed_end") - F.col("log_end_offset_end")) > F.greatest(
         F.lit(float(th.reset_commit_slack)), F.col("produce_rate") * th.reset_race_seconds
     )
-    feats = feats.withColumn(
-        "offset_reset", F.col("offset_reset_t").isNotNull() | F.coalesce(commit_above, F.lit(False))
-    )
+    feats = feats.withColumn("commit_above", F.coalesce(commit_above, F.lit(False)))
+    feats = feats.withColumn("offset_reset", F.col("offset_reset_t").isNotNull() | F.col("commit_above"))
     # Lag that is only transaction markers or aborted records (the record read found
     # no data after the commit) is nothing waiting: a Java consumer that commits
     # offset + 1 sits on the last commit marker of an idle transactional topic.
@@ -419,7 +418,7 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         F.coalesce(F.col("cleared_backlog"), F.lit(0)) >= 0.5 * F.col("lag_end"))
     feats = feats.withColumn("slow", ~F.col("stalled") & below & (F.col("lag_end") > F.col("lag_start"))
                              & ~F.coalesce(batch_rhythm, F.lit(False)))
-    feats = feats.withColumns(forecast.partition_columns())
+    feats = feats.withColumns(forecast.partition_columns(th))
     owners = snapshots.groupBy(*PARTITION_KEY).agg(
         F.max_by("member_id", "snapshot_ts").alias("member_id"),
         F.max_by("client_id", "snapshot_ts").alias("client_id"),

@@ -3,12 +3,19 @@
 Per partition, from the window's own rates (the last third of it, as the
 rules read "now"), then rolled up per (cluster, group, topic):
 
-catch_up      caught_up   lag 0
-              clearing    consumed faster than produced: seconds = lag / (consume - produce)
-              never       consumed no faster than produced (a crashed group consumes nothing)
-              unknown     the lag at the end is unknown, or fewer than 2 snapshots
+catch_up      caught_up   the lag is not real (F1): 0, or within noise
+              clearing    consumed faster than produced by more than the band (F2):
+                          seconds = lag / (consume - produce)
+              steady      consume and produce within the band of each other (F2): the lag
+                          holds at current rates, neither clears nor grows
+              never       consumed slower than produced by more than the band (F2)
+                          (a crashed group consumes nothing)
+              unknown     the lag at the end is unknown, fewer than 2 snapshots, or the
+                          commit is above the log end (classify.py case 10: the group
+                          reads nothing until it resets)
 data_loss     already     committed offset below the log start (retention_loss_partitions)
-              at_risk     an estimate reaches the group's position at current rates:
+              at_risk     real lag (F1) and an estimate that reaches the group's position
+                          sooner than the horizon (F3), at current rates:
                           log_start     the log start offset moves faster than the group
                                         consumes: (committed - log start) / (start rate - consume)
                           retention_ms  the time lag grows at 1 - consume/produce per second and
@@ -16,22 +23,46 @@ data_loss     already     committed offset below the log start (retention_loss_p
                           `seconds` is the sooner; retention deletes whole segments, so the
                           retention_ms estimate is the earliest deletion can start
               safe        an estimate exists and neither reaches the group (retention.ms and
-                          retention.bytes -1: never)
+                          retention.bytes -1: never), the lag is within noise, or the
+                          estimate lies beyond the horizon (basis "beyond_horizon", F3)
               not_applicable  the topic is compacted only (cleanup.policy compact, no delete):
                           retention.ms deletes nothing, so no estimate from it; a log start
                           that moves (DeleteRecords) still gives at_risk, a commit below it already
               unknown     no retention known and the log start did not move in the window
 
-The rollup reads the worst partition: never > unknown > clearing > caught_up
+Cases (the numbered rules of the forecasts; classify.py case 17 reads them):
+
+ #  case                 holds when                                              so
+F1  real lag             lag > forecast_min_lag and > forecast_noise_seconds of   below it the partition is caught up
+                         the partition's own late produce rate                    (within noise): never at_risk, never
+                                                                                  "never"; a group keeping up shows a
+                                                                                  commit interval of records (lag 0-8
+                                                                                  at 13 msg/s flipped [1] <-> [0, 1, 2]
+                                                                                  between sweeps, seen live)
+F2  noise band           |consume - produce| <= band = max(slow_rate_slack x      steady: "lag holding steady at
+                         produce, the noise lag (F1) / the late third's seconds)  current rates", not never (39.9 of
+                                                                                  40.0 msg/s read "never" for a lag
+                                                                                  of 4); clearing and never need the
+                                                                                  rates apart by more than the band
+F3  horizon              an estimate at or beyond least(retention.ms,             safe, basis "beyond_horizon": rates
+                         forecast_max_horizon_seconds)                            that hold for a week are no forecast
+                                                                                  (a lag of 96 read "at risk in
+                                                                                  ~382d03h"); horizon_seconds says
+                                                                                  which bound applied
+
+The rollup reads the worst partition: never > unknown > steady > clearing > caught_up
 (the longest clearing time), and already > at_risk > unknown > safe (the
 soonest loss). A group at risk within the window's length is critical.
 """
 
 from __future__ import annotations
 
-CATCH_UP_ORDER = ("caught_up", "clearing", "unknown", "never")
+from lagdoctor.diagnosis.thresholds import Thresholds
+
+CATCH_UP_ORDER = ("caught_up", "clearing", "steady", "unknown", "never")
 DATA_LOSS_ORDER = ("not_applicable", "safe", "unknown", "at_risk", "already")
 COMPACTED_BASIS = "compacted topic: retention.ms does not delete unread records"
+BEYOND_HORIZON = "beyond_horizon"  # F3: safe, the estimate lies beyond the horizon
 
 
 INPUT_COLUMNS = (("retention_ms", "bigint"), ("retention_bytes", "bigint"), ("cleanup_policy", "string"))
@@ -70,18 +101,31 @@ def compacted_only(policy):
     return F.coalesce(F.array_contains(parts, "compact") & ~F.array_contains(parts, "delete"), F.lit(False))
 
 
-def partition_columns():
+def partition_columns(thresholds: Thresholds = Thresholds()):
     """{name: Column} per partition; needs the features' lag_end, lag_end_unknown,
-    committed_end, log_start_offset_end, late rates, time_lag_seconds, retention_loss."""
+    committed_end, log_start_offset_end, late rates, late_seconds, time_lag_seconds,
+    retention_loss, commit_above."""
     from pyspark.sql import functions as F
 
+    th = thresholds
     c, p = F.col("late_consume_rate"), F.col("late_produce_rate")
     lag = F.col("lag_end")
+    # F1: the lag a group that keeps up shows anyway (a commit interval, the read race)
+    noise_lag = F.greatest(F.lit(float(th.forecast_min_lag)), p * th.forecast_noise_seconds)
+    real = F.coalesce(lag > noise_lag, F.lit(False))
+    # F2: rates closer than this are the same rate (the noise lag spread over the late third
+    # is what sampled offsets can tell apart)
+    band = F.greatest(
+        F.lit(th.slow_rate_slack) * p,
+        F.coalesce(F.when(F.col("late_seconds") > 0, F.try_divide(noise_lag, F.col("late_seconds"))), F.lit(0.0)),
+    )
     catch_state = (
-        F.when(F.col("lag_end_unknown") | lag.isNull() | (F.col("snapshots") < 2), F.lit("unknown"))
-        .when(lag <= 0, F.lit("caught_up"))
-        .when(c > p, F.lit("clearing"))
-        .otherwise(F.lit("never"))
+        F.when(F.col("lag_end_unknown") | lag.isNull() | (F.col("snapshots") < 2)
+               | F.coalesce(F.col("commit_above"), F.lit(False)), F.lit("unknown"))
+        .when(~real, F.lit("caught_up"))
+        .when(c > p + band, F.lit("clearing"))
+        .when(c < p - band, F.lit("never"))
+        .otherwise(F.lit("steady"))
     )
     catch_seconds = F.when(catch_state == "clearing", F.try_divide(lag, c - p))
 
@@ -103,10 +147,14 @@ def partition_columns():
     basis = F.when(seconds.isNull(), F.lit(None)).when(
         by_log_start.isNotNull() & (by_time.isNull() | (by_log_start <= by_time)), F.lit("log_start")
     ).otherwise(F.lit("retention_ms"))
-    known = F.col("retention_ms").isNotNull() | (F.coalesce(ls_rate, F.lit(0.0)) > 0)
+    # F3: no forecast past the topic's retention, nor past the named horizon
+    horizon = F.least(F.when(F.col("retention_ms") > 0, retention_s), F.lit(float(th.forecast_max_horizon_seconds)))
+    at_risk = real & F.coalesce(seconds < horizon, F.lit(False))
+    beyond = real & F.coalesce(seconds >= horizon, F.lit(False))
+    known = F.col("retention_ms").isNotNull() | (F.coalesce(ls_rate, F.lit(0.0)) > 0) | seconds.isNotNull()
     loss_state = (
         F.when(F.col("retention_loss"), F.lit("already"))
-        .when(seconds.isNotNull(), F.lit("at_risk"))
+        .when(at_risk, F.lit("at_risk"))
         .when(compacted, F.lit("not_applicable"))
         .when(F.col("committed_end").isNotNull() & known, F.lit("safe"))
         .otherwise(F.lit("unknown"))
@@ -116,9 +164,10 @@ def partition_columns():
         "catch_up_seconds": catch_seconds.cast("double"),
         "data_loss_state": loss_state,
         "data_loss_seconds": F.when(loss_state == "at_risk", seconds).cast("double"),
-        "data_loss_basis": F.when(loss_state == "at_risk", basis).when(
-            loss_state == "not_applicable", F.lit(COMPACTED_BASIS)
-        ),
+        "data_loss_basis": F.when(loss_state == "at_risk", basis)
+        .when(loss_state == "not_applicable", F.lit(COMPACTED_BASIS))
+        .when((loss_state == "safe") & beyond, F.lit(BEYOND_HORIZON)),
+        "data_loss_horizon_seconds": horizon.cast("double"),
     }
 
 
@@ -142,6 +191,8 @@ def rollup_columns():
         F.array_sort(
             F.collect_list(F.when(F.col("data_loss_state").isin("already", "at_risk"), F.col("partition")))
         ).alias("fc_loss_partitions"),
+        F.max(F.col("data_loss_basis") == BEYOND_HORIZON).alias("fc_loss_beyond"),
+        F.min("data_loss_horizon_seconds").alias("fc_horizon_seconds"),
         F.max("retention_ms").alias("retention_ms"),
         F.max("retention_bytes").alias("retention_bytes"),
         F.max("cleanup_policy").alias("cleanup_policy"),
@@ -169,8 +220,10 @@ def evidence_columns():
         F.col("retention_bytes").alias("retention_bytes"),
         F.when(at_risk, F.col("fc_loss_first")["data_loss_basis"])
         .when(loss_state == "not_applicable", F.lit(COMPACTED_BASIS))
+        .when((loss_state == "safe") & F.coalesce(F.col("fc_loss_beyond"), F.lit(False)), F.lit(BEYOND_HORIZON))
         .alias("basis"),
         F.col("cleanup_policy").alias("cleanup_policy"),
+        F.col("fc_horizon_seconds").alias("horizon_seconds"),
     )
     return catch_up, data_loss
 

@@ -108,6 +108,17 @@ class Thresholds:
     reset_commit_slack: int = 1_000
     reset_race_seconds: float = 10.0
 
+    # Forecasts (forecast.py, cases F1-F3). A partition's lag is real, not noise, above
+    # forecast_noise_seconds of its own late produce rate and above forecast_min_lag: a group
+    # that keeps up shows up to a commit interval of records (auto.commit.interval.ms is 5 s)
+    # plus the read race, and a quiet topic a few in-flight records; lag 0-8 at 13 msg/s a
+    # partition flipped data-loss and catch-up forecasts sweep to sweep (seen live).
+    forecast_noise_seconds: float = 10.0
+    forecast_min_lag: int = 10
+    # Data loss is at risk only when it comes sooner than the topic's retention.ms and this
+    # (Kafka's default retention): a forecast months out at current rates is no forecast.
+    forecast_max_horizon_seconds: float = 7 * 86_400.0
+
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))

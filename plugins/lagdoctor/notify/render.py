@@ -29,9 +29,10 @@ and, from findings of issue 10 on (absent or null in older ones: nothing is show
     time_lag_source        "record" | "next_record" | "interpolated" | "lower_bound" | "caught_up"
                            (also per status row)
     committed_record       the record at the focus partition's committed offset (never its payload)
-    catch_up               {"state": "clearing" | "never" | "caught_up" | "unknown", "seconds"}
+    catch_up               {"state": "clearing" | "steady" | "never" | "caught_up" | "unknown", "seconds"}
     data_loss              {"state": "already" | "at_risk" | "safe" | "not_applicable" | "unknown", "seconds",
-                            "partitions", "retention_ms", "retention_bytes", "basis", "cleanup_policy"}
+                            "partitions", "retention_ms", "retention_bytes", "basis", "cleanup_policy",
+                            "horizon_seconds"}   (basis "beyond_horizon" with safe: none within the horizon)
 
 ``with_partition_status(finding, rows)`` fills ``evidence["partitions"]`` from
 contract 2's partition_status.jsonl rows (lag, time lag, rates per partition).
@@ -44,6 +45,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
+from lagdoctor.diagnosis.thresholds import Thresholds
 from lagdoctor.notify.buttons import approval_buttons, incident_buttons, target_buttons
 from lagdoctor.notify.templates import code_safe, escape_mrkdwn, mrkdwn_value, render, render_plain, TEMPLATES
 
@@ -298,6 +300,9 @@ def _in(seconds: float) -> str:
     return "in under a minute" if seconds < 60 else f"in {fmt_eta(seconds)}"
 
 
+NEVER_RATE_SLACK = Thresholds().slow_rate_slack
+
+
 def catch_up_text(ev: Mapping[str, Any]) -> str:
     """When the lag clears at current rates; "" for a finding written before the forecast existed."""
     state, seconds = _forecast(ev, "catch_up")
@@ -306,10 +311,14 @@ def catch_up_text(ev: Mapping[str, Any]) -> str:
     if state == "never":
         consume, produce = _finite(ev.get("consume_rate")), _finite(ev.get("produce_rate"))
         # "never" is the worst partition's, on the window's late rates; the topic's whole-window
-        # rates are shown only when they agree with it, never as a contradiction.
-        rates = (f" (consuming {fmt_rate(consume)} of {fmt_rate(produce)} msg/s)"
-                 if consume is not None and produce is not None and consume < produce else "")
+        # rates are shown only when they agree with it (clearly below, as forecast.py F2 asks),
+        # never as a contradiction ("consuming 39.9 of 40.0 msg/s").
+        below = consume is not None and produce is not None and consume < (1 - NEVER_RATE_SLACK) * produce
+        rates = f" (consuming {fmt_rate(consume)} of {fmt_rate(produce)} msg/s)" if below else ""
         return "never at current rates" + rates
+    if state == "steady":
+        # consume and produce within noise of each other (forecast.py F2): not "never"
+        return "lag holding steady at current rates"
     if state == "caught_up":
         return "caught up"
     return "unknown" if state == "unknown" else ""
@@ -339,6 +348,12 @@ def data_loss_text(ev: Mapping[str, Any]) -> str:
         text += f" ({where})" if where else ""
         return text if seconds is not None else text + "; when is unknown"
     if state == "safe":
+        loss, horizon = ev["data_loss"], _finite(ev["data_loss"].get("horizon_seconds"))
+        kept = all((_finite(loss.get(k)) or 0) < 0 for k in ("retention_ms", "retention_bytes"))
+        if horizon is not None and not kept:
+            # forecast.py F3: safe says how far it looked, never a date past it (a flip between "beyond
+            # the horizon" and "no estimate" at the same rates reads the same)
+            return f"none within {fmt_eta(horizon)} at current rates"
         return "none expected at current rates"
     if state == "not_applicable":
         return "none from retention.ms: compacted topic (retention.ms does not delete unread records)"
@@ -424,7 +439,7 @@ def forecast_text(finding: Mapping[str, Any]) -> str:
     ev = _evidence(finding)
     lines = []
     catch_up_state = _forecast(ev, "catch_up")[0]
-    if catch_up_state in ("clearing", "never"):
+    if catch_up_state in ("clearing", "steady", "never"):
         lines.append(render("catch_up", text=catch_up_text(ev)))
     if data_loss_state(ev) in ("at_risk", "already"):
         lines.append(render("data_loss", text=data_loss_text(ev)))
@@ -624,7 +639,8 @@ def incomplete_data_text(finding: Mapping[str, Any]) -> str:
 
     Reads evidence ``data_complete`` (false), ``read_errors`` (one line each,
     the first MAX_READ_ERRORS shown), ``read_error_count`` and
-    ``offset_reset_partitions`` (log end offsets that went backwards) and
+    ``offset_reset_partitions`` (log end offsets that went backwards; from issue 29 on
+    ``log_end_fell_partitions`` and ``commit_above_partitions`` say which) and
     ``hanging_transaction_partitions`` (an open transaction holds the last stable offset).
     """
     ev = _evidence(finding)
@@ -638,6 +654,12 @@ def incomplete_data_text(finding: Mapping[str, Any]) -> str:
         if count > min(len(errors), MAX_READ_ERRORS):
             lines.append(f"… and {count - min(len(errors), MAX_READ_ERRORS)} more")
     resets = [p for p in ev.get("offset_reset_partitions") or [] if p is not None]
+    if "commit_above_partitions" in ev or "log_end_fell_partitions" in ev:
+        # said apart (classify.py case 10): only a log end that fell "went backwards"
+        resets = [p for p in ev.get("log_end_fell_partitions") or [] if p is not None]
+        above = [p for p in ev.get("commit_above_partitions") or [] if p is not None]
+        if above:
+            lines.append(render("commit_above", partitions=", ".join(one_line_id(p) for p in above)))
     if resets:
         lines.append(render("offset_reset", partitions=", ".join(one_line_id(p) for p in resets)))
     hanging = [p for p in ev.get("hanging_transaction_partitions") or [] if p is not None]

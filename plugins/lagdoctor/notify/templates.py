@@ -82,6 +82,9 @@ TEMPLATES: dict[str, str] = {
                        "all read ({{ count }} failed read(s)):",
     "offset_reset": ":rewind: Log end offset went backwards (topic recreated or truncated?) on "
                     "partition(s) {{ partitions }}: lag there is not comparable across the window.",
+    "commit_above": ":rewind: Committed offset above the log end on partition(s) {{ partitions }} (topic "
+                    "recreated, or offsets set by hand): the group will reset per auto.offset.reset or read "
+                    "nothing.",
     "open_transaction": ":hourglass: An open transaction holds the last stable offset on partition(s) "
                         "{{ partitions }}: read_committed consumers cannot read past it until it commits or "
                         "aborts (kafka-transactions.sh find-hanging).",
