@@ -120,7 +120,15 @@ DIAGNOSES: Final[tuple[str, ...]] = (
     "stalled_consumer",
     "crashed_consumer",
     "rebalance_loop",
+    "collecting_history",
 )
+# Extensions of contract 2's diagnosis values (the page lists the rest).
+# collecting_history (issue 29): the group has fewer snapshots than the rules need; no verdict
+# yet, so neither healthy nor a problem: no incident, no report, no remediation, no recovery.
+COLLECTING_HISTORY: Final[str] = "collecting_history"
+DIAGNOSIS_EXTENSIONS: Final[tuple[str, ...]] = (COLLECTING_HISTORY,)
+# Diagnoses that are no problem to report.
+NO_PROBLEM_DIAGNOSES: Final[frozenset[str]] = frozenset({"healthy", COLLECTING_HISTORY})
 PATTERNS: Final[tuple[str, ...]] = (
     "flat",
     "steady_climb",

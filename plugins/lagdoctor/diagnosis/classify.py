@@ -172,6 +172,27 @@ Real client behaviour (issue 16; each a live test on Apache Kafka):
                                                                                  list it in
                                                                                  hanging_transaction_partitions
 
+Too little history (issue 29; `collecting_history_findings` below):
+
+ #  case                 holds when                                              so
+28  collecting history  the group's topic has fewer than min_history_snapshots   one finding, collecting_history,
+                         snapshots in the window (not the group-level row, 9)     severity ok (warning under 7 or
+                                                                                  10): "collecting history (1 of 3
+                                                                                  snapshots; decides at 03:17 UTC)",
+                                                                                  never healthy: a rate needs 2
+                                                                                  snapshots, a climb's fit 3 (a
+                                                                                  fresh deployment's first sweep read
+                                                                                  "0.0 msg/s consumed of 0.0
+                                                                                  produced, healthy" at lag 5,811);
+                                                                                  evidence snapshots_seen,
+                                                                                  snapshots_needed, decides_at (the
+                                                                                  window's mean sampling interval, or
+                                                                                  history_interval_seconds when seen
+                                                                                  once); 1 needs no rate and still
+                                                                                  holds, its rate said as unknown;
+                                                                                  with one snapshot every rate in the
+                                                                                  evidence is null, never 0.0
+
 "Growing": the fitted rise of lag over the window is positive and at least
 growth_fraction of the end lag. Severity: critical at critical_lag or when a
 growing lag >= warning_lag at least doubled; warning at warning_lag and
@@ -183,7 +204,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from lagdoctor.contracts import INACTIVE_GROUP_STATES, LISTING_ROW_GROUP
+from lagdoctor.contracts import COLLECTING_HISTORY, INACTIVE_GROUP_STATES, LISTING_ROW_GROUP
 from lagdoctor.diagnosis import forecast
 from lagdoctor.diagnosis.features import GROUP_KEY
 from lagdoctor.diagnosis.patterns import pattern_column
@@ -624,12 +645,12 @@ def findings(
                 empty,
                 w,
                 F.format_string(
-                    "group is %s with %s live members; lag %s%s, %s msg/s arriving, nobody consuming",
+                    "group is %s with %s live members; lag %s%s, %s, nobody consuming",
                     c("group_state"),
                     F.coalesce(c("group_members").cast("string"), F.lit("no")),
                     _num(lag),
                     trend,
-                    _num(c("produce_rate")),
+                    _arriving_text(),
                 ),
             ),
         ),
@@ -769,6 +790,10 @@ def findings(
         ),
     )
     present = F.filter(candidates, lambda x: x.isNotNull())
+    # 28: too little history for any rule but 1: one finding that says so
+    g = with_history_columns(g, th)
+    collecting = finding(COLLECTING_HISTORY, empty, w, collecting_summary(lag, th))
+    present = F.when(c("history_short") & ~c("is_crashed"), F.array(collecting)).otherwise(present)
     g = g.withColumn("finding", F.explode(F.when(F.size(present) > 0, present).otherwise(F.array(healthy))))
 
     level = (
@@ -903,7 +928,7 @@ def findings(
     summary = F.concat_ws("; ", incomplete_note, reset_note, above_note, early_end_note, own_summary)
     start = F.lit(_iso(window_start)) if window_start else F.date_format(F.timestamp_seconds(c("t_first")), _ISO)
     end = F.lit(_iso(window_end)) if window_end else F.date_format(F.timestamp_seconds(c("t_last")), _ISO)
-    return g.select(
+    out = g.select(
         *GROUP_KEY,
         c("finding.partitions").alias("partitions"),
         c("finding.diagnosis").alias("diagnosis"),
@@ -921,7 +946,9 @@ def findings(
             "decided_by"),
         c("finding.undecided.samples_needed").alias("samples_needed"),
         c("finding.undecided.because").alias("undecided_because"),
+        *_history_passthrough(),
     )
+    return collecting_history_findings(out, th)
 
 
 _ISO = "yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'"
@@ -934,3 +961,102 @@ def _iso(value: datetime) -> str:
     from datetime import timezone
 
     return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# -- rule case 28: too little history (issue 29) ---------------------------------------------
+
+# Every rate of a finding's evidence: null when the group was seen once (a rate needs two snapshots).
+EVIDENCE_RATES = (
+    "produce_rate", "consume_rate", "partition_produce_rate", "partition_consume_rate",
+    "partition_late_produce_rate", "partition_late_consume_rate", "early_produce_rate", "late_produce_rate",
+    "surge_ratio", "baseline_produce_rate", "baseline_consume_rate",
+)
+
+
+def with_history_columns(g, th: Thresholds):
+    """history_short: the topic has fewer than min_history_snapshots snapshots (never the
+    group-level failure row: rule 9 says what is known of it); history_decides_t (epoch s): when
+    the snapshot that completes the history is due, at the window's mean sampling interval, or
+    history_interval_seconds for a group seen once."""
+    from pyspark.sql import functions as F
+
+    c = F.col
+    measured = F.try_divide(c("t_last") - c("t_first"), c("snapshots") - 1)
+    interval = F.when(measured > 0, measured).otherwise(F.lit(float(th.history_interval_seconds)))
+    short = F.coalesce((c("snapshots") < th.min_history_snapshots) & (c("topic") != GROUP_MARKER_TOPIC),
+                       F.lit(False))
+    return g.withColumns({
+        "history_short": short,
+        "history_decides_t": F.when(short, c("t_last") + (th.min_history_snapshots - c("snapshots")) * interval),
+    })
+
+
+def _decides_at_text():
+    """03:17: the minute nearest the due snapshot (the sweep that takes it decides)."""
+    from pyspark.sql import functions as F
+
+    return F.date_format(F.timestamp_seconds((F.round(F.col("history_decides_t") / 60) * 60).cast("long")), "HH:mm")
+
+
+def collecting_summary(lag, th: Thresholds):
+    """"collecting history (1 of 3 snapshots; decides at 03:17 UTC): lag 5,811 across 8 partitions;
+    group STABLE, 4 live members": the facts one snapshot holds, no rate."""
+    from pyspark.sql import functions as F
+
+    c = F.col
+    members = c("group_members")
+    return F.format_string(
+        "collecting history (%d of %d snapshots; decides at %s UTC): lag %s across %d partition%s; group %s, %s",
+        c("snapshots"),
+        F.lit(th.min_history_snapshots),
+        _decides_at_text(),
+        F.coalesce(F.format_number(lag, 0), F.lit("unknown")),
+        F.coalesce(c("partition_count"), F.lit(0)),
+        F.when(c("partition_count") == 1, F.lit("")).otherwise(F.lit("s")),
+        F.coalesce(c("group_state"), F.lit("UNKNOWN")),
+        F.when(members.isNull(), F.lit("members unknown"))
+        .otherwise(F.format_string("%d live member%s", members, F.when(members == 1, F.lit("")).otherwise(F.lit("s")))),
+    )
+
+
+def _arriving_text():
+    """What a crashed group's summary says of its load: the produce rate, or that one snapshot has none."""
+    from pyspark.sql import functions as F
+
+    return F.when(F.col("snapshots") < 2, F.lit("rate unknown: 1 snapshot")).otherwise(
+        F.format_string("%s msg/s arriving", _num(F.col("produce_rate"))))
+
+
+def _history_passthrough():
+    """Columns collecting_history_findings reads and drops (not outputs)."""
+    from pyspark.sql import functions as F
+
+    return [F.col("history_decides_t").alias("_history_decides_t")]
+
+
+def collecting_history_findings(found, th: Thresholds):
+    """Rule case 28 on the findings rows: every evidence gets snapshots_seen, snapshots_needed and
+    decides_at (null once decided); seen once, its rates are null (unknown, not 0.0) and a forecast
+    of loss from them is unknown (a crashed group's stands: nobody consumes, whatever the rate); a
+    collecting_history finding is ok, or warning when 7 or 10 also holds."""
+    from pyspark.sql import functions as F
+
+    e = F.col("evidence")
+    once = e["snapshots"] < 2
+    collecting = F.col("diagnosis") == COLLECTING_HISTORY
+    ev = e
+    for name in EVIDENCE_RATES:
+        ev = ev.withField(name, F.when(~once, e[name]))
+    loss = e["data_loss"]
+    guessed = once & (F.col("diagnosis") != "crashed_consumer") & (loss["state"] == "at_risk")
+    ev = ev.withField("data_loss", F.when(guessed, loss.withField("state", F.lit("unknown"))
+                                          .withField("seconds", F.lit(None).cast("double"))
+                                          .withField("basis", F.lit(None).cast("string"))).otherwise(loss))
+    ev = ev.withField("snapshots_seen", e["snapshots"])
+    ev = ev.withField("snapshots_needed", F.lit(th.min_history_snapshots))
+    ev = ev.withField("decides_at", F.date_format(
+        F.timestamp_seconds(F.round(F.col("_history_decides_t")).cast("long")), _ISO_SECONDS))
+    doubtful = ~F.coalesce(e["data_complete"], F.lit(True)) | (F.size(e["offset_reset_partitions"]) > 0)
+    severity = F.when(collecting, F.when(doubtful, F.lit("warning")).otherwise(F.lit("ok"))).otherwise(
+        F.col("severity"))
+    return found.withColumns({"evidence": ev, "severity": severity}).drop("_history_decides_t")

@@ -11,6 +11,12 @@ A partition whose lag at the end is unknown (a failed read) reports its last
 known lag (contract 2 types it as an int) with `lag_unknown: true` and its
 `read_error`; a group-level failure row (topic "", partition -1) is
 not a partition and gets no status row (its finding says it).
+
+Too little history (classify's rule case 28): the status stays Burrow's (one
+observation is OK by E3), and beside it `complete` (Burrow's field: the share
+of the history the rules need, snapshots / min_history_snapshots, at most 1)
+and `collecting_history` (true while short), which every reader shows instead
+of the status; a partition seen once has null rates (unknown, never 0.0).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ STATUS_DDL = (
     "cluster string, group_id string, topic string, partition int, status string, lag long, "
     "time_lag_seconds double, consume_rate double, produce_rate double, time_lag_lower_bound boolean, "
     "committed_offset long, log_end_offset long, member_id string, client_id string, host string, "
-    "read_error string, lag_unknown boolean, time_lag_source string"
+    "read_error string, lag_unknown boolean, time_lag_source string, complete double, collecting_history boolean"
 )
 _ACTIVE_STATES = ("STABLE", "PREPARING_REBALANCE", "COMPLETING_REBALANCE", "ASSIGNING", "RECONCILING")
 
@@ -115,6 +121,8 @@ def partition_status(partition_feats, group_feats, now_ms: int, thresholds: Thre
     from pyspark.sql import functions as F
 
     th = thresholds
+    seen = F.col("snapshots")
+    known_rate = seen >= 2  # a rate needs two snapshots
     members = group_feats.select(*GROUP_KEY, "group_members", "group_state")
     inp = partition_feats.where(
         ~((F.col("topic") == GROUP_MARKER_TOPIC) & (F.col("partition") == GROUP_MARKER_PARTITION))
@@ -125,8 +133,8 @@ def partition_status(partition_feats, group_feats, now_ms: int, thresholds: Thre
         "status",
         F.col("lag_end").cast("long").alias("lag"),
         F.round("time_lag_seconds", 3).cast("double").alias("time_lag_seconds"),
-        F.round("consume_rate", 3).cast("double").alias("consume_rate"),
-        F.round("produce_rate", 3).cast("double").alias("produce_rate"),
+        F.when(known_rate, F.round("consume_rate", 3)).cast("double").alias("consume_rate"),
+        F.when(known_rate, F.round("produce_rate", 3)).cast("double").alias("produce_rate"),
         F.coalesce(F.col("time_lag_lower_bound"), F.lit(False)).alias("time_lag_lower_bound"),
         F.col("committed_end").cast("long").alias("committed_offset"),
         F.col("log_end_offset_end").cast("long").alias("log_end_offset"),
@@ -136,4 +144,6 @@ def partition_status(partition_feats, group_feats, now_ms: int, thresholds: Thre
         "read_error",
         F.coalesce(F.col("lag_end_unknown"), F.lit(False)).alias("lag_unknown"),
         "time_lag_source",
+        F.round(F.least(F.lit(1.0), seen / float(max(th.min_history_snapshots, 1))), 3).alias("complete"),
+        (seen < th.min_history_snapshots).alias("collecting_history"),
     )

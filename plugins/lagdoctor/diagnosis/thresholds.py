@@ -81,6 +81,14 @@ class Thresholds:
     # there was the wrong first post the live lab saw; a slow owner's commit moves, and decides it.
     provisional_frozen_share: float = 0.0
 
+    # History (rule case 28): a group with fewer snapshots than this in the window is
+    # collecting_history, no verdict: a rate needs 2 snapshots and a climb's fit 3 (two always
+    # fit a line: rule 26). Only crashed_consumer, which needs no rate, is called sooner.
+    min_history_snapshots: int = 3
+    # The sampling interval a group seen once is assumed to have, to say when it decides:
+    # the sweep's default cadence (one snapshot a minute); two or more snapshots measure it.
+    history_interval_seconds: float = 60.0
+
     # rebalance_loop: rebalances (entering one from a settled assignment, or owners changing) in the window.
     rebalance_loop_min: int = 3
 

@@ -21,6 +21,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from lagdoctor.contracts import NO_PROBLEM_DIAGNOSES
+
 
 @dataclass
 class Sweep:
@@ -53,8 +55,8 @@ def decided(finding: dict[str, Any]) -> bool:
 
 
 def verdict(findings: list[dict[str, Any]], expect: str, partitions: tuple[int, ...] = ()) -> str:
-    """'right', 'provisional', 'wrong' or 'none' (nothing but healthy said)."""
-    problems = [f for f in findings if f["diagnosis"] != "healthy"]
+    """'right', 'provisional', 'wrong' or 'none' (nothing but healthy, or collecting history, said)."""
+    problems = [f for f in findings if f["diagnosis"] not in NO_PROBLEM_DIAGNOSES]
     for f in problems:
         if f["diagnosis"] == expect and decided(f) and set(partitions) <= set(f["partitions"]):
             return "right"
@@ -98,8 +100,8 @@ def score(sweeps: list[Sweep], group: str, expect: str, partitions: tuple[int, .
     for s in sweeps:
         if s.samples and s.samples[0] >= warmup_end:
             for f in s.findings.get(group, []):
-                critical += f["diagnosis"] != "healthy" and f["severity"] == "critical"
-                warning += f["diagnosis"] != "healthy" and f["severity"] == "warning"
+                critical += f["diagnosis"] not in NO_PROBLEM_DIAGNOSES and f["severity"] == "critical"
+                warning += f["diagnosis"] not in NO_PROBLEM_DIAGNOSES and f["severity"] == "warning"
     starts = [s.started for s in sweeps]
     interval = statistics.median([b - a for a, b in zip(starts, starts[1:])]) if len(starts) > 1 else float("nan")
     return Score(None if first_verdict is None else first_verdict == "right", first_verdict or "",
