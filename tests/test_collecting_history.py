@@ -9,9 +9,14 @@ metrics; only a crash, which needs no rate, is called from one snapshot.
 
 from __future__ import annotations
 
+import json
+from datetime import datetime, timedelta, timezone
+
 import pytest
 
-from tests.test_diagnosis_transforms import T0, frame, run_findings, snap  # noqa: F401  (frame: a fixture)
+from lagdoctor.settings import Settings
+from tests.fixtures.slack import slack_connection, slack_server  # noqa: F401
+from tests.test_diagnosis_transforms import frame, run_findings, snap  # noqa: F401  (frame: a fixture)
 
 RATE_FIELDS = ("produce_rate", "consume_rate", "partition_produce_rate", "partition_consume_rate",
                "early_produce_rate", "late_produce_rate", "baseline_produce_rate", "baseline_consume_rate")
@@ -93,3 +98,92 @@ def test_an_empty_group_with_lag_on_one_snapshot_is_crashed_with_its_rate_unknow
                             "nobody consuming")
     assert f["evidence"]["produce_rate"] is None and f["evidence"]["decides_at"] == "2026-11-21T12:02:00Z"
     assert {(r["status"], r["collecting_history"]) for r in status} == {("OK", True)}
+
+
+# -- Slack: one notice for a new deployment, nothing per collecting group -------------------
+
+NOW = datetime(2026, 11, 21, 3, 15, 5, tzinfo=timezone.utc)
+
+
+def collecting_finding(group, *, cluster="prod", topic="orders", decides_at="2026-11-21T03:17:05Z", seen=1):
+    return {"cluster": cluster, "group_id": group, "topic": topic, "partitions": [],
+            "diagnosis": "collecting_history", "pattern": "flat", "severity": "ok",
+            "summary": f"collecting history ({seen} of 3 snapshots; decides at 03:17 UTC): lag 5,811 across 4 "
+                       "partitions; group STABLE, 4 live members",
+            "evidence": {"lag": 5811, "snapshots_seen": seen, "snapshots_needed": 3, "decides_at": decides_at,
+                         "group_state": "STABLE", "group_members": 4, "data_complete": True},
+            "window_start": "2026-11-21T02:45:05Z", "window_end": "2026-11-21T03:15:05Z"}
+
+
+def problem_finding(group="orders-processor", diagnosis="slow_consumer"):
+    return {"cluster": "prod", "group_id": group, "topic": "orders", "partitions": [0, 1],
+            "diagnosis": diagnosis, "pattern": "steady_climb", "severity": "warning", "summary": "lag climbs",
+            "evidence": {"lag_total": 5000, "lag": 5000, "data_complete": True},
+            "window_start": "2026-11-21T02:45:05Z", "window_end": "2026-11-21T03:15:05Z"}
+
+
+@pytest.fixture
+def settings(tmp_path, monkeypatch, state_url):
+    monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", str(tmp_path / "data"))
+    return Settings.from_env()
+
+
+def write_plans(tmp_path, run, findings):
+    plans = tmp_path / run / "plans.json"
+    plans.parent.mkdir()
+    plans.write_text(json.dumps([{"finding": f, "plan": {"actions": [], "next_steps": []}} for f in findings]))
+    return str(plans)
+
+
+def test_a_new_deployment_posts_one_watching_notice_and_nothing_per_group(settings, slack_connection, tmp_path):
+    from lagdoctor.notify.threads import ThreadStore
+    from lagdoctor.stages.notify import post_findings
+
+    server = slack_connection
+    groups = [f"group-{i:02d}" for i in range(12)]
+    first = [collecting_finding(g) for g in groups]
+    summary = post_findings(write_plans(tmp_path, "run-1", first), "run-1", settings=settings)
+    assert summary == {"collecting": 12}
+    (notice,) = server.messages
+    text = notice["blocks"][0]["text"]["text"]
+    assert "watching 12 consumer groups on cluster `prod`" in text
+    assert "`group-00`" in text and "`group-09`" in text and "group-10" not in text and "and 2 more" in text
+    assert "First verdicts at 03:17 UTC, once each group has 3 snapshots" in text
+    assert not list(ThreadStore().all())
+    # the next sweep, still collecting: nothing at all
+    second = [collecting_finding(g, seen=2) for g in groups]
+    post_findings(write_plans(tmp_path, "run-2", second), "run-2", settings=settings)
+    assert len(server.messages) == 1 and not list(ThreadStore().all())
+
+
+def test_a_deployment_with_decided_groups_is_not_new(settings, slack_connection, tmp_path):
+    from lagdoctor.stages.notify import post_findings
+
+    server = slack_connection
+    found = [collecting_finding("newcomer"), problem_finding()]
+    post_findings(write_plans(tmp_path, "run-1", found), "run-1", settings=settings)
+    assert len(server.messages) == 1 and "watching" not in server.messages[0]["text"]  # the problem's thread only
+
+
+def test_a_collecting_finding_never_closes_an_open_thread_as_recovered(settings, slack_connection):
+    from lagdoctor.notify import post_or_update_incident
+    from lagdoctor.notify.threads import ThreadStore
+
+    server = slack_connection
+    assert post_or_update_incident(problem_finding(), None, run_id="run-1", now=NOW)["decision"] == "posted"
+    # history lost to a gap longer than the window: the group collects again
+    result = post_or_update_incident(collecting_finding("orders-processor"), None, run_id="run-2",
+                                     now=NOW + timedelta(minutes=40))
+    assert result["decision"] == "collecting" and result["threads"] == []
+    assert len(server.messages) == 1  # no recovery reply, no new thread
+    (state,) = ThreadStore().all()
+    assert state.status == "open" and state.key.diagnosis == "slow_consumer"
+
+
+def test_an_incident_run_counts_collecting_groups_apart_from_problems_and_healthy():
+    from lagdoctor.notify.render import render_run_header
+
+    msg = render_run_header([collecting_finding("a"), collecting_finding("b")], scope="prod / .*", run_id="r")
+    assert msg["text"] == "Incident run for prod / .*: 0 problem(s), 0 healthy, 2 collecting history (group, topic) pair(s)"
+    body = json.dumps(msg["blocks"])
+    assert "still collecting history, no verdict" in body and "keeps up" not in body

@@ -26,6 +26,7 @@ from typing import Any, Iterator, Mapping
 
 import sqlalchemy as sa
 
+from lagdoctor.contracts import COLLECTING_HISTORY, NO_PROBLEM_DIAGNOSES
 from lagdoctor.notify import outbox, render, spool
 from lagdoctor.notify.interactive import lift_acknowledgement, quiet_reason
 from lagdoctor.notify.redact import one_line
@@ -203,6 +204,9 @@ def _incident_in(db, conn, *, finding: Mapping[str, Any], plan: Mapping[str, Any
     key = IncidentKey.of(finding)
     at = datetime.fromisoformat(now)
     outbox.lock_key(db, conn, key.lock_name())
+    if finding.get("diagnosis") == COLLECTING_HISTORY:
+        # threads rule 10 (issue 29): no verdict yet: opens no thread, is no recovery; "collecting"
+        return {"decision": "collecting", "threads": []}, None
     if finding.get("diagnosis") == HEALTHY:
         result, keys = _on_healthy(db, conn, store, finding, run_id=run_id, now=at)
     else:
@@ -386,7 +390,7 @@ def post_incident_run(
     their own incident threads and never reply in it. Retrying the task posts
     nothing twice.
     """
-    problems = sum(1 for i in items if i["finding"].get("diagnosis") != HEALTHY)
+    problems = sum(1 for i in items if i["finding"].get("diagnosis") not in NO_PROBLEM_DIAGNOSES)
     args = {"items": [dict(i) for i in items], "run_id": run_id, "scope": scope, "now": _now(now).isoformat(),
             "dag_id": _dag_id(dag_id, INCIDENT_DAG_ID), "buttons": _buttons(buttons)}
     return _call("incident_run", args, settings=settings, sender=sender, now=now,
@@ -396,7 +400,7 @@ def post_incident_run(
 def _incident_run_in(db, conn, *, items: list[Mapping[str, Any]], run_id: str, scope: str, now: str,
                      dag_id: str, buttons: bool) -> tuple[dict[str, Any], Any]:
     at = datetime.fromisoformat(now)
-    problems = [i for i in items if i["finding"].get("diagnosis") != HEALTHY]
+    problems = [i for i in items if i["finding"].get("diagnosis") not in NO_PROBLEM_DIAGNOSES]
     outbox.lock_key(db, conn, f"run:{run_id}")
     # Sorted, so two runs over overlapping groups take the locks in one order (no deadlock).
     for name in sorted({IncidentKey.of(i["finding"]).lock_name() for i in problems}):

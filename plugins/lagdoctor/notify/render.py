@@ -949,6 +949,28 @@ def render_quarantine_notice(entries: Sequence[Mapping[str, Any]]) -> dict[str, 
     return {"text": render("quarantine_fallback", count=len(entries)), "blocks": [_text_section(text)]}
 
 
+WATCHING_NAMES = 10  # group names a watching notice lists; the rest are counted
+
+
+def render_watching_notice(cluster: str, findings: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The one notice of a new deployment (issue 29): how many groups of ``cluster`` it watches
+    (the first WATCHING_NAMES named), and when the first verdicts come: the earliest
+    ``evidence.decides_at`` of the findings, to the minute (as their summaries say it)."""
+    from datetime import timedelta
+
+    groups = sorted({str(f.get("group_id") or "") for f in findings} - {""})
+    due = [t for t in (_parse_iso(_evidence(f).get("decides_at")) for f in findings) if t is not None]
+    first = min(due) if due else None
+    at = (first + timedelta(seconds=30)).strftime("%H:%M") if first else "-"
+    needed = next((_evidence(f).get("snapshots_needed") for f in findings
+                   if isinstance(_evidence(f).get("snapshots_needed"), int)), "-")
+    crashed = len({str(f.get("group_id")) for f in findings if f.get("diagnosis") == "crashed_consumer"})
+    v = {"count": len(groups), "cluster": one_line_id(cluster), "names": [one_line_id(g) for g in groups[:WATCHING_NAMES]],
+         "more": max(0, len(groups) - WATCHING_NAMES), "at": at, "needed": needed, "crashed": crashed}
+    text = render("watching", **v) + ("\n" + render("watching_crashed", **v) if crashed else "")
+    return {"text": render("watching_fallback", **v), "blocks": [_text_section(text[:SECTION_LIMIT])]}
+
+
 def render_approval_request(record: Mapping[str, Any]) -> dict[str, str]:
     from lagdoctor.notify.templates import APPROVAL_BODY, APPROVAL_SUBJECT, escape_markdown, plain_label
 
@@ -969,7 +991,11 @@ def render_run_header(findings: Sequence[Mapping[str, Any]], *, scope: str, run_
     from lagdoctor.web import links
 
     link = report_link(links.run_url(dag_id, run_id), "Airflow run") if dag_id and run_id else ""
-    problems = [f for f in findings if f.get("diagnosis") != "healthy"]
+    from lagdoctor.contracts import COLLECTING_HISTORY, NO_PROBLEM_DIAGNOSES
+
+    problems = [f for f in findings if f.get("diagnosis") not in NO_PROBLEM_DIAGNOSES]
+    # issue 29: no verdict yet: neither a problem nor healthy
+    collecting = sum(1 for f in findings if f.get("diagnosis") == COLLECTING_HISTORY)
     worst = "critical" if any(f.get("severity") == "critical" for f in problems) else (
         "warning" if problems else "ok")
     owner_unknown = any(owner_unknown_once(f.get("summary"))[1] for f in problems[:20])
@@ -981,16 +1007,19 @@ def render_run_header(findings: Sequence[Mapping[str, Any]], *, scope: str, run_
         f"{mrkdwn_value(owner_unknown_once(f.get('summary', ''))[0])}"
         + (" _(incomplete data)_" if _evidence(f).get("data_complete") is False else "")
         for f in problems[:20]
-    ] or ["No problem found: every matching group keeps up."]
+    ] or ([f"No problem found yet: {collecting} (group, topic) pair(s) still collecting history, no verdict."]
+          if collecting else ["No problem found: every matching group keeps up."])
     if len(problems) > 20:
         lines.append(f"… and {len(problems) - 20} more in this thread.")
-    healthy = len(findings) - len(problems)
-    text = (f"Incident run for {escape_mrkdwn(one_line_id(scope))}: {len(problems)} problem(s), {healthy} healthy "
-            f"(group, topic) pair(s)")
+    healthy = len(findings) - len(problems) - collecting
+    still = f", {collecting} collecting history" if collecting else ""
+    text = (f"Incident run for {escape_mrkdwn(one_line_id(scope))}: {len(problems)} problem(s), {healthy} healthy"
+            f"{still} (group, topic) pair(s)")
     blocks = [
         {"type": "header", "text": {"type": "plain_text", "emoji": True,
                                     "text": f"{SEVERITY_EMOJI[worst]} lagdoctor incident run"[:150]}},
-        _text_section(f"*Scope* `{escape_mrkdwn(code_safe(scope))}` · {len(problems)} problem(s), {healthy} healthy"),
+        _text_section(f"*Scope* `{escape_mrkdwn(code_safe(scope))}` · {len(problems)} problem(s), {healthy} healthy"
+                      f"{still}"),
         _text_section("\n".join(lines)[:2900]),
         {"type": "context", "elements": [{"type": "mrkdwn",
                                           "text": f"run `{escape_mrkdwn(code_safe(run_id))}` · details in this thread"

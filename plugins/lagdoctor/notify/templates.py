@@ -98,6 +98,16 @@ TEMPLATES: dict[str, str] = {
                   "and ran on the rest.",
     "quarantine_line": "• `{{ path | code }}`: {{ reason }} (now `{{ moved_to | code }}`)",
     "quarantine_fallback": "lagdoctor moved {{ count }} unreadable snapshot file(s) aside",
+    # Issue 29: a new deployment says once which groups it watches and when its first verdicts come.
+    "watching": ":eyes: *lagdoctor is watching {{ count }} consumer group{{ '' if count == 1 else 's' }} on cluster "
+                "`{{ cluster | code }}`:* {% for n in names %}`{{ n | code }}`{{ '' if loop.last else ', ' }}"
+                "{% endfor %}{% if more %} and {{ more }} more{% endif %}.\n"
+                "First verdicts at {{ at }} UTC, once each group has {{ needed }} snapshots; until then each "
+                "shows as collecting history (no rate from a single snapshot, never healthy).",
+    "watching_crashed": ":red_circle: Already reported, needing no history: {{ crashed }} group{{ '' if crashed == 1 "
+                        "else 's' }} with no live consumer.",
+    "watching_fallback": "lagdoctor is watching {{ count }} consumer group(s) on cluster {{ cluster }}; "
+                         "first verdicts at {{ at }} UTC",
 }
 
 # HITL approval: Markdown for the Airflow UI, not Slack. render_approval_request

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from lagdoctor.contracts import COLLECTING_HISTORY
 from lagdoctor.settings import Settings
 from lagdoctor.stages.common import read_plans
 from lagdoctor.stages.diagnose import read_quarantined
@@ -79,6 +80,34 @@ def post_quarantine_notice(output: str, *, settings: Settings | None = None) -> 
     # Keyed by the run's folder: a retried task does not post it again.
     key = "quarantine:" + output.rstrip("/").rsplit("/", 1)[-1]
     return post_notice(render_quarantine_notice(entries), dedupe_key=key, settings=settings)
+
+
+def short_history(finding: Mapping[str, Any]) -> bool:
+    """The finding was given on fewer snapshots than the rules need (classify's rule case 28):
+    collecting_history, or a crash called on its first snapshots (evidence decides_at set)."""
+    evidence = finding.get("evidence") or {}
+    return finding.get("diagnosis") == COLLECTING_HISTORY or bool(
+        isinstance(evidence, Mapping) and evidence.get("decides_at"))
+
+
+def post_watching_notices(findings: list[Mapping[str, Any]], *, settings: Settings | None = None,
+                          ) -> list[dict[str, Any]]:
+    """A new deployment says once, per cluster, which groups it watches and when their first
+    verdicts come: on a sweep where every finding of the cluster still collects history.
+    Keyed by the cluster (``watching:<cluster>``), so later sweeps post nothing; a cluster with
+    any decided group is not new, and posts nothing either."""
+    from lagdoctor.notify.incidents import post_notice
+    from lagdoctor.notify.render import render_watching_notice
+
+    by_cluster: dict[str, list[Mapping[str, Any]]] = {}
+    for f in findings:
+        by_cluster.setdefault(str(f.get("cluster") or ""), []).append(f)
+    results = []
+    for cluster, found in sorted(by_cluster.items()):
+        if found and all(short_history(f) for f in found):
+            results.append(post_notice(render_watching_notice(cluster, found), dedupe_key=f"watching:{cluster}",
+                                       settings=settings))
+    return results
 
 
 def _finding_key(finding: Mapping[str, Any]) -> tuple[str, ...]:
@@ -178,6 +207,12 @@ def post_findings(
             summary = {"problems": result["problems"], "findings": result["findings"]}
         else:
             summary = {}
+            # issue 29: the groups a new deployment watches, once; then nothing per collecting group
+            results += post_watching_notices([item["finding"] for item in items], settings=settings)
+            collecting = [i for i in items if i["finding"].get("diagnosis") == COLLECTING_HISTORY]
+            if collecting:
+                summary["collecting"] = len(collecting)
+            items = [i for i in items if i["finding"].get("diagnosis") != COLLECTING_HISTORY]
             # each finding with its sweep's others of the same (cluster, group, topic): a provisional thread
             # one of them still lands in is not superseded by another (notify.threads rule 8)
             sweeps: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
+from lagdoctor.contracts import NO_PROBLEM_DIAGNOSES
 from lagdoctor.settings import Settings, join
 from lagdoctor.stages.common import PLANS_FILE, read_plans
 from lagdoctor.stages.diagnose import read_findings, read_quarantined
@@ -82,7 +83,7 @@ def plan_findings(
         "plans": plans_path,
         "output": output,
         "findings": len(findings),
-        "problems": sum(1 for f in findings if f["diagnosis"] != "healthy"),
+        "problems": sum(1 for f in findings if f["diagnosis"] not in NO_PROBLEM_DIAGNOSES),
         "by_severity": by_severity,
         "actions": wanted,
         "quarantined": len(quarantined),
