@@ -187,3 +187,63 @@ def test_an_incident_run_counts_collecting_groups_apart_from_problems_and_health
     assert msg["text"] == "Incident run for prod / .*: 0 problem(s), 0 healthy, 2 collecting history (group, topic) pair(s)"
     body = json.dumps(msg["blocks"])
     assert "still collecting history, no verdict" in body and "keeps up" not in body
+
+
+# -- the page, the JSON API, the metrics ---------------------------------------------------
+
+def _collecting_root(tmp_path):
+    """Two sweeps: orders-processor was a problem, then its history restarted (collecting);
+    payments is seen once."""
+    from tests.fixtures.web import write_run
+
+    findings_root = tmp_path / "findings"
+
+    def rows(group, collecting, status="OK"):
+        return [{"cluster": "prod", "group_id": group, "topic": "orders", "partition": p, "status": status,
+                 "lag": 1452, "time_lag_seconds": None, "consume_rate": None if collecting else 40.0,
+                 "produce_rate": None if collecting else 50.0, "complete": 0.333 if collecting else 1.0,
+                 "collecting_history": collecting} for p in range(4)]
+
+    write_run(findings_root, "run-1", [problem_finding()], rows("orders-processor", False, "WARN"),
+              dag_id="kafka_lag_health_sweep", run_id="run-1", planned_at=NOW - timedelta(minutes=40))
+    write_run(findings_root, "run-2", [collecting_finding("orders-processor"), collecting_finding("payments")],
+              rows("orders-processor", True) + rows("payments", True),
+              dag_id="kafka_lag_health_sweep", run_id="run-2", planned_at=NOW)
+    return tmp_path
+
+
+def test_the_page_and_api_say_collecting_history_never_healthy_or_ok(tmp_path):
+    import re
+
+    from tests.test_web_app import client_for
+
+    client = client_for(_collecting_root(tmp_path), clock=lambda: NOW)
+    html = client.get("/").text
+    card = html[html.index('data-group="payments"'):]
+    card = card[:card.index("</details>")]
+    assert '<span class="badge collecting">collecting history</span>' in card
+    assert "collecting history (1 of 3 snapshots; decides at 03:17 UTC)" in card
+    assert ">healthy<" not in card and ">OK<" not in card
+    assert card.count('<span class="status collecting">collecting history</span>') == 4
+    assert re.search(r'data-count="collecting">2<', html) and re.search(r'data-count="ok">0<', html)
+    findings = client.get("/api/findings").json()["findings"]
+    assert {(f["group_id"], f["diagnosis"], f["evidence"]["decides_at"]) for f in findings} == {
+        ("orders-processor", "collecting_history", "2026-11-21T03:17:05Z"),
+        ("payments", "collecting_history", "2026-11-21T03:17:05Z")}
+    # the group view's timeline: the problem is not "recovered" by a run without a verdict
+    group = client.get("/group/prod/orders-processor").text
+    assert 'data-kind="first_seen"' in group and 'data-kind="recovered"' not in group
+
+
+def test_the_metrics_say_collecting_history_never_ok_nor_a_severity(tmp_path):
+    from lagdoctor.metrics import render_metrics
+    from tests.test_metrics import only, parse_exposition, series
+
+    samples = parse_exposition(render_metrics(str(_collecting_root(tmp_path) / "findings")))
+    due = datetime(2026, 11, 21, 3, 17, 5, tzinfo=timezone.utc).timestamp()
+    assert only(samples, "lagdoctor_collecting_history", group="payments", topic="orders") == due
+    assert set(series(samples, "lagdoctor_partition_status", group="payments")) == {0.0}  # unknown, not 1 OK
+    assert only(samples, "lagdoctor_group_status", group="payments") == 0.0
+    assert series(samples, "lagdoctor_group_severity", group="payments") == []
+    assert series(samples, "lagdoctor_finding", group="payments") == []
+    assert only(samples, "kafka_consumergroup_group_topic_sum_lag", group="payments") == 4 * 1452  # a fact: kept

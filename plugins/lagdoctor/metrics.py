@@ -12,6 +12,10 @@ A (cluster, group, topic) that the newest sweep of its cluster did not collect
 newer than the run holding the key's verdict) is not current: its series are
 dropped, and `lagdoctor_not_collected_since_timestamp_seconds` says since when
 (so no alert rule keeps firing on an 8-day-old verdict).
+A group still collecting history (issue 29: fewer snapshots than the rules
+need) has no verdict: its partitions' status is 0 (unknown), never 1 OK, its
+collecting_history finding sets no severity and no `lagdoctor_finding`, and
+`lagdoctor_collecting_history` says when it decides; its lag is exported.
 Only complete run folders are read (lagdoctor.runindex.run_completeness, the
 rule the lag page uses too: the job's _SUCCESS marker, written last); folders
 that are incomplete (being written, or the job was killed) or cannot be read
@@ -32,8 +36,8 @@ With no runs at all the output is every family's HELP and TYPE and no samples:
 `lagdoctor_last_diagnosis_timestamp_seconds` is absent, not 0, so a staleness
 alert needs `absent(...)` beside its age test (docs/prometheus/).
 
-Nothing is imported beyond the standard library, fsspec and lagdoctor.runindex
-(lazily), so the Airflow plugin can serve `render_metrics` as a route too.
+Nothing is imported beyond the standard library, lagdoctor.contracts, fsspec and
+lagdoctor.runindex (lazily), so the Airflow plugin can serve `render_metrics` as a route too.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from lagdoctor.contracts import COLLECTING_HISTORY
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +135,12 @@ FAMILIES: tuple[MetricFamily, ...] = (
         "lagdoctor_finding",
         "1 for each current non-healthy finding, labelled by what lagdoctor diagnosed.",
         ("cluster_name", "group", "topic", "diagnosis", "severity", "pattern"),
+    ),
+    MetricFamily(
+        "lagdoctor_collecting_history",
+        "Present while lagdoctor collects history for the group on this topic (too few snapshots for a "
+        "verdict: neither healthy nor a problem): the Unix time its first verdict is due.",
+        ("cluster_name", "group", "topic"),
     ),
     MetricFamily(
         "lagdoctor_lag_catch_up_seconds",
@@ -469,7 +481,8 @@ def collect_samples(runs: Iterable[DiagnosisRun], sweeps: Mapping[str, float] | 
             where = dict(cluster_name=cluster, group=group, topic=topic, partition=partition,
                          member_host=host, consumer_id=consumer, client_id=client)
             lag, time_lag = _number(row.get("lag")), _number(row.get("time_lag_seconds"))
-            status = STATUS_CODES.get(str(row.get("status")), 0)
+            # too few snapshots: no status yet (0, unknown), never OK
+            status = 0 if row.get("collecting_history") is True else STATUS_CODES.get(str(row.get("status")), 0)
             put("kafka_consumergroup_group_lag", lag, **where)
             put("kafka_consumergroup_group_lag_seconds", time_lag, **where)
             put("lagdoctor_partition_status", float(status), **where)
@@ -490,6 +503,10 @@ def collect_samples(runs: Iterable[DiagnosisRun], sweeps: Mapping[str, float] | 
             topic=topic)
         for finding in findings:
             severity = str(finding.get("severity"))
+            if finding.get("diagnosis") == COLLECTING_HISTORY:
+                put("lagdoctor_collecting_history", _parse_time((finding.get("evidence") or {}).get("decides_at")),
+                    cluster_name=cluster, group=group, topic=topic)
+                continue  # no verdict: no severity, no finding
             if severity in SEVERITY_CODES:
                 group_severity[(cluster, group)] = max(
                     group_severity.get((cluster, group), 0), SEVERITY_CODES[severity])

@@ -32,6 +32,7 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from lagdoctor.contracts import NO_PROBLEM_DIAGNOSES
 from lagdoctor.settings import Settings, join
 from lagdoctor.web.auth import DagReadCheck, dag_run_reader
 from lagdoctor.web.links import URL_PREFIX  # one mount point for the app and the links built to it
@@ -300,7 +301,7 @@ def _link_local_reports(s: Settings, views, root: str) -> None:
     written: dict[str, set[str]] = {}
     for v in views:
         for f in v.findings:
-            if f.diagnosis == "healthy":
+            if f.diagnosis in NO_PROBLEM_DIAGNOSES:
                 continue
             run_key = v.run.run_key
             if run_key not in written:

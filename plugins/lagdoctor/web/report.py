@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 from urllib.parse import quote
 
+from lagdoctor.contracts import NO_PROBLEM_DIAGNOSES
 from lagdoctor.settings import Settings, join
 from lagdoctor.web import links
 from lagdoctor.web.links import REPORT_BASE_URL_ENV  # noqa: F401  (kept importable from here)
@@ -105,7 +106,9 @@ def write_incident_report(run_dir: str, *, settings: Settings | None = None, bas
     settings = settings or Settings.from_env()
     base_url = base_url if base_url is not None else (links.report_base_url(environ) or "")
     run = run_of(run_dir)
-    states = [s for s in states_of_run(read_run(run)) if any(f.get("diagnosis") != "healthy" for f in s.findings)]
+    # a problem to report: not healthy, and not still collecting history (issue 29: no verdict)
+    states = [s for s in states_of_run(read_run(run))
+              if any(f.get("diagnosis") not in NO_PROBLEM_DIAGNOSES for f in s.findings)]
     paths: list[str] = []
     urls: dict[tuple[str, str, str, str], str] = {}
     listings: dict[str, list[str]] = {}  # one store listing per cluster for the whole run, not one per group
@@ -114,7 +117,7 @@ def write_incident_report(run_dir: str, *, settings: Settings | None = None, bas
         history = read_history(settings.snapshots_root, [state.key], start, end, listings=listings)[state.key]
         view = group_view(state, history, with_rates=True)
         for finding in state.findings:
-            if finding.get("diagnosis") == "healthy":
+            if finding.get("diagnosis") in NO_PROBLEM_DIAGNOSES:
                 continue
             path = join(settings.reports_root, run.run_key, report_name(finding))
             _write_atomic(path, render_report(finding, view, plan=state.plans.get(str(finding.get("diagnosis"))),

@@ -12,7 +12,8 @@ are left out: they are experiments, not the group's history.
 Events, oldest first:
   - first seen: the earliest run read with a non-healthy finding;
   - changed: a later run's problems (topic, diagnosis, severity) differ;
-  - recovered: the first healthy run after a problem (and "seen again" after that);
+  - recovered: the first healthy run after a problem (and "seen again" after that); a run
+    still collecting history (issue 29) is no verdict, and read past;
   - actions: the action log's records for the group (lagdoctor.state's
     ``action_log``, read-only): what, dry run or executed or blocked, and who
     approved it and when where the record says so.
@@ -28,6 +29,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any, Callable, Iterable, Mapping
 
+from lagdoctor.contracts import COLLECTING_HISTORY, NO_PROBLEM_DIAGNOSES
 from lagdoctor.notify.render import fmt_duration
 from lagdoctor.web.data import (
     SEVERITY_RANK,
@@ -76,8 +78,14 @@ class RunLook:
     @property
     def problems(self) -> tuple[Problem, ...]:
         found = {Problem(str(f.get("topic", "")), str(f.get("diagnosis") or ""), str(f.get("severity") or "ok"))
-                 for f in self.findings if f.get("diagnosis") != "healthy"}
+                 for f in self.findings if f.get("diagnosis") not in NO_PROBLEM_DIAGNOSES}
         return tuple(sorted(found, key=lambda p: (-SEVERITY_RANK.get(p.severity, 0), p.topic, p.diagnosis)))
+
+    @property
+    def collecting(self) -> bool:
+        """No verdict in this run (issue 29): every finding collects history. Neither a problem
+        nor a recovery: the timeline reads past it."""
+        return bool(self.findings) and all(f.get("diagnosis") == COLLECTING_HISTORY for f in self.findings)
 
     @property
     def severity(self) -> str:
@@ -370,6 +378,8 @@ def run_events(looks: list[RunLook], *, oldest_is_first: bool = True) -> list[Ev
     before: tuple[Problem, ...] | None = None
     seen = False
     for look in looks:
+        if look.collecting:
+            continue  # no verdict: a problem before it is not recovered by it
         now = look.problems
         if now and not before:
             kind = "seen_again" if seen else "first_seen"

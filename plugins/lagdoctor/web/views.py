@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 from markupsafe import Markup
 
+from lagdoctor.contracts import COLLECTING_HISTORY, NO_PROBLEM_DIAGNOSES
 from lagdoctor.notify.render import (
     DATA_LOSS_BASIS,
     DESCRIBE_COLUMNS,
@@ -43,6 +44,8 @@ UNKNOWN_MEMBERS = "unknown"
 BROKER_NO_MEMBERS = "unknown (the broker lists no members)"  # the job's owner text (diagnosis.classify)
 SEVERITIES = ("ok", "warning", "critical")  # least to most bad: the page's minimum-severity filter
 MAX_FILTER_LENGTH = 512
+# What a partition or group with too few snapshots shows instead of a status or "healthy" (issue 29).
+COLLECTING_LABEL = "collecting history"
 STATUS_RANK = {"OK": 0, "WARN": 1, "REWIND": 2, "STALL": 3, "STOP": 4, "ERR": 5}
 TIME_LAG_NOTES = {"record": "exact, from the timestamp of the record at the committed offset",
                   "next_record": "exact, from the timestamp of the first data record after the committed offset",
@@ -162,9 +165,16 @@ class PartitionRow:
     lag_value: float = -1.0
     time_lag_note: str = ""  # how the time lag is known (a tooltip), "" when the run did not say
     owner: str = "-"  # host, else member id, else why there is none
+    collecting: bool = False  # too few snapshots: the status shown is COLLECTING_LABEL, never OK
+
+    @property
+    def status_text(self) -> str:
+        return COLLECTING_LABEL if self.collecting else (self.status or "-")
 
     @property
     def status_class(self) -> str:
+        if self.collecting:
+            return "collecting"
         return {"OK": "ok", "WARN": "warning"}.get(self.status or "", "critical" if self.status else "none")
 
 
@@ -222,6 +232,16 @@ class GroupView:
     def healthy(self) -> bool:
         return all(f.diagnosis == "healthy" for f in self.findings)
 
+    @property
+    def collecting(self) -> bool:
+        """Only collecting history (issue 29): no verdict yet, shown as such, never as healthy."""
+        return bool(self.findings) and all(f.diagnosis == COLLECTING_HISTORY for f in self.findings)
+
+    @property
+    def folded(self) -> bool:
+        """Shown folded, as a line: nothing to act on (healthy, or no verdict yet)."""
+        return self.healthy or self.collecting
+
 
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
@@ -277,7 +297,8 @@ def owners_of(state: GroupState, history: GroupHistory) -> list[Owner]:
 def partition_rows(state: GroupState, history: GroupHistory) -> list[PartitionRow]:
     status = {int(r["partition"]): r for r in state.status_rows if isinstance(r.get("partition"), int)}
     snap = {int(r["partition"]): r for r in history.latest_rows()}
-    involved = {p for f in state.findings if f.get("diagnosis") != "healthy" for p in f.get("partitions") or []}
+    involved = {p for f in state.findings if f.get("diagnosis") not in NO_PROBLEM_DIAGNOSES
+                for p in f.get("partitions") or []}
     rows = []
     for p in sorted(set(status) | set(snap)):
         s, h = status.get(p, {}), snap.get(p, {})
@@ -291,6 +312,7 @@ def partition_rows(state: GroupState, history: GroupHistory) -> list[PartitionRo
             current_offset=fmt_int(h.get("committed_offset")), log_end_offset=fmt_int(h.get("log_end_offset")),
             member_id=h.get("member_id"), client_id=h.get("client_id"), host=h.get("host"),
             involved=p in involved, lag_value=_num(lag) if _num(lag) is not None else -1.0, owner=owner,
+            collecting=s.get("collecting_history") is True,
         ))
     return rows
 
@@ -459,9 +481,16 @@ def group_view(state: GroupState, history: GroupHistory, *, airflow_base: str = 
 
 def severity_counts(views: Sequence[GroupView]) -> dict[str, int]:
     """Current verdicts by severity; a group no longer collected counts apart ("not_collected"):
-    its last verdict is not current, whatever it was."""
-    counts = {"critical": 0, "warning": 0, "ok": 0, "not_collected": 0}
+    its last verdict is not current, whatever it was; one still collecting history too ("collecting"):
+    it has no verdict yet."""
+    counts = {"critical": 0, "warning": 0, "ok": 0, "not_collected": 0, "collecting": 0}
     for v in views:
-        key = "not_collected" if v.stale else v.severity
+        key = "not_collected" if v.stale else "collecting" if _collecting_state(v) else v.severity
         counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+def _collecting_state(state) -> bool:
+    """A GroupState or GroupView whose every finding is collecting_history."""
+    diagnoses = [f.diagnosis if isinstance(f, FindingView) else f.get("diagnosis") for f in state.findings]
+    return bool(diagnoses) and all(d == COLLECTING_HISTORY for d in diagnoses)
