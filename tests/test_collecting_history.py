@@ -97,7 +97,23 @@ def test_an_empty_group_with_lag_on_one_snapshot_is_crashed_with_its_rate_unknow
     assert f["summary"] == ("group is EMPTY with 0 live members; lag 5,811, rate unknown: 1 snapshot, "
                             "nobody consuming")
     assert f["evidence"]["produce_rate"] is None and f["evidence"]["decides_at"] == "2026-11-21T12:02:00Z"
+    # an assign() consumer has no members either: posted now, decided once its commits can show
+    assert (f["provisional"], f["deciding_between"], f["decided_by"], f["samples_needed"]) == (
+        True, ["crashed_consumer", "healthy"], "2026-11-21T12:02:00Z", 2)
     assert {(r["status"], r["collecting_history"]) for r in status} == {("OK", True)}
+
+
+@pytest.mark.spark
+def test_a_memberless_group_whose_commit_moved_between_its_two_snapshots_is_collecting_not_crashed(frame):
+    """The live lab's first sweep (two samples 10 s apart) called an assign() consumer crashed,
+    then "recovered" it a minute later: its commit had moved between the samples."""
+    rows = [snap(t, p, 1_000 + 20 * t, 998 + 20 * t, group="flink-job", state="EMPTY", members=0, member=None)
+            for t in (0, 10) for p in range(2)]
+    (f,) = run_findings(frame(rows))
+    assert (f["diagnosis"], f["severity"]) == ("collecting_history", "ok")
+    # the next snapshot comes with the next sweep, not 10 s later
+    assert f["summary"].startswith("collecting history (2 of 3 snapshots; decides at 12:01 UTC)")
+    assert f["evidence"]["decides_at"] == "2026-11-21T12:01:10Z"
 
 
 # -- Slack: one notice for a new deployment, nothing per collecting group -------------------
@@ -154,6 +170,18 @@ def test_a_new_deployment_posts_one_watching_notice_and_nothing_per_group(settin
     second = [collecting_finding(g, seen=2) for g in groups]
     post_findings(write_plans(tmp_path, "run-2", second), "run-2", settings=settings)
     assert len(server.messages) == 1 and not list(ThreadStore().all())
+
+
+def test_the_watching_notice_says_which_groups_were_posted_as_possibly_crashed():
+    from lagdoctor.notify.render import render_watching_notice
+
+    crashed = {**collecting_finding("payments"), "diagnosis": "crashed_consumer", "severity": "warning",
+               "provisional": True, "deciding_between": ["crashed_consumer", "healthy"]}
+    msg = render_watching_notice("prod", [collecting_finding("orders-processor"), crashed])
+    text = msg["blocks"][0]["text"]["text"]
+    assert "watching 2 consumer groups" in text and "`orders-processor`, `payments`." in text
+    assert "Posted now, in its own thread: 1 group with lag and no live member, possibly crashed" in text
+    assert msg["text"] == "lagdoctor is watching 2 consumer group(s) on cluster prod; first verdicts at 03:17 UTC"
 
 
 def test_a_deployment_with_decided_groups_is_not_new(settings, slack_connection, tmp_path):

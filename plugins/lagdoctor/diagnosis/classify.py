@@ -175,23 +175,29 @@ Real client behaviour (issue 16; each a live test on Apache Kafka):
 Too little history (issue 29; `collecting_history_findings` below):
 
  #  case                 holds when                                              so
-28  collecting history  the group's topic has fewer than min_history_snapshots   one finding, collecting_history,
-                         snapshots in the window (not the group-level row, 9)     severity ok (warning under 7 or
-                                                                                  10): "collecting history (1 of 3
-                                                                                  snapshots; decides at 03:17 UTC)",
-                                                                                  never healthy: a rate needs 2
-                                                                                  snapshots, a climb's fit 3 (a
-                                                                                  fresh deployment's first sweep read
-                                                                                  "0.0 msg/s consumed of 0.0
-                                                                                  produced, healthy" at lag 5,811);
-                                                                                  evidence snapshots_seen,
-                                                                                  snapshots_needed, decides_at (the
-                                                                                  window's mean sampling interval, or
-                                                                                  history_interval_seconds when seen
-                                                                                  once); 1 needs no rate and still
-                                                                                  holds, its rate said as unknown;
-                                                                                  with one snapshot every rate in the
-                                                                                  evidence is null, never 0.0
+28  collecting history   the group's topic has fewer than min_history_snapshots  one finding, collecting_history,
+                         snapshots in the window (not the group-level row, 9)    severity ok (warning under 7 or
+                                                                                 10): "collecting history (1 of 3
+                                                                                 snapshots; decides at 03:17 UTC)",
+                                                                                 never healthy: a rate needs 2
+                                                                                 snapshots, a climb's fit 3 (a
+                                                                                 fresh deployment's first sweep read
+                                                                                 "0.0 msg/s consumed of 0.0
+                                                                                 produced, healthy" at lag 5,811);
+                                                                                 evidence snapshots_seen,
+                                                                                 snapshots_needed, decides_at (the
+                                                                                 window's mean sampling interval, at
+                                                                                 least history_interval_seconds);
+                                                                                 with one snapshot every rate in the
+                                                                                 evidence is null, never 0.0
+    ... and 1 holds      1 needs no rate: still holds, its rate said as          provisional, deciding between
+                         unknown, unless a commit moved between memberless       crashed_consumer and healthy until
+                         snapshots (then 28)                                     decides_at: an assign() consumer
+                                                                                 (18) has no members either and its
+                                                                                 commits show only across snapshots
+                                                                                 (the live lab's first sweep called
+                                                                                 one crashed, "recovered" a minute
+                                                                                 later)
 
 "Growing": the fitted rise of lag over the window is positive and at least
 growth_fraction of the end lag. Severity: critical at critical_lag or when a
@@ -637,6 +643,18 @@ def findings(
             pending.alias("undecided"),
         )
 
+    # 28: too little history. A crash needs no rate, but a consumer outside the group protocol (18)
+    # has no members either and shows its commits only across snapshots: provisional until then.
+    g = with_history_columns(g, th)
+    crash_undecided = undecided(
+        c("history_short"), ["crashed_consumer", "healthy"], c("history_decides_t"), c("history_samples_needed"),
+        F.format_string(
+            "%d snapshot%s cannot tell a crashed group from a consumer outside the group protocol (assign(): it "
+            "commits without members), whose commits show across %d snapshots",
+            c("snapshots"), F.when(c("snapshots") == 1, F.lit("")).otherwise(F.lit("s")),
+            F.lit(th.min_history_snapshots)),
+    )
+
     candidates = F.array(
         F.when(
             c("is_crashed"),
@@ -652,6 +670,7 @@ def findings(
                     trend,
                     _arriving_text(),
                 ),
+                crash_undecided,
             ),
         ),
         F.when(
@@ -790,10 +809,11 @@ def findings(
         ),
     )
     present = F.filter(candidates, lambda x: x.isNotNull())
-    # 28: too little history for any rule but 1: one finding that says so
-    g = with_history_columns(g, th)
+    # 28: too little history for any rule but 1 (and for 1 once a memberless commit moved): one
+    # finding that says so
     collecting = finding(COLLECTING_HISTORY, empty, w, collecting_summary(lag, th))
-    present = F.when(c("history_short") & ~c("is_crashed"), F.array(collecting)).otherwise(present)
+    moved = F.coalesce(c("memberless_commit_advances"), F.lit(0)) >= 1
+    present = F.when(c("history_short") & (~c("is_crashed") | moved), F.array(collecting)).otherwise(present)
     g = g.withColumn("finding", F.explode(F.when(F.size(present) > 0, present).otherwise(F.array(healthy))))
 
     level = (
@@ -975,19 +995,22 @@ EVIDENCE_RATES = (
 
 def with_history_columns(g, th: Thresholds):
     """history_short: the topic has fewer than min_history_snapshots snapshots (never the
-    group-level failure row: rule 9 says what is known of it); history_decides_t (epoch s): when
-    the snapshot that completes the history is due, at the window's mean sampling interval, or
-    history_interval_seconds for a group seen once."""
+    group-level failure row: rule 9 says what is known of it); history_samples_needed: how many
+    more; history_decides_t (epoch s): when the last of them is due, at the window's mean sampling
+    interval but never sooner than history_interval_seconds apart (a sweep's samples come in bursts
+    10 s apart, its next sweep a minute later)."""
     from pyspark.sql import functions as F
 
     c = F.col
     measured = F.try_divide(c("t_last") - c("t_first"), c("snapshots") - 1)
-    interval = F.when(measured > 0, measured).otherwise(F.lit(float(th.history_interval_seconds)))
+    interval = F.greatest(F.coalesce(measured, F.lit(0.0)), F.lit(float(th.history_interval_seconds)))
     short = F.coalesce((c("snapshots") < th.min_history_snapshots) & (c("topic") != GROUP_MARKER_TOPIC),
                        F.lit(False))
+    more = F.lit(th.min_history_snapshots) - c("snapshots")
     return g.withColumns({
         "history_short": short,
-        "history_decides_t": F.when(short, c("t_last") + (th.min_history_snapshots - c("snapshots")) * interval),
+        "history_samples_needed": F.when(short, more),
+        "history_decides_t": F.when(short, c("t_last") + more * interval),
     })
 
 

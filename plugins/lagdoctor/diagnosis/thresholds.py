@@ -85,8 +85,9 @@ class Thresholds:
     # collecting_history, no verdict: a rate needs 2 snapshots and a climb's fit 3 (two always
     # fit a line: rule 26). Only crashed_consumer, which needs no rate, is called sooner.
     min_history_snapshots: int = 3
-    # The sampling interval a group seen once is assumed to have, to say when it decides:
-    # the sweep's default cadence (one snapshot a minute); two or more snapshots measure it.
+    # The least time between snapshots assumed to say when such a group decides: the sweep's
+    # default cadence (a run a minute). A slower cadence measured over the window counts; a faster
+    # one (a sweep's own samples, 10 s apart) does not: the next snapshot comes with the next sweep.
     history_interval_seconds: float = 60.0
 
     # rebalance_loop: rebalances (entering one from a settled assignment, or owners changing) in the window.

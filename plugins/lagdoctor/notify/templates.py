@@ -104,8 +104,10 @@ TEMPLATES: dict[str, str] = {
                 "{% endfor %}{% if more %} and {{ more }} more{% endif %}.\n"
                 "First verdicts at {{ at }} UTC, once each group has {{ needed }} snapshots; until then each "
                 "shows as collecting history (no rate from a single snapshot, never healthy).",
-    "watching_crashed": ":red_circle: Already reported, needing no history: {{ crashed }} group{{ '' if crashed == 1 "
-                        "else 's' }} with no live consumer.",
+    "watching_crashed": ":red_circle: Posted now, in {{ 'its' if crashed == 1 else 'their' }} own thread"
+                        "{{ '' if crashed == 1 else 's' }}: {{ crashed }} group{{ '' if crashed == 1 else 's' }} with "
+                        "lag and no live member, possibly crashed (decided then: a consumer outside the group "
+                        "protocol has no members either).",
     "watching_fallback": "lagdoctor is watching {{ count }} consumer group(s) on cluster {{ cluster }}; "
                          "first verdicts at {{ at }} UTC",
 }
