@@ -205,7 +205,7 @@ def _incident_in(db, conn, *, finding: Mapping[str, Any], plan: Mapping[str, Any
     at = datetime.fromisoformat(now)
     outbox.lock_key(db, conn, key.lock_name())
     if finding.get("diagnosis") == COLLECTING_HISTORY:
-        # threads rule 10 (issue 29): no verdict yet: opens no thread, is no recovery; "collecting"
+        # threads rule 11: no verdict yet: opens no thread, is no recovery; "collecting"
         return {"decision": "collecting", "threads": []}, None
     if finding.get("diagnosis") == HEALTHY:
         result, keys = _on_healthy(db, conn, store, finding, run_id=run_id, now=at)

@@ -45,7 +45,7 @@ The decision rules (pure; one test case each in tests/test_notify_threads.py):
   9. undecided a provisional thread whose promised time (decided_by, stored on the thread)
                passed while the sweep is still provisional gets one reply saying so, with the
                new time; once per new promise, not every sweep.
- 10. collecting a ``collecting_history`` finding (issue 29: too few snapshots for a verdict) does
+ 11. collecting a ``collecting_history`` finding (issue 29: too few snapshots for a verdict) does
                nothing: it opens no thread and, like rule 6's unknown, closes none as recovered
                (the coordinator answers it before these rules; tests/test_collecting_history.py).
 """
