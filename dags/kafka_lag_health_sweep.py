@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
@@ -10,12 +9,12 @@ from airflow.sdk import DAG, Param
 from lagdoctor.notify.incidents import notify_run_failed, record_task_failure
 from lagdoctor.pipeline import (build_pipeline, clusters_param, notify_recovery_unless_skipped, thresholds_param,
                                 use_data_root)
-from lagdoctor.stages.params import SWEEP_SAMPLES, SWEEP_SAMPLE_INTERVAL_S, SWEEP_SCHEDULE, sweep_clusters_default
+from lagdoctor.stages.params import SWEEP_SAMPLES, SWEEP_SAMPLE_INTERVAL_S, sweep_clusters_default, sweep_schedule
 
 with DAG(
     dag_id="kafka_lag_health_sweep",
     description="Snapshot consumer group offsets, diagnose lag with Spark, post findings and remediate.",
-    schedule=os.environ.get("LAGDOCTOR_SWEEP_SCHEDULE", SWEEP_SCHEDULE),
+    schedule=sweep_schedule(),
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,

@@ -480,9 +480,11 @@ def _action_result_in(db, conn, *, record: Mapping[str, Any], now: str) -> tuple
     action, signature = str(record.get("action", "")), action_signature(record)
     outbox.lock_key(db, conn, key.lock_name())
     run_id = str(record.get("run_id") or "")
-    if run_id and _run_thread(conn, run_id) is not None:
-        return _run_action_result_in(db, conn, record=record, marker=marker, run_id=run_id,
-                                     now=datetime.fromisoformat(now))
+    run = _run_thread(conn, run_id) if run_id else None
+    if run is not None:
+        said = _reply_once_in_run(db, conn, run_id, run, marker, render.render_action_result(record),
+                                  datetime.fromisoformat(now))
+        return {"decision": "replied" if said else "unchanged", "threads": []}, None
     state = _action_thread(store, conn, key)
     if state is not None and marker in state.posted_actions:
         decision = "unchanged"
@@ -530,23 +532,19 @@ def _action_check_in(db, conn, *, record: Mapping[str, Any], verdict: str, text:
     outbox.lock_key(db, conn, key.lock_name())
     run_id = str(record.get("run_id") or "")
     run = _run_thread(conn, run_id) if run_id else None
-    state = None if run is not None else _action_thread(store, conn, key)
-    if run is not None:
-        said = run.get("actions") or []
-    else:
-        said = state.posted_actions if state is not None else []
-    if marker in said:
-        return {"decision": "unchanged", "_quiet": True}, None
     msg = render.render_action_check(record, verdict, text, after_seconds=after_seconds)
-    target = ({"parent_id": int(run["root_message_id"])} if run is not None
-              else reply_target(state) if state is not None else {})
     at = datetime.fromisoformat(now)
+    if run is not None:
+        if not _reply_once_in_run(db, conn, run_id, run, marker, msg, at):
+            return {"decision": "unchanged", "_quiet": True}, None
+        return {"decision": "replied", "verdict": verdict}, None
+    state = _action_thread(store, conn, key)
+    if state is not None and marker in state.posted_actions:
+        return {"decision": "unchanged", "_quiet": True}, None
+    target = reply_target(state) if state is not None else {}
     outbox.queue_message(db, conn, dedupe_key=f"action:{marker}", text=msg["text"], blocks=msg["blocks"], now=at,
                          **target)
-    if run is not None:
-        run["actions"] = [*(run.get("actions") or []), marker]
-        _save_run_thread(db, conn, run_id, run, at)
-    elif state is not None:
+    if state is not None:
         state.posted_actions.append(marker)
         state.replies += 1
         store.save(state, conn=conn)
@@ -580,18 +578,17 @@ def _save_run_thread(db, conn, run_id: str, data: Mapping[str, Any], at: datetim
                      .values(data=dict(data), updated_at=at))
 
 
-def _run_action_result_in(db, conn, *, record: Mapping[str, Any], marker: str, run_id: str,
-                          now: datetime) -> tuple[dict[str, Any], Any]:
-    """An incident run's action result: in the run's own thread, once per (attempt, status)."""
-    run = _run_thread(conn, run_id) or {}
+def _reply_once_in_run(db, conn, run_id: str, run: dict[str, Any], marker: str, msg: Mapping[str, Any],
+                       at: datetime) -> bool:
+    """Queue ``msg`` in a manual incident run's thread once per ``marker`` (an action's attempt and
+    status, or its check); False when the thread already has it."""
     if marker in (run.get("actions") or []):
-        return {"decision": "unchanged", "threads": []}, None
-    msg = render.render_action_result(record)
+        return False
     outbox.queue_message(db, conn, dedupe_key=f"action:{marker}", text=msg["text"], blocks=msg["blocks"],
-                         parent_id=int(run["root_message_id"]), now=now)
+                         parent_id=int(run["root_message_id"]), now=at)
     run["actions"] = [*(run.get("actions") or []), marker]
-    _save_run_thread(db, conn, run_id, run, now)
-    return {"decision": "replied", "threads": []}, None
+    _save_run_thread(db, conn, run_id, run, at)
+    return True
 
 
 def post_notice(

@@ -162,11 +162,11 @@ def check_own_actions(items: list[Mapping[str, Any]], records: list[Mapping[str,
     from lagdoctor.remediation.postcheck import GIVE_UP_SECONDS, post_check
 
     results = []
+    by_key: dict[tuple[str, ...], Mapping[str, Any]] = {}
+    for item in items:
+        by_key.setdefault(_finding_key(item["finding"]), item["finding"])
     for record in records:
-        key = (record.get("cluster"), record.get("group_id"), record.get("topic"))
-        finding = next((i["finding"] for i in items
-                        if (i["finding"].get("cluster"), i["finding"].get("group_id"), i["finding"].get("topic")) == key),
-                       None)
+        finding = by_key.get(_finding_key(record))
         check = post_check(record, finding, now) if finding is not None else None
         if check is not None and check.verdict in ("worked", "failed"):
             results.append(post_action_check(record, check.verdict, check.text, after_seconds=GIVE_UP_SECONDS,

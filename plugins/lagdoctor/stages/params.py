@@ -21,6 +21,13 @@ SWEEP_WINDOW_MINUTES = 30
 # groups, 2-3 s at 2,000), leaving most of the minute to diagnose, plan and notify.
 # The interval matters only when a run's form asks for more samples.
 SWEEP_SCHEDULE = "* * * * *"
+
+
+def sweep_schedule() -> str:
+    """The sweep DAG's cron: LAGDOCTOR_SWEEP_SCHEDULE, else SWEEP_SCHEDULE (read where the DAG is parsed)."""
+    import os
+
+    return os.environ.get("LAGDOCTOR_SWEEP_SCHEDULE", SWEEP_SCHEDULE)
 SWEEP_SAMPLES = 1
 SWEEP_SAMPLE_INTERVAL_S = 10.0
 

@@ -152,22 +152,21 @@ def create_app(
             unknown_member_clusters=sorted({v.cluster for v in views if v.members_unknown}),
             runs_not_read=index.not_read,
             incomplete=incomplete_text(incomplete_runs(s.findings_root, index, can_read)),
-            cadence=_cadence_text(index, can_read),
+            cadence=_cadence(index, can_read)[1],
             shortfalls=read_shortfalls(s.data_root),
             generated_at=clock().strftime("%Y-%m-%d %H:%M:%S"),
             api_href="api/findings" + (f"?{request.url.query}" if request.url.query else ""),
         )
         return HTMLResponse(body, headers={**_NO_STORE, "Content-Security-Policy": CONTENT_SECURITY_POLICY})
 
-    def _cadence_text(index, can_read: DagReadCheck) -> str:
-        """How often sweeps really ran this last hour, against the schedule (a skipped sweep writes nothing)."""
-        import os
-
+    def _cadence(index, can_read: DagReadCheck) -> tuple[dict[str, Any] | None, str]:
+        """How often sweeps really ran this last hour, and its line against the schedule (a skipped
+        sweep writes nothing, so its gap shows)."""
         from lagdoctor.runindex import cadence_text, schedule_every_seconds
+        from lagdoctor.stages.params import sweep_schedule
 
-        schedule = os.environ.get("LAGDOCTOR_SWEEP_SCHEDULE", "* * * * *")  # the DAG's default (contract 5)
-        return cadence_text(index.sweep_cadence(clock(), can_read),
-                            scheduled_every_seconds=schedule_every_seconds(schedule))
+        cadence = index.sweep_cadence(clock(), can_read)
+        return cadence, cadence_text(cadence, scheduled_every_seconds=schedule_every_seconds(sweep_schedule()))
 
     @app.get("/api/findings")
     def api_findings(
@@ -210,8 +209,8 @@ def create_app(
             "runs": [{**r.as_dict(), "dag_run_url": dag_run_href(r, base)} for r in runs],
             "findings": findings,
         }
-        cadence = index.sweep_cadence(now, can_read)
-        body["sweep_cadence"] = {**(cadence or {}), "text": _cadence_text(index, can_read)}
+        cadence, cadence_line = _cadence(index, can_read)
+        body["sweep_cadence"] = {**(cadence or {}), "text": cadence_line}
         if index.not_read:
             body["runs_not_read"] = index.not_read  # older run folders the index has not read yet
         skipped = incomplete_runs(s.findings_root, index, can_read)
