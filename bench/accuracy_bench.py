@@ -18,14 +18,16 @@ timestamp vs interpolation).
 
 Thresholds were tuned on TUNING_SEEDS only; report HOLDOUT_SEEDS. Issue 20's
 one-minute sweep was chosen on TUNING_SEEDS and reported on LATE_HOLDOUT_SEEDS,
-never looked at before.
+never looked at before; issue 29's rules for it (rule cases 29-34) were made on
+TUNING_SEEDS and reported on all three sets, NEW_HOLDOUT_SEEDS run only then.
 
 --latency: each cause with an onset (and look-alikes that must stay healthy)
 simulated under a sweep cadence (--sweep EVERY,SAMPLES,APART; default the DAG's),
 the history cut at the end of every sweep from one before onset to 15 minutes
 after, each cut diagnosed as that sweep's 30-minute window: the time from onset to
 the first sweep that names exactly the true set (decided), wrong causes named
-before it, and problems named on healthy groups.
+before it, flips (sweeps after it that no longer name exactly the true set) and
+problems named on healthy groups.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import time
 TUNING_SEEDS = (101, 102, 103)
 HOLDOUT_SEEDS = (9001, 9002, 9003, 9004, 9005)
 LATE_HOLDOUT_SEEDS = (9011, 9012, 9013)  # issue 20: first run after the choice was made
+NEW_HOLDOUT_SEEDS = (9021, 9022, 9023)  # issue 29: first run after the one-minute rules (cases 29-34) were made
 
 
 def run(seeds, groups: int, conditions=None, overrides=None, show_wrong: bool = False) -> dict:
@@ -158,7 +161,8 @@ def latency(seeds, groups: int, sweep: tuple[float, int, float], overrides=None,
     by_unit = collections.defaultdict(list)
     for c in cuts:
         by_unit[(c["seed"], c["scenario"], c["group_id"])].append(c)
-    out: dict = collections.defaultdict(lambda: {"times": [], "never": 0, "wrong": 0, "alarms": 0, "cuts": 0})
+    out: dict = collections.defaultdict(lambda: {"times": [], "never": 0, "wrong": 0, "flips": 0, "alarms": 0,
+                                                 "cuts": 0})
     for (seed, name, _), units in by_unit.items():
         row = out[name]
         units.sort(key=lambda c: c["after_onset"])
@@ -173,6 +177,8 @@ def latency(seeds, groups: int, sweep: tuple[float, int, float], overrides=None,
                 row["alarms"] += seen != {"healthy"}
             elif right_at is None and seen == c["truth"]:
                 right_at = c["after_onset"]
+            elif right_at is not None and seen != c["truth"]:
+                row["flips"] += 1  # the answer moved after it was right
             elif right_at is None and seen - c["truth"] - {"healthy"} and not all(d.endswith("?") for d in seen - c["truth"]):
                 row["wrong"] += 1  # a decided wrong cause before the first right one
         if show:
@@ -185,13 +191,14 @@ def latency(seeds, groups: int, sweep: tuple[float, int, float], overrides=None,
                 row["times"].append(right_at)
     print(f"sweep every {sweep[0]:g} s, {sweep[1]} samples {sweep[2]:g} s apart; seeds {','.join(map(str, seeds))}, "
           f"{groups} groups per scenario; overrides {overrides or {}}")
-    print(f"  {'scenario':30s} {'groups':>6s} {'median s':>9s} {'max s':>7s} {'never':>5s} {'wrong':>5s} {'alarms':>6s}")
+    print(f"  {'scenario':30s} {'groups':>6s} {'median s':>9s} {'max s':>7s} {'never':>5s} {'wrong':>5s} {'flips':>5s} "
+          f"{'alarms':>6s}")
     for name in scenarios:
         r = out[name]
         med = f"{statistics.median(r['times']):9.0f}" if r["times"] else f"{'-':>9s}"
         mx = f"{max(r['times']):7.0f}" if r["times"] else f"{'-':>7s}"
         print(f"  {name:30s} {len(r['times']) + r['never']:6d} {med} {mx} {r['never']:5d} {r['wrong']:5d} "
-              f"{r['alarms']:3d}/{r['cuts']}")
+              f"{r['flips']:5d} {r['alarms']:3d}/{r['cuts']}")
     return dict(out)
 
 

@@ -414,13 +414,15 @@ def test_rebalances_count_state_changes_and_member_churn(spark, frame):
     for k, (st, owner) in enumerate(zip(states, owners)):
         member = None if st != "STABLE" else owner  # unassigned while rebalancing
         rows.append(snap(30 * k, 0, 100 * k, 100 * k, state=st, member=member, group="loop"))
-        # a quiet group: one scale-out, seen as one rebalance
-        rows.append(snap(30 * k, 0, 100 * k, 100 * k, group="calm",
-                         member="c-1-a" if k < 4 else "c-2-z", state="STABLE"))
+        # a quiet group: one scale-out (z joins and takes partition 1), seen as one rebalance
+        for p in range(2):
+            rows.append(snap(30 * k, p, 100 * k, 100 * k, group="calm",
+                             member="c-2-z" if p == 1 and k >= 4 else "c-1-a", state="STABLE"))
     got = group_features(group_series(frame(rows))).select(
         "group_id", "rebalance_entries", "owner_changes", "rebalances"
     )
-    expected = spark.createDataFrame([("calm", 0, 1, 1), ("loop", 2, 3, 3)], got.schema)
+    # each new id is a member that left and one that joined (rule case 29): a -> b -> c -> d is six
+    expected = spark.createDataFrame([("calm", 0, 1, 1), ("loop", 2, 6, 6)], got.schema)
     assertDataFrameEqual(got, expected)
 
 
@@ -1226,3 +1228,129 @@ def test_a_batch_consumer_sampled_every_minute_is_not_a_slow_consumer(frame):
     lab = Thresholds(warning_lag=200, critical_lag=2000, pattern_min_lag=20, pattern_min_seconds=12.0,
                      baseline_min_seconds=12.0, stall_min_seconds=24.0)
     assert {f["diagnosis"] for f in run_findings(frame(rows), lab)} == {"healthy"}
+
+
+# -- issue 29: the one-minute sweep (rule cases 29-34) ------------------------------------------------------
+
+
+def _flow(seconds, produce, capacity, every=60):
+    """[(t, log end offset, committed)] every `every` s of one partition: produce(s) msg/s arrive and the
+    consumer reads up to capacity(s) msg/s of what waits, second by second, committing as it goes."""
+    leo = committed = 0.0
+    out = []
+    for s in range(seconds + 1):
+        if s % every == 0:
+            out.append((s, int(leo), int(committed)))
+        leo += produce(s)
+        committed = min(leo, committed + capacity(s))
+    return out
+
+
+def _minute_window(flow, end, group, partitions=2, minutes=30, **kw):
+    """The one-minute sweep's window ending at second `end`: the last `minutes` of `flow`, one sample a
+    minute, on `partitions` alike partitions."""
+    return [snap(t - end + 60 * minutes, p, leo, committed, group=group, **kw)
+            for t, leo, committed in flow if end - 60 * minutes <= t <= end for p in range(partitions)]
+
+
+def test_a_burst_absorbed_between_one_minute_sweeps_raises_no_alarm(frame):
+    """Rule case 32: 10 msg/s a partition, a minute of 150 at minute 24, consumers that read 30: the lag jumps
+    to 7,200 a partition and drains in six minutes. Every sweep from the burst on is healthy: the one-minute
+    sweep called such a burst a producer_surge while it drained (7 of 85 sweeps in the simulator)."""
+    flow = _flow(2400, lambda s: 150.0 if 1440 <= s < 1500 else 10.0, lambda s: 30.0)
+    rows = [r for end in range(1500, 2401, 60) for r in _minute_window(flow, end, f"burst-{end // 60}", 4)]
+    found = run_findings(frame(rows))
+    got = {f["group_id"]: f["diagnosis"] for f in found}
+    assert got == {f"burst-{m}": "healthy" for m in range(25, 41)}, got
+
+
+def test_a_surge_is_named_at_the_second_sweep_after_its_onset_never_slow_consumer_first(frame):
+    """Rule case 31: 20 msg/s a partition that consumers reading 40 kept up with; at minute 30.5 producers
+    go to 60. The sweep at minute 31 cannot know yet (a lag one interval old could be a burst); the one at
+    32 names producer_surge from the rates since the lag rose. Judged on the last third's rates alone, a
+    surge 90 s old moved them from 20 to 26 msg/s, no surge, while the rise read as consumers gone slow:
+    slow_consumer first (3 such sweeps in the simulator before issue 29)."""
+    flow = _flow(2400, lambda s: 60.0 if s >= 1830 else 20.0, lambda s: 40.0)
+    rows = [r for end in (1860, 1920, 1980, 2040) for r in _minute_window(flow, end, f"clicks-{end // 60}")]
+    found = run_findings(frame(rows))
+    got = {f["group_id"]: f["diagnosis"] for f in found}
+    assert got == {"clicks-31": "healthy", "clicks-32": "producer_surge", "clicks-33": "producer_surge",
+                   "clicks-34": "producer_surge"}, got
+    # it says the rates it judged: since the lag rose (the interval of the onset in it), not the last third's
+    (first,) = [f for f in found if f["group_id"] == "clicks-32"]
+    assert first["summary"] == ("produce rate rose 2.5x (40 -> 100 msg/s) while consumers went from 40 to 70 "
+                                "msg/s; lag went from 0 to 3,600")
+
+
+def _churning(group, owners_of_p1, states=None, stall_at=(), minutes=30, produce=100, capacity=100):
+    """Two partitions at `produce` msg/s read at `capacity`, one snapshot a minute; consumer-1 owns partition 0
+    and partition 1's owner at minute k is owners_of_p1(k) (None: nobody); commits stop on both partitions in
+    the minutes of `stall_at` (an eager rebalance stops every member)."""
+    rows, committed = [], 0
+    for k in range(minutes + 1):
+        if k and k - 1 not in stall_at:
+            committed = min(produce * 60 * k, committed + capacity * 60)
+        state = (states or {}).get(k, "STABLE")
+        owner = owners_of_p1(k)
+        rows.append(snap(60 * k, 0, produce * 60 * k, committed, state=state, members=2,
+                         member=None if state != "STABLE" else "consumer-1-aaa", group=group))
+        rows.append(snap(60 * k, 1, produce * 60 * k, committed, state=state, members=2,
+                         member=None if state != "STABLE" else owner, host="10.0.0.2", group=group))
+    return rows
+
+
+def test_a_loop_seen_only_as_owner_ids_changing_between_one_minute_sweeps_is_a_rebalance_loop(frame):
+    """Rule case 29: consumer-2 is evicted and rejoins under a new member id twice (minutes 12 and 22), each
+    time between two sweeps: no rebalancing state is ever captured, only its ids (aaa, bbb, ccc), and commits
+    stand still across each rejoin (the lag's steps). Each id that went and each that came is a membership
+    change: four rebalances, a loop. Counting changes of the owner set saw two, and the steps read as a slow
+    consumer."""
+    ids = lambda k: "consumer-2-" + ("aaa" if k < 12 else "bbb" if k < 22 else "ccc")  # noqa: E731
+    found = run_findings(frame(_churning("inventory", ids, stall_at=(11, 21))))
+    assert [f["diagnosis"] for f in found] == ["rebalance_loop"], [f["summary"] for f in found]
+    (f,) = found
+    assert (f["evidence"]["rebalance_entries"], f["evidence"]["owner_changes"], f["evidence"]["rebalances"]) == (0, 4, 4)
+    assert f["summary"].startswith("4 rebalances in 30m00s (group left STABLE 0 times, owner ids came or went 4 times)")
+
+
+def test_a_loops_steps_are_not_a_slow_consumer_but_falling_behind_between_rebalances_is(frame):
+    """Rule case 30: two rebalances so far (rule 2 wants three), each stopping commits for a minute; between
+    them consumers read what arrives. The lag climbs in two steps, which read as slow_consumer: it is the
+    rebalances' doing, healthy until rule 2 holds. A consumer that also falls behind while settled (90 of 100
+    msg/s) is slow whatever the rebalances add."""
+    states = {12: "PREPARING_REBALANCE", 22: "PREPARING_REBALANCE"}
+    ids = lambda k: "consumer-2-" + ("aaa" if k < 12 else "bbb")  # noqa: E731
+    steps = _churning("steps", ids, states=states, stall_at=(11, 21))
+    slow = _churning("slow", ids, states=states, stall_at=(11, 21), capacity=90)
+    found = {f["group_id"]: f for f in run_findings(frame(steps + slow))}
+    assert {g: f["diagnosis"] for g, f in found.items()} == {"steps": "healthy", "slow": "slow_consumer"}
+    assert found["steps"]["evidence"]["rebalances"] == 2
+
+
+def test_a_slow_consumer_under_a_swinging_load_is_slow_at_every_phase_of_it(frame):
+    """Rule case 34: 20 msg/s a partition on average, swinging 5 to 35 over a 20-minute 'day', consumers that
+    read 16: the backlog grows day over day in waves, never clearing. No straight line fits 30 minutes of it
+    (R^2 0.44-0.59), so the climb did not count and most sweeps read healthy; it grew and its backlog never
+    cleared: slow_consumer as the load rises and as it falls. (The window ending at minute 40 holds more
+    night than day: 16.8 msg/s arrived on average, within slow_rate_slack of 16, and it stays healthy.)"""
+    flow = _flow(3000, lambda s: 20.0 + 15.0 * math.sin(2 * math.pi * s / 1200), lambda s: 16.0)
+    ends = range(2160, 3001, 120)  # minutes 36 to 50: a day and a half of phases
+    rows = [r for end in ends for r in _minute_window(flow, end, f"diurnal-{end // 60}")]
+    got = {f["group_id"]: f["diagnosis"] for f in run_findings(frame(rows))}
+    assert got == {f"diurnal-{end // 60}": "healthy" if end == 2400 else "slow_consumer" for end in ends}, got
+
+
+def test_a_consumer_that_kept_up_and_now_trickles_is_stalled_once_it_trickled_for_the_stall_time(frame):
+    """Rule case 33: a consumer that kept up at 100 msg/s a partition drops to 1 msg/s on partition 1 at minute
+    25 (a hung handler retrying), still committing. Over its last stall_min_seconds it read 1% of what
+    arrived: stalled_consumer by minute 28, not once the last third holds mostly the trickle (slow_consumer
+    or partition_imbalance until minute 33 or so)."""
+    rows = []
+    for k in range(31):
+        t = 60 * k
+        rows.append(snap(t, 0, 100 * t, 100 * t, group="payments"))
+        rows.append(snap(t, 1, 100 * t, 100 * min(t, 1500) + max(0, t - 1500), member="consumer-2-bbb",
+                         host="10.0.0.2", group="payments"))
+    early = [r for r in rows if r[0] <= T0 + timedelta(minutes=28)]
+    for got in (run_findings(frame(early)), run_findings(frame(rows))):
+        assert [(f["diagnosis"], f["partitions"], f["provisional"]) for f in got] == [("stalled_consumer", [1], False)]

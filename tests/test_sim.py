@@ -148,6 +148,77 @@ def test_one_minute_sweeps_name_each_cause_and_no_problem_on_healthy_groups(spar
     assert patterns >= 0.85, report
 
 
+def _sweeps_after_onset(scenario, seed, every=60.0, after=900.0, window=1800.0):
+    """One simulated group (its own generator, `seed`) under the one-minute sweep, its cause starting at a
+    random phase of a sweep 30 minutes in; the history cut at the end of every sweep from one before the onset
+    to `after` s after it, each cut a cluster of its own (that sweep's window): [(cluster, s after onset)]
+    and the table of all cuts."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from lagdoctor.lab.sim import DEFAULT_START, simulate_group
+
+    rng = np.random.default_rng(seed)
+    onset = 1800.0 + float(rng.uniform(0, every))
+    table, _ = simulate_group(rng, scenario, "sim", f"{scenario}-{seed}", "events", DEFAULT_START, cadence="sweep",
+                              sweep=(every, 1, 10.0), window_seconds=onset + after, onset=onset,
+                              optional_columns=True, fractional_capacity=True)
+    t = pc.cast(table["snapshot_ts"], pa.int64()).to_numpy() / 1e6 - DEFAULT_START.timestamp()
+    cuts, parts = [], []
+    for j, end in enumerate(sorted({float(x) for x in t if onset - every <= x <= onset + after})):
+        cluster = f"{scenario}-{seed}-{j}"
+        part = table.filter(pa.array((t <= end) & (t >= end - window)))
+        parts.append(part.set_column(part.schema.get_field_index("cluster"), "cluster",
+                                     pa.array([cluster] * part.num_rows, pa.string())))
+        cuts.append((cluster, end - onset))
+    return cuts, pa.concat_tables(parts)
+
+
+@pytest.mark.spark
+def test_one_minute_sweeps_after_an_onset_name_no_wrong_cause_first_and_nothing_on_absorbed_bursts(spark, tmp_path):
+    """Issue 29 (rule cases 29-32), sweep by sweep as bench/accuracy_bench.py --latency measures it, on groups
+    whose own generators gave wrong sweeps before: absorbed bursts read as a producer_surge or a
+    partition_imbalance while they drained (seeds 1 and 10), surges first named slow_consumer (seeds 11, 12),
+    loops named slow_consumer until their third rebalance (seeds 1-5). A loop whose group already fell behind
+    while settled before it began (seed 4: slow_consumer before the onset) stays slow_consumer until rule 2
+    holds, as rule 6 says; it names nothing else."""
+    import pyarrow.compute as pc
+
+    from lagdoctor.diagnosis.classify import findings
+    from lagdoctor.diagnosis.features import group_features, group_series, partition_features
+    from lagdoctor.diagnosis.snapshots import read_snapshots
+    from lagdoctor.lab.sim import write_table
+
+    units = {("healthy_absorbed_burst", 1): "healthy", ("healthy_absorbed_burst", 10): "healthy",
+             ("producer_surge", 11): "producer_surge", ("producer_surge", 12): "producer_surge",
+             **{("rebalance_loop_staircase", seed): "rebalance_loop" for seed in range(1, 6)}}
+    cuts = {}
+    for unit in units:
+        cuts[unit], table = _sweeps_after_onset(*unit)
+        for cluster, _ in cuts[unit]:
+            write_table(table.filter(pc.equal(table["cluster"], cluster)), str(tmp_path), cluster)
+    df = read_snapshots(spark, str(tmp_path))
+    pf = partition_features(df)
+    said = collections.defaultdict(set)
+    for r in findings(pf, group_features(group_series(df, pf))).select("cluster", "diagnosis", "provisional").collect():
+        said[r["cluster"]].add(r["diagnosis"] + ("?" if r["provisional"] else ""))
+    wrong = collections.Counter()
+    for (scenario, seed), truth in units.items():
+        seen = [(after, said[cluster]) for cluster, after in cuts[(scenario, seed)]]
+        story = ", ".join(f"{after:.0f}s {'+'.join(sorted(s))}" for after, s in seen)
+        if truth == "healthy":
+            assert all(s == {"healthy"} for _, s in seen), story
+            continue
+        before = set().union(*(s for after, s in seen if after < 0))
+        right = [after for after, s in seen if after >= 0 and s == {truth}]
+        assert right and right[0] <= 480, story  # named within 8 sweeps
+        firsts = [s for after, s in seen if 0 <= after < right[0]]
+        assert all(s <= {"healthy"} | before for s in firsts), story  # nothing but what it already was
+        wrong[scenario] += sum(1 for s in firsts if s - {"healthy"} - before)
+    assert wrong["producer_surge"] == 0 and wrong["rebalance_loop_staircase"] == 0, wrong
+
+
 def test_multi_topic_groups_are_labelled_per_topic_with_one_sick_topic():
     from lagdoctor.lab.sim import condition_table
 

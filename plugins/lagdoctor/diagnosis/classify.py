@@ -7,13 +7,16 @@ every rule that holds yields a finding, none -> one `healthy` finding:
  1  crashed_consumer     state at the end is EMPTY/DEAD or group_members == 0,    nobody consumes; null members
                          and lag > 0                                              (unknown membership) never counts
  2  rebalance_loop       not 1; rebalances (entering a rebalance from a settled   one rebalance is a deploy,
-                         assignment (20), or the set of owner ids changing,       several are a loop
-                         the larger of the two) >= rebalance_loop_min
+                         assignment (20), or owner ids coming and going, each     several are a loop
+                         id one (29), the larger of the two)
+                         >= rebalance_loop_min
  3  stalled_consumer     not 1; some partition has lag > 0 and its committed       a stuck message or hung handler;
                          offset has not advanced for stall_min_seconds and        the gap rule keeps batch
                          stall_min_snapshots and > stall_gap_factor x its         committers healthy
                          longest earlier commit gap, or advances at less than
-                         near_frozen_ratio of what arrives, or it stood still     a staircase of stuck records (the
+                         near_frozen_ratio of what arrives (in the last third,
+                         or, having kept up before, in the last
+                         stall_min_seconds: 33), or it stood still                a staircase of stuck records (the
                          that long >= stuck_episodes_min times while owned,       seeds' 0 -> 1000 -> 1000 -> 2000):
                          settled and with data waiting, each time leaving at      a batch commit clears its backlog,
                          least half its backlog when it moved on (22)             getting past a stuck record does not
@@ -22,16 +25,21 @@ every rule that holds yields a finding, none -> one `healthy` finding:
                          imbalance_max_partition_fraction of them and has a       a draining one is recovering
                          partition that is not stalled and still falls behind     (an absorbed burst); one owner far
                          (late consume < (1 - imbalance_behind_slack) x late      below its load is one consumer's
-                         produce); not 13, unless such a hot partition's owner    problem whatever the others do (the
-                         consumes < imbalance_far_below_ratio x what arrives      seeds' case study: 800 of 12,000
-                         there; lag >= warning_lag                                msg/s, 87% of the lag)
- 5  producer_surge       not 1, 2; late produce rate >= surge_ratio x the         consumers that kept up, outpaced by
-                         baseline (the rate before the lag began to grow, 23);    new load (the onset can be anywhere
-                         lag growing (26) and >= warning_lag; neither 11 nor 12   in the window)
+                         produce; not draining, 32); not 13, unless such a hot    problem whatever the others do (the
+                         partition's owner consumes < imbalance_far_below_ratio   seeds' case study: 800 of 12,000
+                         x what arrives there; lag >= warning_lag                 msg/s, 87% of the lag)
+ 5  producer_surge       not 1, 2; late produce rate (or the rate since the lag   consumers that kept up, outpaced by
+                         rose, 31) >= surge_ratio x the baseline (the rate        new load (the onset can be anywhere
+                         before the lag began to grow, 23); lag growing (26)      in the window)
+                         over two intervals at least, not draining (32) and
+                         >= warning_lag; neither 11 nor 12
  6  slow_consumer        not 1, 2, 4, 5; produce steady; most non-stalled         capacity below a steady load
-                         partitions consume below produce (26); lag climbs
-                         steadily (growing, R^2 >= steady_r2, 26) and
-                         >= warning_lag
+                         partitions consume below produce (26) and, since their
+                         lag rose, below the window's average produce (32);
+                         with rebalances in the window, behind while settled
+                         too (30); lag climbs steadily (growing, R^2 >=
+                         steady_r2, 26; or growing with its backlog never
+                         cleared, 34) and >= warning_lag
 
 Cases that change what the rules above may conclude (the data, not the lag,
 is the problem):
@@ -116,6 +124,46 @@ Cases from the seeds (issue 18; ../shared/seeds: the seven patterns, the case st
                          into this window: its baseline is carried (evidence     as a slow consumer (a flip)
                          baseline_source "previous run"); the rise is taken as
                          topic-wide, as it was when it was seen
+
+Cases from the one-minute sweep (issue 29; bench/accuracy_bench.py --latency, one sample a minute):
+
+ #  case                 holds when                                              so
+29  owner ids between    owner ids came or went between two snapshots: each id   a member that rejoined under a new id
+    sweeps               that came and each that went is one membership change   between two one-minute sweeps is a
+                         (20), counted from the owner set's 64-bit signature      leave and a join: counting changes
+                         (ids sharing a bit count once; a changed set, one at     of the set saw half the rebalances
+                         least); static instance ids as in 19                     (a loop named a rebalance later)
+30  a loop's steps       rebalances in the window (fewer than 2 needs): the       not 6 unless the group also falls
+                         intervals in which one ran (20) or owner ids changed     behind while settled (the window or
+                         (29) are unsettled, commits stall during each; 6 then    since the lag rose): the lag a loop's
+                         also needs consume < (1 - slow_rate_slack) x produce     pauses added, read as a climb, was
+                         summed over the settled intervals                        named slow_consumer until rule 2 held
+31  surge since the rise the rates since each partition's lag began to rise      5 at the sweep after the onset: a
+                         (26's rows; the last third where it never rose) sum     surge a minute old hardly moves the
+                         to >= surge_ratio x a baseline from before the rise      last third's rates, and the rise
+                         (23; carried, 27) and outpace the consumers; a           read as slow_consumer first; the
+                         partition rose when they are >= surge_partition_ratio    summary gives the rates it judged;
+                         x its baseline (11)                                      a lag that rose from the window's
+                                                                                  start has no such baseline (12)
+32  absorbed burst       the lag at the end is below (1 - draining_share) x its  not 5 (and a surge's lag rose over
+                         window maximum or fell over the last interval (5; a      two intervals at least): consumers
+                         hot partition's own, 4); a partition consumes, since     absorb what rose; not 4 on the
+                         its lag rose, >= (1 - slow_rate_slack) x the window's    partitions slowest to drain; not 6:
+                         average produce (6)                                      its lag came from arrivals above
+                                                                                  the average, not a consumer below
+                                                                                  it (a burst named a surge, slow or
+                                                                                  imbalance in 11 of 250 sweeps)
+33  trickle since        a partition that kept up before its lag rose (baseline  3 at the sweep stall_min_seconds
+    recently             consume >= surge_keepup_ratio x produce) advanced, and   after it began to trickle, not once
+                         by less than near_frozen_ratio of what arrived, over     the last third holds mostly the
+                         its last stall_min_seconds and stall_min_snapshots       trickle (it read slow_consumer or
+                         intervals, none unsettled (rebalancing, unowned)         partition_imbalance till then)
+34  climb in waves       the lag grew over the window (growing) and never fell   6's climb: under a swinging load a
+                         below growth_fraction of its end value (the backlog     slow consumer's lag rises in waves
+                         never cleared)                                           no straight line fits (R^2 0.44-0.59
+                                                                                  on a 20-minute 'day' at 16 of 20
+                                                                                  msg/s: healthy at 11 of 16 sweeps);
+                                                                                  a burst or a batch sawtooth clears
 
 Cases the evidence cannot decide yet (issue 18): the finding keeps the leading diagnosis
 with provisional true, deciding_between [it, the other], decided_by and samples_needed (the
@@ -286,16 +334,22 @@ def partition_rollup(partition_feats, thresholds: Thresholds = Thresholds()):
             "in_hot": (F.col("group_lag") > 0) & (F.col("lag_before") < th.imbalance_share * F.col("group_lag")),
         }
     )
-    # a hot partition that is draining (late consume above late produce) is recovering, not a problem
-    behind = ~F.col("stalled") & (
+    # a hot partition that is draining (late consume above late produce, or its lag well below its
+    # window maximum: 32) is recovering, not a problem
+    draining = F.coalesce(F.col("lag_end") < (1.0 - th.draining_share) * F.col("lag_peak"), F.lit(False))
+    behind = ~F.col("stalled") & ~draining & (
         F.col("late_consume_rate") < (1.0 - th.imbalance_behind_slack) * F.col("late_produce_rate")
     )
     focus = F.struct(*[F.col(c) for c in _FOCUS_FIELDS], F.col("lag_share"))
     # this partition's own load rose (rule 5: a surge is topic-wide, a few is a hot key)
     # (against its baseline: the load before its lag began to grow, wherever the rise starts)
+    # (its rates since its lag began to rise, else the last third's: 31)
+    recent_produce = F.coalesce(F.col("rise_produce_rate"), F.col("late_produce_rate"))
+    recent_consume = F.coalesce(F.col("rise_consume_rate"), F.col("late_consume_rate"))
     rose = F.when(
         F.col("baseline_produce_rate") > 0,
-        F.col("late_produce_rate") >= th.surge_partition_ratio * F.col("baseline_produce_rate"),
+        (F.col("late_produce_rate") >= th.surge_partition_ratio * F.col("baseline_produce_rate"))
+        | (recent_produce >= th.surge_partition_ratio * F.col("baseline_produce_rate")),
     ).when(F.col("baseline_produce_rate") == 0, F.col("late_produce_rate") > 0)
     # the owner consumes a small share of what arrives: imbalance whatever the others do (rule 4)
     far_below = behind & (F.col("late_consume_rate") < th.imbalance_far_below_ratio * F.col("late_produce_rate"))
@@ -310,6 +364,8 @@ def partition_rollup(partition_feats, thresholds: Thresholds = Thresholds()):
         F.sum("early_consume_rate").alias("early_consume_sum"),
         F.sum("late_produce_rate").alias("late_produce_sum"),
         F.sum("late_consume_rate").alias("late_consume_sum"),
+        F.sum(recent_produce).alias("rise_produce_sum"),
+        F.sum(recent_consume).alias("rise_consume_sum"),
         F.sum("baseline_produce_rate").alias("baseline_produce_sum"),
         F.sum("baseline_consume_rate").alias("baseline_consume_sum"),
         F.count(F.when(F.col("in_hot") & far_below, 1)).alias("far_hot_count"),
@@ -510,6 +566,9 @@ def findings(
     # always fit a line), so a consumer that slowed a minute ago is called at the next sweep
     rising = (c("rise_snapshots") >= 3) & (c("rise_growth") > 0) & (c("rise_growth") >= th.growth_fraction * lag)
     climbing = (growing & (c("lag_r2") >= th.steady_r2)) | (rising & (c("rise_r2") >= th.steady_r2))
+    # 34: or it grew and its backlog never cleared (it stayed above growth_fraction of the end lag): under a
+    # swinging load a slow consumer's lag climbs in waves that no straight line fits
+    climbing = climbing | (growing & (c("lag_min") >= th.growth_fraction * lag))
     inactive = c("group_state").isin(list(INACTIVE_GROUP_STATES)) | (F.coalesce(c("group_members"), F.lit(-1)) == 0)
     # a rise over the baseline (the load before the lag began to grow), not over the first third:
     # a surge that starts early in the window leaves no first third without it
@@ -517,6 +576,22 @@ def findings(
     surging = F.when(c("baseline_produce_sum") > 0, surge_ratio >= th.surge_ratio).otherwise(
         c("late_produce_sum") > 0
     )
+    # 31: the same since the lag began to rise: a surge a minute old hardly moves the last third's rates
+    rise_surge_ratio = F.try_divide(c("rise_produce_sum"), c("baseline_produce_sum"))
+    # (against a baseline from before the rise: a lag that rose from the window's start has none, and its
+    # first third is part of the rise, 12's diurnal swing among them)
+    surging_since = F.coalesce((rise_surge_ratio >= th.surge_ratio)
+                               & ((c("baseline_known_count") > 0) | c("baseline_carried")), F.lit(False))
+    # 32: the lag fell well below its window maximum: consumers are absorbing what rose (a burst)
+    # (or it fell over the last interval); and a surge persists: the lag rose over two intervals at least
+    draining = F.coalesce((c("lag_end") < (1.0 - th.draining_share) * c("lag_max")) | (c("lag_last_change") < 0),
+                          F.lit(False))
+    persists = c("rise_snapshots") >= 3
+    # 30: with rebalances in the window, a slow consumer also falls behind while the group is settled (over
+    # the window or since the lag rose); a lag gained only in the rebalances is a loop's steps
+    behind_settled = F.coalesce(
+        (c("settled_consumed") < (1.0 - th.slow_rate_slack) * c("settled_produced"))
+        | (c("rise_settled_consumed") < (1.0 - th.slow_rate_slack) * c("rise_settled_produced")), F.lit(False))
     max_hot = F.greatest(F.lit(1), F.floor(c("partition_count") * th.imbalance_max_partition_fraction))
     nonstalled = c("partition_count") - c("stalled_count")
 
@@ -540,12 +615,17 @@ def findings(
     widespread = (c("surging_count") > th.surge_partition_fraction * c("busy_count")) | c("baseline_carried")
     # kept up in the baseline, or they now consume well above its rate (so they could have)
     kept_up_before = (c("baseline_consume_sum") >= th.surge_keepup_ratio * c("baseline_produce_sum")) | (
-        c("late_consume_sum") >= th.surge_ceiling_ratio * c("baseline_produce_sum"))
+        c("late_consume_sum") >= th.surge_ceiling_ratio * c("baseline_produce_sum")) | (
+        c("rise_consume_sum") >= th.surge_ceiling_ratio * c("baseline_produce_sum"))
     outpaced = c("late_consume_sum") < (1.0 - th.slow_rate_slack) * c("late_produce_sum")
+    outpaced_since = c("rise_consume_sum") < (1.0 - th.slow_rate_slack) * c("rise_produce_sum")
     surge = (
-        ~crashed & ~loop & surging & widespread & kept_up_before & outpaced & (growing | rising)
-        & (lag >= th.warning_lag)
+        ~crashed & ~loop & widespread & kept_up_before
+        & ((surging & outpaced) | (surging_since & outpaced_since)) & (growing | rising)
+        & ~draining & persists & (lag >= th.warning_lag)
     )
+    # the summary gives the rates the rule judged: since the rise when only they show the surge
+    by_rise = F.coalesce(surging_since & outpaced_since & ~F.coalesce(surging & outpaced, F.lit(False)), F.lit(False))
     slow = (
         ~crashed
         & ~loop
@@ -554,6 +634,7 @@ def findings(
         & (nonstalled > 0)
         & (c("slow_count") >= th.slow_partition_fraction * nonstalled)
         & climbing
+        & ((c("rebalances") == 0) | behind_settled)
         & (lag >= th.warning_lag)
     )
     # Provisional (issue 18): the evidence cannot yet tell two causes apart.
@@ -589,7 +670,9 @@ def findings(
             "is_surge": F.coalesce(surge, F.lit(False)),
             "is_slow": F.coalesce(slow, F.lit(False)),
             "is_growing": F.coalesce(growing, F.lit(False)),
-            "surge_ratio": surge_ratio,
+            "surge_ratio": F.when(by_rise, rise_surge_ratio).otherwise(surge_ratio),
+            "surge_produce_sum": F.when(by_rise, c("rise_produce_sum")).otherwise(c("late_produce_sum")),
+            "surge_consume_sum": F.when(by_rise, c("rise_consume_sum")).otherwise(c("late_consume_sum")),
         }
     )
 
@@ -680,7 +763,7 @@ def findings(
                 empty,
                 w,
                 F.format_string(
-                    "%d rebalances%s (group left STABLE %d times, owners changed %d times); lag %s%s",
+                    "%d rebalances%s (group left STABLE %d times, owner ids came or went %d times); lag %s%s",
                     c("rebalances"),
                     window,
                     c("rebalance_entries"),
@@ -758,16 +841,17 @@ def findings(
                 "producer_surge",
                 empty,
                 w,
-                # The consumers' early and late rates, the ones rule 5 compares: the window's
-                # average rate ("keep up at N msg/s") hid that they fall behind the new load.
+                # The consumers' rates before and now (the last third, or since the lag rose: 31),
+                # the ones rule 5 compares: the window's average rate ("keep up at N msg/s") hid
+                # that they fall behind the new load.
                 F.format_string(
                     "produce rate rose %sx (%s -> %s msg/s) while consumers went from %s to %s msg/s; "
                     "lag went from %s to %s",
                     _num(F.coalesce(c("surge_ratio"), F.lit(0.0))),
                     _num(c("baseline_produce_sum")),
-                    _num(c("late_produce_sum")),
+                    _num(c("surge_produce_sum")),
                     _num(c("baseline_consume_sum")),
-                    _num(c("late_consume_sum")),
+                    _num(c("surge_consume_sum")),
                     F.format_number(c("lag_start"), 0),  # a count: "0", not _num's "0.0"
                     _num(lag),
                 ),

@@ -238,6 +238,8 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         F.col("log_start_offset").alias("log_start_offset"),
         F.col("lag").alias("lag"),
     )
+    recent = (F.col("n_rows") - F.col("rn") < th.stall_min_snapshots) | (
+        F.col("t") > F.col("s_last") - th.stall_min_seconds)
     agg = rows.groupBy("pk").agg(
         F.count(F.lit(1)).alias("snapshots"),
         F.min("t").alias("t_first"),
@@ -254,6 +256,7 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         F.min(committed_t).alias("tc_first"),
         F.max(committed_t).alias("tc_last"),
         F.coalesce(F.min_by("lag", lag_t), F.lit(0)).alias("lag_start"),
+        F.max("lag").alias("lag_peak"),
         F.max_by("lag", lag_t).alias("lag_known_end"),
         F.max_by("read_error", "t").alias("read_error"),
         F.max_by(F.col("lag").isNull(), "t").alias("lag_null_at_end"),
@@ -268,6 +271,12 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         _ratio(F.sum(F.when(F.col("x") <= 1.0 / 3.0, F.col("dcom"))),
                F.sum(F.when(F.col("x") <= 1.0 / 3.0, F.col("dt")))).alias("early_consume_rate"),
         F.count(F.when(F.col("late") & (F.col("dcom") > 0), 1)).alias("late_advances"),
+        # the last stall_min_seconds, and stall_min_snapshots intervals at least: what a stall is judged on
+        F.sum(F.when(recent, F.col("dleo"))).alias("recent_produced"),
+        F.sum(F.when(recent, F.col("dcom"))).alias("recent_consumed"),
+        F.sum(F.when(recent, F.col("dt"))).alias("recent_seconds"),
+        F.count(F.when(recent & (F.col("dcom") > 0), 1)).alias("recent_advances"),
+        F.sum(F.when(recent, F.col("unsettled"))).alias("recent_unsettled"),
         F.sum(F.when(F.col("base_row"), F.col("dleo"))).alias("base_produced"),
         F.sum(F.when(F.col("base_row"), F.col("dcom"))).alias("base_consumed"),
         F.sum(F.when(F.col("base_row"), F.col("dt"))).alias("base_seconds"),
@@ -370,6 +379,19 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         & (F.col("late_consumed") < th.near_frozen_ratio * F.col("late_produced"))
         & (F.col("lag_end") > F.col("lag_start"))
     )
+    # ... judged over the last stall_min_seconds as a still commit is (rule 3, case 33), for a consumer that
+    # kept up before its lag rose: the last third holds minutes from before it began to trickle, which hid
+    # it for a third of the window (one always that slow is judged on the last third, as before)
+    near_frozen_recent = (
+        waiting
+        & (F.col("baseline_consume_rate") >= th.surge_keepup_ratio * F.col("baseline_produce_rate"))
+        & (F.col("recent_unsettled") == 0)
+        & (F.col("recent_advances") >= 1)
+        & (F.col("recent_seconds") >= th.stall_min_seconds)
+        & (F.col("recent_produced") > 0)
+        & (F.col("recent_consumed") < th.near_frozen_ratio * F.col("recent_produced"))
+        & (F.col("lag_end") > F.col("lag_start"))
+    )
     # A staircase of stuck records: the commit stood still again and again (the window's last run
     # counts when it is long enough), each time leaving its backlog behind.
     open_run = (
@@ -381,7 +403,8 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     feats = feats.withColumn(
         "stuck_episodes", F.col("stuck_episodes_done") + F.coalesce(open_run, F.lit(False)).cast("int"))
     stuck_again = F.col("stuck_episodes") >= th.stuck_episodes_min
-    feats = feats.withColumn("stalled", F.coalesce(frozen | near_frozen | stuck_again, F.lit(False)))
+    feats = feats.withColumn("stalled", F.coalesce(frozen | near_frozen | near_frozen_recent | stuck_again,
+                                                   F.lit(False)))
     feats = feats.withColumns(stall_pending_columns(waiting, th))
     # A transaction holds the last stable offset below the high watermark: records
     # after it wait, invisible to read_committed consumers. Hanging: held longer
@@ -416,8 +439,13 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     # looks like a climb (seen live in the lab): its capacity is proven, it is not slow.
     batch_rhythm = (F.col("still_intervals") * 3 >= F.col("waiting_intervals")) & (
         F.coalesce(F.col("cleared_backlog"), F.lit(0)) >= 0.5 * F.col("lag_end"))
+    # Rule case 32: a consumer whose rate since its lag rose meets what arrived on average over the window
+    # can carry the load: its lag came from arrivals above the average (a burst it is absorbing), not from
+    # a consumer below it. (A consumer that slowed since still falls short of the average: 26 holds.)
+    keeps_pace = F.coalesce(F.col("rise_consume_rate"), F.col("consume_rate")) >= (
+        1.0 - th.slow_rate_slack) * F.col("produce_rate")
     feats = feats.withColumn("slow", ~F.col("stalled") & below & (F.col("lag_end") > F.col("lag_start"))
-                             & ~F.coalesce(batch_rhythm, F.lit(False)))
+                             & ~F.coalesce(batch_rhythm, F.lit(False)) & ~F.coalesce(keeps_pace, F.lit(False)))
     feats = feats.withColumns(forecast.partition_columns(th))
     owners = snapshots.groupBy(*PARTITION_KEY).agg(
         F.max_by("member_id", "snapshot_ts").alias("member_id"),
@@ -426,7 +454,9 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     ).withColumn("pk", _partition_hash())
     feats = owners.join(feats, "pk").drop("pk")
     return feats.drop("leo_first", "c_first", "tc_first", "tc_last", "late_produced", "late_consumed",
-                      "late_seconds", "late_advances", "last_adv_t", "tl_t_at", "tl_record_t", "tl_first", "tl_last",
+                      "late_seconds", "late_advances", "recent_produced", "recent_consumed", "recent_seconds",
+                      "recent_advances", "recent_unsettled", "last_adv_t",
+                      "tl_t_at", "tl_record_t", "tl_first", "tl_last",
                       "lag_known_end", "lag_null_at_end", "fc_ls_first", "fc_ls_t_first", "fc_ls_t_last",
                       "lso_since_t", "lso_frozen_snapshots", "max_lso_gap_seconds", "tl_record_after",
                       "base_produced", "base_consumed", "base_seconds",
@@ -479,7 +509,9 @@ def group_series(snapshots, partition_feats=None):
 
     member_set is a signature of the set of owners (their static instance
     ids where they have one, else member ids; null when nobody owns
-    anything), so churn shows as a change of it; unowned_partitions counts
+    anything), so churn shows as a change of it; member_bits is its 64-bit
+    Bloom filter (one bit per id), which tells how many ids came and went;
+    unowned_partitions counts
     the partitions nobody owns. total_committed sums the
     committed offsets (null when one is unknown). total_lag is
     null at a snapshot where a partition's lag is unknown (a failed read), and
@@ -537,6 +569,8 @@ def group_series(snapshots, partition_feats=None):
         "group_state",
         "group_members",
         F.when(F.col("_owned") > 0, F.xxhash64("_hmin", "_hmax", "_bloom")).alias("member_set"),
+        # the owners' ids as bits: which came and which went between two snapshots (rule case 29)
+        F.when(F.col("_owned") > 0, F.col("_bloom")).alias("member_bits"),
         "unowned_partitions",
     )
 
@@ -583,7 +617,10 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
             "prev_state": F.lag("group_state").over(w),
             "prev_rebalancing": F.last("rebalancing", ignorenulls=True).over(wprev),
             "prev_members": F.last("member_set", ignorenulls=True).over(wprev),
+            "prev_bits": F.last("member_bits", ignorenulls=True).over(wprev),
             "dcom": F.col("total_committed") - F.lag("total_committed").over(w),
+            "dlag": F.col("total_lag") - F.lag("total_lag").over(w),
+            "prev_row_rebalancing": F.lag("rebalancing").over(w),
             "inactive": _inactive(F.col("group_state"), F.col("group_members")),
             "prev_inactive": _inactive(F.lag("group_state").over(w), F.lag("group_members").over(w)),
         }
@@ -605,6 +642,12 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
             "state_changed": F.col("prev_state").isNotNull() & (F.col("group_state") != F.col("prev_state")),
         }
     )
+    # Rule case 29: each owner id that came or went is a membership change, one rebalance (20). Between two
+    # one-minute sweeps a member that rejoined under a new id (a leave and a join) changed the set once:
+    # counting changes of the set saw half the rebalances there. (Ids sharing a bit count once: never 0.)
+    came = F.bit_count(F.col("member_bits").bitwiseAND(F.bitwise_not(F.col("prev_bits"))))
+    went = F.bit_count(F.col("prev_bits").bitwiseAND(F.bitwise_not(F.col("member_bits"))))
+    s = s.withColumn("ids_changed", F.when(F.col("owners_changed"), F.greatest(came + went, F.lit(1))).otherwise(0))
     # the group's lag has passed baseline_lag_share of its window maximum (here or before)
     s = s.withColumn("risen", F.coalesce(F.max(F.col("total_lag") > th.baseline_lag_share * F.col("lag_max_all")).over(
         w.rowsBetween(Window.unboundedPreceding, 0)), F.lit(False)))
@@ -625,6 +668,8 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
     )
     up = F.greatest(F.col("dy"), F.lit(0.0))
     down = F.greatest(-F.col("dy"), F.lit(0.0))
+    settled = ~(F.coalesce(F.col("rebalancing"), F.lit(False)) | F.coalesce(F.col("prev_row_rebalancing"), F.lit(False))
+                | F.col("owners_changed")) & F.col("dleo").isNotNull() & F.col("dcom").isNotNull()
     early, late = F.col("x") <= 1.0 / 3.0, F.col("x") > 2.0 / 3.0
     middle = ~early & ~late
     g = s.groupBy(*GROUP_KEY).agg(
@@ -636,10 +681,19 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
         F.max_by("total_lag", F.when(F.col("total_lag").isNotNull(), F.col("t"))).alias("lag_end"),
         F.max("total_lag").alias("lag_max"),
         F.min("total_lag").alias("lag_min"),
+        # how the lag moved over the last interval (rule case 32: a lag falling now is being absorbed)
+        F.max_by("dlag", F.when(F.col("dlag").isNotNull(), F.col("t"))).alias("lag_last_change"),
         F.max_by("group_state", "t").alias("group_state"),
         F.max_by("group_members", "t").alias("group_members"),
         F.sum(F.col("entered_rebalance").cast("int")).alias("rebalance_entries"),
-        F.sum(F.col("owners_changed").cast("int")).alias("owner_changes"),
+        F.sum("ids_changed").alias("owner_changes"),
+        # Rule case 30: what arrived and what was committed while the group was settled, the intervals
+        # in which no rebalance ran and no owner id changed (commits stall during each), over the window
+        # and since the lag began to rise: a slow consumer falls behind while it runs, a loop in its pauses
+        F.sum(F.when(settled, F.col("dleo"))).alias("settled_produced"),
+        F.sum(F.when(settled, F.col("dcom"))).alias("settled_consumed"),
+        F.sum(F.when(settled & F.col("risen"), F.col("dleo"))).alias("rise_settled_produced"),
+        F.sum(F.when(settled & F.col("risen"), F.col("dcom"))).alias("rise_settled_consumed"),
         F.sum(F.col("state_changed").cast("int")).alias("state_changes"),
         # Commits that moved while the group had no members at either end: a consumer
         # that assign()s its partitions and commits without joining the group.
@@ -695,11 +749,16 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
         "lag_end",
         "lag_max",
         "lag_min",
+        "lag_last_change",
         "group_state",
         "group_members",
         F.greatest(F.col("rebalance_entries"), F.col("owner_changes")).alias("rebalances"),
         "rebalance_entries",
         "owner_changes",
+        "settled_produced",
+        "settled_consumed",
+        "rise_settled_produced",
+        "rise_settled_consumed",
         "state_changes",
         "memberless_commit_advances",
         "member_snapshots",

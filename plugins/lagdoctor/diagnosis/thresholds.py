@@ -44,6 +44,9 @@ class Thresholds:
     # ... or they now consume at least this many times the baseline's produce rate
     # (a ceiling well above the old load: they could keep up with it).
     surge_ceiling_ratio: float = 1.2
+    # A lag this share below its window maximum is draining: consumers absorb what rose (a burst
+    # at the one-minute sweep), not a producer_surge (rule case 32).
+    draining_share: float = 0.25
     # "Before" is the baseline: the time before a partition's lag first passed this
     # share of its window maximum, preferably the part spanning `baseline_min_seconds`
     # without its last interval; shorter ones still count (a surge that began early in
@@ -69,7 +72,8 @@ class Thresholds:
     stall_min_seconds: float = 120.0
     stall_min_snapshots: int = 3
     stall_gap_factor: float = 2.0
-    # "Near-frozen": still committing, but less than this share of what arrives.
+    # "Near-frozen": still committing, but less than this share of what arrives (over the
+    # last third, or, for a consumer that kept up before, over the last stall_min_seconds: 33).
     near_frozen_ratio: float = 0.05
     # ... or stuck again and again: at least this many commit runs, each as long as
     # the stall rule asks, after which the backlog stayed (a staircase of stuck records).
@@ -90,7 +94,8 @@ class Thresholds:
     # one (a sweep's own samples, 10 s apart) does not: the next snapshot comes with the next sweep.
     history_interval_seconds: float = 60.0
 
-    # rebalance_loop: rebalances (entering one from a settled assignment, or owners changing) in the window.
+    # rebalance_loop: rebalances (entering one from a settled assignment, or owner ids coming and going) in
+    # the window.
     rebalance_loop_min: int = 3
 
     # A group with no members whose commits still advanced between this many
