@@ -230,6 +230,12 @@ def onsets(lab: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def about(text: str, groups: dict[str, str]) -> str:
+    """The one incident group a top-level message names; "(other)" for none or several (a notice)."""
+    named = [g for g in groups if re.search(rf"(?<![\w-]){re.escape(g)}(?![\w-])", text)]
+    return named[0] if len(named) == 1 else "(other)"
+
+
 def analyse(workdir: Path) -> dict[str, Any]:
     """The figures of one played run, per incident group (and "(other)" for messages about none)."""
     lab = json.loads((workdir / "lab.json").read_text())
@@ -240,7 +246,7 @@ def analyse(workdir: Path) -> dict[str, Any]:
     groups = {i["group"]: i["expect"] for i in lab["incidents"]}
     onset = onsets(lab)
     mended = lab["events"].get("mended", float("inf"))
-    roots = {p["ts"]: next((g for g in groups if g in p["text"]), "(other)") for p in posts if not p.get("thread_ts")}
+    roots = {p["ts"]: about(p["text"], groups) for p in posts if not p.get("thread_ts")}
 
     def blank() -> dict[str, Any]:
         return {"top_level": 0, "replies": 0, "repeats": 0, "short_history": 0, "false_healthy": 0,
@@ -272,7 +278,7 @@ def analyse(workdir: Path) -> dict[str, Any]:
         cause = groups.get(group, "")
         text = p["text"].lower()
         if (group in onset and row["first_right_min"] is None and cause not in NO_PROBLEM
-                and cause.replace("_", " ") in text and "deciding between" not in text):
+                and (cause in text or cause.replace("_", " ") in text) and "deciding between" not in text):
             row["first_right_min"] = round((t - onset[group]) / 60.0, 1)
     for f in findings:
         group = f.get("group_id")

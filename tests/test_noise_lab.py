@@ -74,8 +74,8 @@ def test_messages_repeats_first_right_minute_and_the_healthy_half(lab, tmp_path)
         post(root + 60, "total lag 4 -> 73", thread=root),
         post(root + 120, "total lag 73 -> 4", thread=root),  # the same thing said again
         post(root + 180, "Severity rose: critical", thread=root),
-        post(T0 + 400, "Crashed consumer: invoices-mailer has no members"),
-        post(T0 + 100, "lagdoctor is watching kafka_default"),
+        post(T0 + 400, "CRITICAL: crashed_consumer for group invoices-mailer on invoices"),
+        post(T0 + 100, "lagdoctor is watching 3 groups: orders-processor, invoices-mailer, audit-archiver"),
         post(T0 + 2100, "orders-processor recovered", thread=root),
         post(T0 + 2200, "total lag 9 -> 2", thread=root),
     ]
