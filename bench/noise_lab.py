@@ -160,13 +160,13 @@ def play(side: Side, incident_s: float, healthy_s: float) -> None:
         side.error = " ".join(str(exc).split())
         say(f"{side.name}: {side.error}")
     finally:
+        stop_workloads(incidents)  # before the broker goes: a producer's flush waits on it
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(120)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
-        stop_workloads(incidents)
         commit = subprocess.run(["git", "-C", str(side.checkout), "rev-parse", "--short", "HEAD"],
                                 capture_output=True, text=True).stdout.strip()
         (side.workdir / "lab.json").write_text(json.dumps({
