@@ -29,6 +29,7 @@ from typing import Any, Iterable
 
 LABELS_FILE = "_labels.jsonl"
 TICK_SECONDS = 5.0
+ARRIVAL_NOISE_SIGMA = 0.25  # per-tick burstiness of arrivals (lognormal, mean 1)
 DEFAULT_START = datetime(2026, 11, 21, 9, 0, tzinfo=timezone.utc)
 
 
@@ -389,7 +390,9 @@ class _Group:
                 churn.pop(0)
                 victim = int(rng.integers(0, self.members))
                 hexes[victim] = f"{rng.integers(0, 16**6):06x}"
-            noise = rng.lognormal(0.0, 0.25)  # bursty arrivals, shared by partitions
+            # bursty arrivals, shared by partitions; mean 1 (a lognormal's mean is e^(mu + sigma^2/2)),
+            # so arrivals average the scenario's rate: at mu 0 they ran 3% above it
+            noise = rng.lognormal(-ARRIVAL_NOISE_SIGMA**2 / 2, ARRIVAL_NOISE_SIGMA)
             lam = np.maximum(self.base * pmult * mult[i] * noise * dt, 0.0)
             if self.pramp is not None:
                 lam = lam * self.pramp[i]
