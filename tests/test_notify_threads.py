@@ -265,6 +265,24 @@ def test_a_sweep_every_minute_says_a_blocked_action_once_and_again_only_when_its
     assert len([m for m in slack_connection.messages if not m.get("thread_ts")]) == 1  # one top-level message
 
 
+def test_an_action_said_in_the_thread_is_not_said_again_when_the_cause_changes(settings, slack_connection):
+    """Seen in the noise lab: `scale_consumers blocked ... no Deployment mapped` replied under slow_consumer,
+    then again after "Cause changed: slow consumer -> producer surge". The same words are not news."""
+    from lagdoctor.remediation import run_action
+    from lagdoctor.remediation.config import RemediationConfig
+
+    slow = finding("slow_consumer", "critical", partitions=(0, 1), lag=5000)
+    post_or_update_incident(slow, run_id="run-1", now=T0)
+    record = run_action("scale_consumers", slow, run_id="run-1", dry_run=True, config=RemediationConfig(), now=T0)
+    assert post_action_result(record, now=T0)["decision"] == "replied"
+    later = T0 + timedelta(minutes=1)
+    surge = finding("producer_surge", "critical", partitions=(), lag=9000)
+    assert post_or_update_incident(surge, run_id="run-2", now=later, sweep=[surge])["decision"] == "replied"
+    record = run_action("scale_consumers", surge, run_id="run-2", dry_run=True, config=RemediationConfig(), now=later)
+    assert post_action_result(record, now=later)["decision"] == "unchanged"
+    said = [m["text"] for m in slack_connection.messages]
+    assert sum("no Deployment mapped" in t for t in said) == 1 and any("Cause changed" in t for t in said)
+
 def test_rate_limit_and_server_errors_are_retried_by_slack_sdk_handlers(settings, slack_connection):
     server = slack_connection
     server.fail_next(429, retry_after=1)

@@ -287,8 +287,9 @@ def _join_thread(db, conn, store: ThreadStore, finding: Mapping[str, Any], plan:
         state = ThreadState(key=key, channel=thread.channel, thread_ts=thread.thread_ts, opened_at=stamp,
                             root_message_id=thread.root_message_id)
     else:
+        # what was said of an action stays said: another cause's actions are news when their words differ
+        # (the noise lab heard "scale_consumers blocked: no Deployment mapped" again after the cause changed)
         state = store.rekey(thread, key.diagnosis, conn=conn)
-        state.said_actions = {}  # another cause, other actions: what they say is news
     state.replies += 1
     store.save(remember(state, finding, run_id=run_id, now=stamp, opened=still_open), conn=conn)
     return {"decision": "replied", "changes": [f"cause {was} → {key.diagnosis}"], "decided": False,
