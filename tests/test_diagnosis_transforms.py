@@ -1210,6 +1210,40 @@ def test_nothing_is_carried_across_a_gap_or_from_a_run_that_did_not_decide_surge
 
 
 
+def _surge_then_draining(surge_minutes=25, drain_consume=60):
+    """A surge that began before the window (100 msg/s a partition arrive, consumers top out at 30) ends
+    `surge_minutes` in: arrivals fall back to 20 and the consumers, no longer starved of CPU, read
+    `drain_consume`, so the lag falls."""
+    rows = []
+    end = 60 * surge_minutes
+    for k in range(31):
+        t = 60 * k
+        produced = 100 * min(t, end) + 20 * max(0, t - end)
+        consumed = 30 * min(t, end) + drain_consume * max(0, t - end)
+        for p in range(2):
+            rows.append(snap(t, p, 900_000 + produced, min(900_000 + produced, 850_000 + consumed), group="clicks"))
+    return rows
+
+
+def test_a_surges_backlog_draining_is_still_the_surge_not_a_slow_consumer(spark, frame):
+    """Rule case 35, seen live: four minutes after a surge ended, its thread read "Cause changed: producer surge
+    -> slow consumer" (the window's rates are a window of surge), then "Recovered" at lag 243,421. The previous
+    run named the surge and the lag now falls: the surge is still the cause, said as draining."""
+    alone = {f["diagnosis"] for f in run_findings(frame(_surge_then_draining()))}
+    assert "producer_surge" not in alone
+    (f,) = run_findings(frame(_surge_then_draining()), carried=_previous(spark))
+    assert f["diagnosis"] == "producer_surge" and f["severity"] != "ok"
+    assert f["summary"] == ("the surge's backlog is draining: lag 286,000, down from 310,000 at its peak "
+                            "(40 msg/s arrived before the surge)"), f["summary"]
+    # not across a gap: the lag may have cleared and risen again in the runs between
+    gap = run_findings(frame(_surge_then_draining()), carried=_previous(spark, data_end=T0 - timedelta(minutes=20)))
+    assert "producer_surge" not in {f["diagnosis"] for f in gap}
+
+
+def test_once_a_surges_backlog_has_drained_the_group_is_healthy(spark, frame):
+    (f,) = run_findings(frame(_surge_then_draining(surge_minutes=10, drain_consume=400)), carried=_previous(spark))
+    assert f["diagnosis"] == "healthy", f["summary"]
+
 # A batch consumer of the live lab (drains everything and commits every 75 s), as a sweep sampled it: two
 # snapshots 10 s apart about every minute, a window of 6 minutes; (seconds, log end offset, committed) on
 # each of its two partitions (time compressed 5x: warning_lag 200).

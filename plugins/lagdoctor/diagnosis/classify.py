@@ -164,6 +164,18 @@ Cases from the one-minute sweep (issue 29; bench/accuracy_bench.py --latency, on
                                                                                   on a 20-minute 'day' at 16 of 20
                                                                                   msg/s: healthy at 11 of 16 sweeps);
                                                                                   a burst or a batch sawtooth clears
+35  surge's backlog      the previous run decided 5 (its findings carried, no    5 still: the surge built the lag it
+    draining             gap: 27's carried_t_end reaches this window) and the    drains; not 6 (a window of surge
+                         lag is draining (32's test) at >= warning_lag, not 1    reads as consumers below the load)
+                         or 2                                                    and not healthy while the backlog
+                                                                                 stands (the live lab: "Cause
+                                                                                 changed: producer surge -> slow
+                                                                                 consumer" 4 minutes after the surge
+                                                                                 ended, then "Recovered" at lag
+                                                                                 243,421); the summary says the
+                                                                                 backlog drains, the lag against
+                                                                                 its peak (no rates: the window's
+                                                                                 still hold the surge)
 
 Cases the evidence cannot decide yet (issue 18): the finding keeps the leading diagnosis
 with provisional true, deciding_between [it, the other], decided_by and samples_needed (the
@@ -624,6 +636,10 @@ def findings(
         & ((surging & outpaced) | (surging_since & outpaced_since)) & (growing | rising)
         & ~draining & persists & (lag >= th.warning_lag)
     )
+    # 35: the backlog of a surge the previous run named, draining: the surge is still its cause
+    named_before = F.coalesce((c("carried_produce") > 0) & (c("carried_t_end") >= c("t_first")), F.lit(False))
+    surge_draining = ~crashed & ~loop & named_before & draining & (lag >= th.warning_lag)
+    surge = F.coalesce(surge, F.lit(False)) | F.coalesce(surge_draining, F.lit(False))
     # the summary gives the rates the rule judged: since the rise when only they show the surge
     by_rise = F.coalesce(surging_since & outpaced_since & ~F.coalesce(surging & outpaced, F.lit(False)), F.lit(False))
     slow = (
@@ -668,6 +684,7 @@ def findings(
             "is_stalled": F.coalesce(stalled, F.lit(False)),
             "is_imbalance": F.coalesce(imbalance, F.lit(False)),
             "is_surge": F.coalesce(surge, F.lit(False)),
+            "is_surge_draining": F.coalesce(surge_draining, F.lit(False)),
             "is_slow": F.coalesce(slow, F.lit(False)),
             "is_growing": F.coalesce(growing, F.lit(False)),
             "surge_ratio": F.when(by_rise, rise_surge_ratio).otherwise(surge_ratio),
@@ -844,7 +861,14 @@ def findings(
                 # The consumers' rates before and now (the last third, or since the lag rose: 31),
                 # the ones rule 5 compares: the window's average rate ("keep up at N msg/s") hid
                 # that they fall behind the new load.
-                F.format_string(
+                # (no rates: the window's and its last third's still hold the surge)
+                F.when(c("is_surge_draining"), F.format_string(
+                    "the surge's backlog is draining: lag %s, down from %s at its peak (%s msg/s arrived before "
+                    "the surge)",
+                    _num(lag),
+                    F.format_number(c("lag_max"), 0),
+                    _num(F.coalesce(c("carried_produce"), c("baseline_produce_sum"))),
+                )).otherwise(F.format_string(
                     "produce rate rose %sx (%s -> %s msg/s) while consumers went from %s to %s msg/s; "
                     "lag went from %s to %s",
                     _num(F.coalesce(c("surge_ratio"), F.lit(0.0))),
@@ -854,7 +878,7 @@ def findings(
                     _num(c("surge_consume_sum")),
                     F.format_number(c("lag_start"), 0),  # a count: "0", not _num's "0.0"
                     _num(lag),
-                ),
+                )),
                 base_undecided("producer_surge", "slow_consumer"),
             ),
         ),
