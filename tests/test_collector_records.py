@@ -27,7 +27,7 @@ def stamped_topic(kafka_bootstrap):
     from confluent_kafka import Producer
 
     topic = f"payments-{uuid.uuid4().hex[:6]}"
-    create_topic(kafka_bootstrap, topic, 4)
+    create_topic(kafka_bootstrap, topic, 4, config={"retention.ms": "-1"})  # records stamped at a fixed past time: the broker must not delete them by age
     producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 0})
     for p in range(4):
         for j in range(10):

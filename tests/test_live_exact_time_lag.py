@@ -55,7 +55,7 @@ def test_a_stuck_consumer_gets_its_exact_time_lag_and_stuck_record_in_slack(kafk
     from lagdoctor.notify.render import render_incident
 
     topic, group = f"payments-{uuid.uuid4().hex[:6]}", f"ledger-{uuid.uuid4().hex[:6]}"
-    create_topic(kafka_bootstrap, topic, 2)
+    create_topic(kafka_bootstrap, topic, 2, config={"retention.ms": "-1"})  # records stamped at a fixed past time: the broker must not delete them by age
     producer = Producer({"bootstrap.servers": kafka_bootstrap, "batch.num.messages": 1, "linger.ms": 0})
     # partition 0: 60 records, one every 5 s, the 41st (offset 40) produced 50 minutes before NOW
     _produce(producer, topic, 0, 60, 0, PRODUCED_STUCK - timedelta(seconds=5 * STUCK), 5)

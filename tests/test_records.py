@@ -21,7 +21,7 @@ def records_topic(kafka_bootstrap, unique):
     from confluent_kafka import Producer
 
     topic = unique("records")
-    create_topic(kafka_bootstrap, topic, 2)
+    create_topic(kafka_bootstrap, topic, 2, config={"retention.ms": "-1"})  # records stamped at a fixed past time: the broker must not delete them by age
     producer = Producer({"bootstrap.servers": kafka_bootstrap})
     for i in range(5):
         producer.produce(topic, partition=0, key=f"order-{i}".encode(), value=b"v" * (100 + i),

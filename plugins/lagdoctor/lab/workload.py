@@ -16,12 +16,14 @@ from lagdoctor.lab.rates import RateSegment
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int, *, timeout_s: float = 10.0,
-                 replication_factor: int = 1) -> None:
-    """Create `topic`; `replication_factor` 3 on a three-node cluster lets its leaders move when a node dies."""
+                 replication_factor: int = 1, config: Mapping[str, str] | None = None) -> None:
+    """Create `topic`; `replication_factor` 3 on a three-node cluster lets its leaders move when a node dies.
+    `config` holds topic settings, e.g. {"retention.ms": "-1"} for records stamped at a fixed past time."""
     from confluent_kafka.admin import NewTopic
 
     admin = admin_client(bootstrap)
-    futures = admin.create_topics([NewTopic(topic, partitions, replication_factor)], request_timeout=timeout_s)
+    new = NewTopic(topic, partitions, replication_factor, config=dict(config or {}))
+    futures = admin.create_topics([new], request_timeout=timeout_s)
     for _, fut in futures.items():
         fut.result()
 
