@@ -179,6 +179,8 @@ class _Group:
             cap = self.base * rng.uniform(2.0, 3.5, n)
             for b in range(int(rng.integers(1, 3))):  # one or two bursts, apart
                 b0 = rng.uniform(0.1 + 0.3 * b, 0.3 + 0.3 * b) * self.window
+                if self.onset is not None:  # the first at the onset, a second up to 10 minutes on
+                    b0 = self.onset + b * rng.uniform(180, 600)
                 mult[(times >= b0) & (times < b0 + rng.uniform(30, 90))] = rng.uniform(8, 16)
         elif sc == "healthy_idle_empty":
             mult[:] = 0.0
