@@ -1093,12 +1093,19 @@ def test_lag_growing_from_the_first_snapshot_of_a_short_window_is_provisional_su
 
 def test_a_surge_after_a_baseline_is_decided_producer_surge(spark, frame):
     rows = []
-    for t in range(0, 241, 10):
+    for t in range(0, 301, 10):
         for p in (0, 1):
             if t <= 120:
                 rows.append(snap(t, p, 20 * t, 20 * t))  # kept up with 20 msg/s
             else:
                 rows.append(snap(t, p, 2400 + 100 * (t - 120), 2400 + 60 * (t - 120)))
+    # rule case 36: 2 minutes into the rise it may still be a burst the consumers absorb
+    (young,) = run_findings(frame(rows[:2 * 25]))  # to t = 240
+    assert (young["diagnosis"], young["provisional"], young["deciding_between"]) == (
+        "producer_surge", True, ["producer_surge", "healthy"])
+    assert young["decided_by"] == "2026-11-21T12:04:30Z" and young["samples_needed"] == 3
+    assert "risen at every snapshot for 2m00s" in young["undecided_because"]
+    # 3 minutes in, still rising: decided
     found = run_findings(frame(rows))
     assert [(f["diagnosis"], f["provisional"]) for f in found] == [("producer_surge", False)]
 

@@ -664,3 +664,39 @@ def test_superseded_rule_picks_only_provisional_threads_no_finding_of_the_sweep_
     assert superseded_threads(crashed, [waiting], [crashed, provisional()]) == []
     assert superseded_threads(crashed, [waiting], [crashed, stalled()]) == []
     assert superseded_threads(provisional(), [waiting]) == [], "its own thread"
+
+
+def young_rise(**kw):
+    """Rule case 36: the lag has risen for under 2.5 minutes, the load up: a burst or a surge's start."""
+    return finding("producer_surge", "critical", lag=40_000, partitions=(), provisional=True,
+                   deciding_between=["producer_surge", "healthy"], decided_by="2026-11-21T10:02:00Z", samples_needed=1,
+                   undecided_because="the lag has risen at every snapshot for 1m00s", **kw)
+
+
+def test_a_young_rise_says_nothing_a_burst_stays_silent_and_a_surge_is_said_once_decided(settings, slack_connection):
+    """Threads rule 12 at the one-minute sweep: a burst its consumers absorb sends no message at all; a surge
+    opens its thread once decided, as a decided surge (no "still deciding", no "Decided:" reply)."""
+    server = slack_connection
+    assert post_or_update_incident(young_rise(), None, run_id="run-1", now=T0)["decision"] == "held"
+    drained = finding("healthy", "ok", lag=300, partitions=(), summary="consumers keep up")
+    assert post_or_update_incident(drained, None, run_id="run-2", now=T0 + timedelta(minutes=1))["decision"] == "healthy"
+    assert server.messages == [] and not list(ThreadStore().all())
+
+    assert post_or_update_incident(young_rise(), None, run_id="run-3", now=T0 + timedelta(minutes=9))["decision"] == "held"
+    surge = finding("producer_surge", "critical", lag=90_000, partitions=(), provisional=False,
+                    summary="produce rate rose 7.5x (40 -> 300 msg/s)")
+    result = post_or_update_incident(surge, None, run_id="run-4", now=T0 + timedelta(minutes=10))
+    assert result["decision"] == "posted"
+    (root,) = server.messages
+    assert "still deciding" not in root["text"] and "Decided" not in json.dumps(root)
+    assert [s.key.diagnosis for s in ThreadStore().all() if s.status == "open"] == ["producer_surge"]
+
+
+def test_a_young_rise_neither_replies_in_nor_closes_an_open_thread_of_its_group(settings, slack_connection):
+    server = slack_connection
+    slow = finding("slow_consumer", "critical", lag=5000, provisional=False)
+    assert post_or_update_incident(slow, None, run_id="run-1", now=T0)["decision"] == "posted"
+    held = post_or_update_incident(young_rise(), None, run_id="run-2", now=T0 + timedelta(minutes=1), sweep=[young_rise()])
+    assert held["decision"] == "held" and len(server.messages) == 1
+    (state,) = ThreadStore().all()
+    assert state.status == "open" and state.key.diagnosis == "slow_consumer" and state.last_run_id == "run-1"

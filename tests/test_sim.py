@@ -150,9 +150,9 @@ def test_one_minute_sweeps_name_each_cause_and_no_problem_on_healthy_groups(spar
     assert patterns >= 0.85, report
 
 
-def _sweeps_after_onset(scenario, seed, every=60.0, after=900.0, window=1800.0):
+def _sweeps_after_onset(scenario, seed, every=60.0, after=900.0, window=1800.0, warmup=1800.0):
     """One simulated group (its own generator, `seed`) under the one-minute sweep, its cause starting at a
-    random phase of a sweep 30 minutes in; the history cut at the end of every sweep from one before the onset
+    random phase of a sweep `warmup` s in (30 minutes; 120: a fresh deployment); the history cut at the end of every sweep from one before the onset
     to `after` s after it, each cut a cluster of its own (that sweep's window): [(cluster, s after onset)]
     and the table of all cuts."""
     import numpy as np
@@ -162,7 +162,7 @@ def _sweeps_after_onset(scenario, seed, every=60.0, after=900.0, window=1800.0):
     from lagdoctor.lab.sim import DEFAULT_START, simulate_group
 
     rng = np.random.default_rng(seed)
-    onset = 1800.0 + float(rng.uniform(0, every))
+    onset = warmup + float(rng.uniform(0, every))
     table, _ = simulate_group(rng, scenario, "sim", f"{scenario}-{seed}", "events", DEFAULT_START, cadence="sweep",
                               sweep=(every, 1, 10.0), window_seconds=onset + after, onset=onset,
                               optional_columns=True, fractional_capacity=True)
@@ -178,33 +178,43 @@ def _sweeps_after_onset(scenario, seed, every=60.0, after=900.0, window=1800.0):
 
 
 @pytest.mark.spark
-def test_one_minute_sweeps_after_an_onset_name_no_wrong_cause_first_and_nothing_on_absorbed_bursts(spark, tmp_path):
+@pytest.mark.parametrize("warmup", [1800.0, 120.0], ids=["30-minutes-of-history", "fresh-deployment"])
+def test_one_minute_sweeps_after_an_onset_name_no_wrong_cause_first_and_nothing_on_absorbed_bursts(spark, tmp_path,
+                                                                                                   warmup):
     """Issue 29 (rule cases 29-32), sweep by sweep as bench/accuracy_bench.py --latency measures it, on groups
     whose own generators gave wrong sweeps before: absorbed bursts read as a producer_surge or a
     partition_imbalance while they drained (seeds 1 and 10), surges first named slow_consumer (seeds 11, 12),
     loops named slow_consumer until their third rebalance (seeds 1-5). A loop's group reads healthy before the
     loop begins: its consumers match the load (seed 4 read slow_consumer from before the onset until rule 2
-    held while the simulator's arrivals ran 3% above the rate its consumers were built to match)."""
+    held while the simulator's arrivals ran 3% above the rate its consumers were built to match).
+    Rule case 36: a burst at the onset (seeds 1-4, 10) rose like a surge's start and was named a surge a sweep
+    later, and on a fresh deployment a slow consumer; what Slack hears is counted: a young rise held until
+    decided (threads rule 12) says nothing."""
     import pyarrow.compute as pc
 
     from lagdoctor.diagnosis.classify import findings
     from lagdoctor.diagnosis.features import group_features, group_series, partition_features
     from lagdoctor.diagnosis.snapshots import read_snapshots
     from lagdoctor.lab.sim import write_table
+    from lagdoctor.notify.threads import held_until_decided
 
-    units = {("healthy_absorbed_burst", 1): "healthy", ("healthy_absorbed_burst", 10): "healthy",
+    units = {**{("healthy_absorbed_burst", seed): "healthy" for seed in (1, 2, 3, 4, 10)},
              ("producer_surge", 11): "producer_surge", ("producer_surge", 12): "producer_surge",
              **{("rebalance_loop_staircase", seed): "rebalance_loop" for seed in range(1, 6)}}
+    if warmup < 1800.0:  # rule 36's units (a loop's staircase on a fresh deployment: not yet, see the README)
+        units = {unit: truth for unit, truth in units.items() if unit[0] != "rebalance_loop_staircase"}
     cuts = {}
     for unit in units:
-        cuts[unit], table = _sweeps_after_onset(*unit)
+        cuts[unit], table = _sweeps_after_onset(*unit, warmup=warmup)
         for cluster, _ in cuts[unit]:
             write_table(table.filter(pc.equal(table["cluster"], cluster)), str(tmp_path), cluster)
     df = read_snapshots(spark, str(tmp_path))
     pf = partition_features(df)
     said = collections.defaultdict(set)
-    for r in findings(pf, group_features(group_series(df, pf))).select("cluster", "diagnosis", "provisional").collect():
-        said[r["cluster"]].add(r["diagnosis"] + ("?" if r["provisional"] else ""))
+    for r in findings(pf, group_features(group_series(df, pf))).select(
+            "cluster", "diagnosis", "provisional", "deciding_between").collect():
+        quiet = held_until_decided(r.asDict()) or r["diagnosis"] == "collecting_history"
+        said[r["cluster"]].add("healthy" if quiet else r["diagnosis"] + ("?" if r["provisional"] else ""))
     wrong = collections.Counter()
     for (scenario, seed), truth in units.items():
         seen = [(after, said[cluster]) for cluster, after in cuts[(scenario, seed)]]

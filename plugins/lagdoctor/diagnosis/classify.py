@@ -176,6 +176,19 @@ Cases from the one-minute sweep (issue 29; bench/accuracy_bench.py --latency, on
                                                                                  backlog drains, the lag against
                                                                                  its peak (no rates: the window's
                                                                                  still hold the surge)
+36  young rise           5 holds but the lag has risen at every snapshot for     5, provisional against healthy
+                         less than surge_min_seconds (climb_span), or the load    (deciding_between [producer_surge,
+                         rose >= surge_ceiling_ratio x the baseline, consumers   healthy]); never 6: a burst its
+                         kept up before it and now fall behind, not draining,    consumers absorb rises as a surge
+                         with the lag growing and >= warning_lag (a surge that   starts and drains within minutes
+                         began mid-interval: its first sweep's rates are half    (at the onset: named a surge at 15
+                         before it); and not 6 while the lag falls and the        of 171 one-minute sweeps, a slow
+                         consumers take >= surge_ceiling_ratio x the load        consumer on a fresh deployment);
+                         before the rise (a burst absorbed)                      Slack hears it only once decided
+                                                                                 (notify.threads rule 12). At a
+                                                                                 5-minute cadence the rise is first
+                                                                                 seen from the sweep before it,
+                                                                                 older than that: decided as before
 
 Cases the evidence cannot decide yet (issue 18): the finding keeps the leading diagnosis
 with provisional true, deciding_between [it, the other], decided_by and samples_needed (the
@@ -631,22 +644,39 @@ def findings(
         c("rise_consume_sum") >= th.surge_ceiling_ratio * c("baseline_produce_sum"))
     outpaced = c("late_consume_sum") < (1.0 - th.slow_rate_slack) * c("late_produce_sum")
     outpaced_since = c("rise_consume_sum") < (1.0 - th.slow_rate_slack) * c("rise_produce_sum")
-    surge = (
+    surge_signs = (
         ~crashed & ~loop & widespread & kept_up_before
         & ((surging & outpaced) | (surging_since & outpaced_since)) & (growing | rising)
-        & ~draining & persists & (lag >= th.warning_lag)
+        & ~draining & (lag >= th.warning_lag)
     )
+    # 36: a rise younger than surge_min_seconds may be a burst its consumers absorb: the surge waits
+    # (provisional, against healthy) and is no slow consumer either. (At a 5-minute cadence the rise is
+    # seen first from the sweep before it, older than that: it is decided as it was.)
+    interval = F.try_divide(c("window_seconds"), c("snapshots") - 1)
+    young = F.coalesce(c("climb_span") < th.surge_min_seconds, F.lit(False))
+    # (the load rose less than surge_ratio so far: a surge that began mid-interval, its first
+    # sweep's rates half before it; not "produce steady", so not 6 yet either)
+    rising_load = (
+        ~crashed & ~loop & kept_up_before & (c("late_produce_sum") >= th.surge_ceiling_ratio * c("baseline_produce_sum"))
+        & outpaced & (growing | rising) & ~draining & (lag >= th.warning_lag)
+    )
+    young_surge = F.coalesce((surge_signs | rising_load) & young, F.lit(False))
+    surge = (surge_signs & persists) | young_surge
     # 35: the backlog of a surge the previous run named, draining: the surge is still its cause
     named_before = F.coalesce((c("carried_produce") > 0) & (c("carried_t_end") >= c("t_first")), F.lit(False))
     surge_draining = ~crashed & ~loop & named_before & draining & (lag >= th.warning_lag)
     surge = F.coalesce(surge, F.lit(False)) | F.coalesce(surge_draining, F.lit(False))
     # the summary gives the rates the rule judged: since the rise when only they show the surge
     by_rise = F.coalesce(surging_since & outpaced_since & ~F.coalesce(surging & outpaced, F.lit(False)), F.lit(False))
+    # 36: a lag that falls while consumers take well above the load before it rose absorbs a burst
+    absorbing = draining & ((c("baseline_known_count") > 0) | c("baseline_carried")) & (
+        c("rise_consume_sum") >= th.surge_ceiling_ratio * c("baseline_produce_sum"))
     slow = (
         ~crashed
         & ~loop
         & ~imbalance
         & ~surge
+        & ~F.coalesce(absorbing, F.lit(False))
         & (nonstalled > 0)
         & (c("slow_count") >= th.slow_partition_fraction * nonstalled)
         & climbing
@@ -659,7 +689,6 @@ def findings(
     # Surge or slow: no partition has rows from before the lag grew, and the first third (the
     # fallback baseline) is too short to tell a risen load from one that was always too much.
     base_need = th.provisional_baseline_thirds * th.baseline_min_seconds
-    interval = F.try_divide(c("window_seconds"), c("snapshots") - 1)
     base_more = F.greatest(F.lit(1), F.ceil(F.try_divide(c("t_first") + base_need - c("t_last"), interval))).cast("int")
     base_pending = (
         ~crashed & ~loop
@@ -674,8 +703,11 @@ def findings(
             "base_pending": F.coalesce(base_pending, F.lit(False)),
             "base_samples_needed": base_more,
             "base_decided_t": c("t_last") + base_more * interval,
+            "young_surge": young_surge,
         }
     )
+    young_more = F.greatest(F.lit(1), F.ceil(F.try_divide(th.surge_min_seconds - c("climb_span"), interval))).cast("int")
+    g = g.withColumns({"young_samples_needed": young_more, "young_decided_t": c("t_last") + young_more * interval})
     g = g.withColumns(
         {
             "is_crashed": F.coalesce(crashed, F.lit(False)),
@@ -733,6 +765,14 @@ def findings(
                 _duration(F.lit(base_need)),
             ),
         )
+
+    young_undecided = undecided(
+        c("young_surge"), ["producer_surge", "healthy"], c("young_decided_t"), c("young_samples_needed"),
+        F.format_string(
+            "the lag has risen at every snapshot for %s: a burst its consumers absorb rises as a surge starts, "
+            "and drains within minutes; a surge keeps it rising past %s",
+            _duration(c("climb_span")), _duration(F.lit(th.surge_min_seconds))),
+    )
 
     def finding(name, partitions, focus, summary, pending=no_undecided):
         return F.struct(
@@ -879,7 +919,7 @@ def findings(
                     F.format_number(c("lag_start"), 0),  # a count: "0", not _num's "0.0"
                     _num(lag),
                 )),
-                base_undecided("producer_surge", "slow_consumer"),
+                F.coalesce(young_undecided, base_undecided("producer_surge", "slow_consumer")),
             ),
         ),
         F.when(

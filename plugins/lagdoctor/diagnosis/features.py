@@ -715,6 +715,8 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
         F.corr(rise_t, rise_lag).alias("corr_rise"),
         F.count(rise_t).alias("rise_snapshots"),
         (F.max(rise_t) - F.min(rise_t)).alias("rise_span"),
+        # how long the lag has risen at every snapshot, to the last (rule case 36: a burst's rise is young)
+        (F.max("t") - F.max(F.when(F.coalesce(F.col("dlag") <= 0, F.lit(True)), F.col("t")))).alias("climb_span"),
         # shape of y
         F.min_by("y", "t").alias("y_start"),
         F.max_by("y", "t").alias("y_end"),
@@ -768,6 +770,7 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
         F.coalesce(F.col("corr_xl") * F.col("corr_xl"), F.lit(0.0)).alias("lag_r2"),
         # the same fit over the rows since the lag began to rise: the fitted rise since then
         "rise_snapshots",
+        "climb_span",
         F.coalesce(_ratio(F.col("cov_rise"), F.col("var_rise")) * F.col("rise_span"), F.lit(0.0)).alias("rise_growth"),
         F.coalesce(F.col("corr_rise") * F.col("corr_rise"), F.lit(0.0)).alias("rise_r2"),
         (F.col("lag_max") < F.col("noise_floor")).alias("below_noise_floor"),

@@ -47,6 +47,10 @@ class Thresholds:
     # A lag this share below its window maximum is draining: consumers absorb what rose (a burst
     # at the one-minute sweep), not a producer_surge (rule case 32).
     draining_share: float = 0.25
+    # A rise this young (from the last snapshot before it) is a burst or a surge's start: a burst its
+    # consumers absorb rises for a minute or two and then drains. At a cadence that sees it again
+    # within this time (the one-minute sweep) the surge waits for it, provisional (rule case 36).
+    surge_min_seconds: float = 150.0
     # "Before" is the baseline: the time before a partition's lag first passed this
     # share of its window maximum, preferably the part spanning `baseline_min_seconds`
     # without its last interval; shorter ones still count (a surge that began early in

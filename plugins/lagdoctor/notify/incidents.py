@@ -40,6 +40,7 @@ from lagdoctor.notify.threads import (
     data_complete,
     decide,
     decide_healthy,
+    held_until_decided,
     provisional_thread_for,
     remember,
     reply_target,
@@ -184,7 +185,8 @@ def post_or_update_incident(
     "spooled": the state database was unreachable, the call waits in the spool
     (spool.py); ``undelivered`` None: some wait in the outbox, how many is unknown.
     "incomplete" is a healthy finding on incomplete data (rule 6): nothing closed;
-    "quiet" is a change left unsaid because the thread was acknowledged or snoozed.
+    "quiet" is a change left unsaid because the thread was acknowledged or snoozed; "held" a young
+    rise, a burst or a surge's start, said once decided (threads rule 12).
     ``dag_id`` (default: the running task's DAG) is linked; ``buttons`` (default:
     when enabled, lagdoctor.notify.interactive) adds Acknowledge / Snooze.
     ``sweep``: every finding of this sweep for the same (cluster, group, topic), so a provisional
@@ -207,6 +209,9 @@ def _incident_in(db, conn, *, finding: Mapping[str, Any], plan: Mapping[str, Any
     if finding.get("diagnosis") == COLLECTING_HISTORY:
         # threads rule 11: no verdict yet: opens no thread, is no recovery; "collecting"
         return {"decision": "collecting", "threads": []}, None
+    if held_until_decided(finding):
+        # threads rule 12: a burst or a surge's start: nothing said, no thread opened, moved or closed
+        return {"decision": "held", "threads": []}, None
     if finding.get("diagnosis") == HEALTHY:
         result, keys = _on_healthy(db, conn, store, finding, run_id=run_id, now=at)
     else:

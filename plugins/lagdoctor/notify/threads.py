@@ -48,6 +48,9 @@ The decision rules (pure; one test case each in tests/test_notify_threads.py):
  11. collecting a ``collecting_history`` finding (issue 29: too few snapshots for a verdict) does
                nothing: it opens no thread and, like rule 6's unknown, closes none as recovered
                (the coordinator answers it before these rules; tests/test_collecting_history.py).
+ 12. held     a provisional finding that may yet be healthy because its rise is young (rule case 36:
+               a burst or a surge's start, deciding_between producer_surge and healthy) says nothing
+               and changes no thread: a burst drains by the next sweeps, a surge is said decided.
 """
 
 from __future__ import annotations
@@ -350,6 +353,15 @@ def superseded_threads(finding: Mapping[str, Any], open_threads: list[ThreadStat
         return any(str(f.get("diagnosis", "")) in (state.key.diagnosis, *state.deciding_between) for f in others)
 
     return [s for s in open_threads if s.provisional and s.status == "open" and s.key != key and not lands_in(s)]
+
+
+# rule 12: the provisional choices a sweep keeps to itself until decided
+HELD_UNTIL_DECIDED = frozenset({("producer_surge", "healthy")})
+
+
+def held_until_decided(finding: Mapping[str, Any]) -> bool:
+    """Rule 12: a young rise, a burst or a surge's start, is said once it is decided."""
+    return finding.get("provisional") is True and tuple(finding.get("deciding_between") or ()) in HELD_UNTIL_DECIDED
 
 
 def decide(finding: Mapping[str, Any], state: ThreadState | None, *, run_id: str,
