@@ -185,10 +185,11 @@ Cases from the one-minute sweep (issue 29; bench/accuracy_bench.py --latency, on
                          before it); and not 6 while the lag falls and the        of 171 one-minute sweeps, a slow
                          consumers take >= surge_ceiling_ratio x the load        consumer on a fresh deployment);
                          before the rise (a burst absorbed)                      Slack hears it only once decided
-                                                                                 (notify.threads rule 12). At a
-                                                                                 5-minute cadence the rise is first
-                                                                                 seen from the sweep before it,
-                                                                                 older than that: decided as before
+                                                                                 (notify.threads rule 12). Only at
+                                                                                 a cadence whose next sweep comes
+                                                                                 soon (mean interval <= 75 s, or
+                                                                                 <= 4 snapshots): at 5 minutes
+                                                                                 waiting costs a sweep
 
 Cases the evidence cannot decide yet (issue 18): the finding keeps the leading diagnosis
 with provisional true, deciding_between [it, the other], decided_by and samples_needed (the
@@ -650,10 +651,12 @@ def findings(
         & ~draining & (lag >= th.warning_lag)
     )
     # 36: a rise younger than surge_min_seconds may be a burst its consumers absorb: the surge waits
-    # (provisional, against healthy) and is no slow consumer either. (At a 5-minute cadence the rise is
-    # seen first from the sweep before it, older than that: it is decided as it was.)
+    # (provisional, against healthy) and is no slow consumer either, where the next sweep comes soon: at
+    # the one-minute cadence (a mean interval of 75 s at most; a window of 4 snapshots or fewer, a fresh
+    # deployment's, says little of its cadence), not at 5 minutes, where waiting costs a whole sweep
     interval = F.try_divide(c("window_seconds"), c("snapshots") - 1)
-    young = F.coalesce(c("climb_span") < th.surge_min_seconds, F.lit(False))
+    frequent = (interval <= th.surge_min_seconds / 2) | (c("snapshots") <= 4)
+    young = F.coalesce((c("climb_span") < th.surge_min_seconds) & frequent, F.lit(False))
     # (the load rose less than surge_ratio so far: a surge that began mid-interval, its first
     # sweep's rates half before it; not "produce steady", so not 6 yet either)
     rising_load = (
