@@ -352,13 +352,15 @@ class Demo:
             print(migrate.stderr[-3000:], file=sys.stderr)
             return migrate.returncode
         # The demo has a minute of live history at tens of msg/s; a stall is only
-        # called after 2 minutes, and a lag under a minute of production reads as a
-        # flat pattern, by default, so the demo lowers those two thresholds, openly.
+        # called after 2 minutes, a lag under a minute of production reads as a
+        # flat pattern, and a rise under 2.5 minutes may be a burst (rule case 36),
+        # by default, so the demo lowers those three thresholds, openly.
         conf = {"samples": 2, "interval_seconds": 5, "window_minutes": 25,
-                "thresholds": {"stall_min_seconds": 40, "pattern_min_seconds": 10}}
+                "thresholds": {"stall_min_seconds": 40, "pattern_min_seconds": 10, "surge_min_seconds": 5}}
         engine = f"on the Spark Connect server {self.engine.url}" if self.engine is not None else "spark-submit local[*]"
         say(f"running the {SWEEP_DAG} DAG (airflow dags test, diagnosis {engine}) ...")
-        say("  (with stall_min_seconds=40 instead of 120 and pattern_min_seconds=10 instead of 60: "
+        say("  (with stall_min_seconds=40 instead of 120, pattern_min_seconds=10 instead of 60 and "
+            "surge_min_seconds=5 instead of 150: "
             "the demo has only a minute of live history)")
         started = time.monotonic()
         self.airflow_proc = subprocess.Popen(
