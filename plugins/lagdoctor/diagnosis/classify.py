@@ -659,8 +659,11 @@ def findings(
     young = F.coalesce((c("climb_span") < th.surge_min_seconds) & frequent, F.lit(False))
     # (the load rose less than surge_ratio so far: a surge that began mid-interval, its first
     # sweep's rates half before it; not "produce steady", so not 6 yet either)
+    # (and not a rise on under half the partitions: a hot key, 11; one of two is either)
+    hot_key = (F.coalesce(c("surging_count"), F.lit(0)) >= 1) & (2 * c("surging_count") < c("busy_count"))
     rising_load = (
-        ~crashed & ~loop & kept_up_before & (c("late_produce_sum") >= th.surge_ceiling_ratio * c("baseline_produce_sum"))
+        ~crashed & ~loop & ~hot_key & kept_up_before
+        & (c("late_produce_sum") >= th.surge_ceiling_ratio * c("baseline_produce_sum"))
         & outpaced & (growing | rising) & ~draining & (lag >= th.warning_lag)
     )
     young_surge = F.coalesce((surge_signs | rising_load) & young, F.lit(False))
