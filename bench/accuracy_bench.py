@@ -163,7 +163,9 @@ def latency(seeds, groups: int, sweep: tuple[float, int, float], overrides=None,
             # what Slack hears: a young rise held until decided (threads rule 12) and too little history
             # (rule 11) say nothing, as healthy does
             quiet = held_until_decided(r.asDict()) or r["diagnosis"] == "collecting_history"
-            got[r["cluster"]].add("healthy" if quiet else r["diagnosis"] + ("?" if r["provisional"] else ""))
+            got[r["cluster"]].update(() if quiet else [r["diagnosis"] + ("?" if r["provisional"] else "")])
+        for c in cuts:  # nothing said: healthy
+            got[c["cluster"]] = got[c["cluster"]] or {"healthy"}
     by_unit = collections.defaultdict(list)
     for c in cuts:
         by_unit[(c["seed"], c["scenario"], c["group_id"])].append(c)

@@ -214,7 +214,10 @@ def test_one_minute_sweeps_after_an_onset_name_no_wrong_cause_first_and_nothing_
     for r in findings(pf, group_features(group_series(df, pf))).select(
             "cluster", "diagnosis", "provisional", "deciding_between").collect():
         quiet = held_until_decided(r.asDict()) or r["diagnosis"] == "collecting_history"
-        said[r["cluster"]].add("healthy" if quiet else r["diagnosis"] + ("?" if r["provisional"] else ""))
+        said[r["cluster"]].update(() if quiet else [r["diagnosis"] + ("?" if r["provisional"] else "")])
+    for unit_cuts in cuts.values():  # nothing said: healthy
+        for cluster, _ in unit_cuts:
+            said[cluster] = said[cluster] or {"healthy"}
     wrong = collections.Counter()
     for (scenario, seed), truth in units.items():
         seen = [(after, said[cluster]) for cluster, after in cuts[(scenario, seed)]]
