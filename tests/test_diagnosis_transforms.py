@@ -1400,3 +1400,10 @@ def test_a_consumer_that_kept_up_and_now_trickles_is_stalled_once_it_trickled_fo
     early = [r for r in rows if r[0] <= T0 + timedelta(minutes=28)]
     for got in (run_findings(frame(early)), run_findings(frame(rows))):
         assert [(f["diagnosis"], f["partitions"], f["provisional"]) for f in got] == [("stalled_consumer", [1], False)]
+
+
+def test_a_small_lag_is_said_as_a_count_never_with_a_decimal(frame):
+    """The noise lab's loop read "lag 4.0" and "lag 0.0": a lag is a count of messages."""
+    rows = [snap(t, p, 20 * t + 2, 20 * t) for t in range(0, 181, 60) for p in (0, 1)]
+    (found,) = run_findings(frame(rows))
+    assert found["diagnosis"] == "healthy" and found["summary"].startswith("consumers keep up: lag 4 across 2 partitions")

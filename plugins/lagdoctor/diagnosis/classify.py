@@ -490,6 +490,13 @@ def _num(col, digits_small: int = 1):
     return F.when(F.abs(col) < 10, F.format_number(col, digits_small)).otherwise(F.format_number(col, 0))
 
 
+def _count(col):
+    """A count of messages: 4, 12,000; never "4.0" (a partial sum of lags is a double)."""
+    from pyspark.sql import functions as F
+
+    return F.format_number(col, 0)
+
+
 def _duration(seconds):
     """90 -> 1m30s, 4000 -> 1h06m, 12 -> 12s."""
     from pyspark.sql import functions as F
@@ -812,7 +819,7 @@ def findings(
                     "group is %s with %s live members; lag %s%s, %s, nobody consuming",
                     c("group_state"),
                     F.coalesce(c("group_members").cast("string"), F.lit("no")),
-                    _num(lag),
+                    _count(lag),
                     trend,
                     _arriving_text(),
                 ),
@@ -831,7 +838,7 @@ def findings(
                     window,
                     c("rebalance_entries"),
                     c("owner_changes"),
-                    _num(lag),
+                    _count(lag),
                     trend,
                 ),
             ),
@@ -863,7 +870,7 @@ def findings(
                         "(a stuck record, then the next): lag %s; owner %s",
                         _partitions_text(c("stalled_partitions")),
                         ws["stuck_episodes"],
-                        _num(ws["lag_end"]),
+                        _count(ws["lag_end"]),
                         _owner_text(ws),
                     ),
                 ).otherwise(
@@ -871,7 +878,7 @@ def findings(
                         "%s stopped committing: no progress for %s while lag grew to %s; owner %s",
                         _partitions_text(c("stalled_partitions")),
                         _duration(ws["frozen_seconds"]),
-                        _num(ws["lag_end"]),
+                        _count(ws["lag_end"]),
                         _owner_text(ws),
                     )
                 ),
@@ -888,7 +895,7 @@ def findings(
                     _partitions_text(c("hot_partitions")),
                     F.when(F.size("hot_partitions") == 1, F.lit("holds")).otherwise(F.lit("hold")),
                     F.round(F.try_divide(c("hot_lag"), c("partition_lag_sum")) * 100).cast("int"),
-                    _num(F.when(F.size("hot_partitions") == 1, wh["lag_end"]).otherwise(c("hot_lag"))),
+                    _count(F.when(F.size("hot_partitions") == 1, wh["lag_end"]).otherwise(c("hot_lag"))),
                     _owner_text(wh),
                     # now (the last third, which the rule judged), not the window's average:
                     # an owner that slowed at minute 20 of 30 would read as nearly keeping up
@@ -911,7 +918,7 @@ def findings(
                 F.when(c("is_surge_draining"), F.format_string(
                     "the surge's backlog is draining: lag %s, down from %s at its peak (%s msg/s arrived before "
                     "the surge)",
-                    _num(lag),
+                    _count(lag),
                     F.format_number(c("lag_max"), 0),
                     _num(F.coalesce(c("carried_produce"), c("baseline_produce_sum"))),
                 )).otherwise(F.format_string(
@@ -923,7 +930,7 @@ def findings(
                     _num(c("baseline_consume_sum")),
                     _num(c("surge_consume_sum")),
                     F.format_number(c("lag_start"), 0),  # a count: "0", not _num's "0.0"
-                    _num(lag),
+                    _count(lag),
                 )),
                 F.coalesce(young_undecided, base_undecided("producer_surge", "slow_consumer")),
             ),
@@ -940,7 +947,7 @@ def findings(
                     c("partition_count"),
                     _num(c("consume_rate")),
                     _num(c("produce_rate")),
-                    _num(lag),
+                    _count(lag),
                 ),
                 base_undecided("slow_consumer", "producer_surge"),
             ),
@@ -955,7 +962,7 @@ def findings(
         .when(is_marker, F.lit("the group's offsets could not be read; nothing is known of its lag")).otherwise(
             F.format_string(
                 "consumers keep up: lag %s across %d partitions, %s msg/s consumed of %s produced",
-                _num(F.coalesce(lag, F.lit(0))),
+                _count(F.coalesce(lag, F.lit(0))),
                 F.coalesce(c("partition_count"), F.lit(0)),
                 _num(F.coalesce(c("consume_rate"), F.lit(0.0))),
                 _num(F.coalesce(c("produce_rate"), F.lit(0.0))),
