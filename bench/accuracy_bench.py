@@ -139,6 +139,7 @@ def latency(seeds, groups: int, sweep: tuple[float, int, float], overrides=None,
     from lagdoctor.diagnosis.session import start_spark
     from lagdoctor.diagnosis.snapshots import read_snapshots
     from lagdoctor.diagnosis.thresholds import Thresholds
+    from lagdoctor.lab.scoring import heard
     from lagdoctor.lab.sim import write_table
 
     th = Thresholds.from_overrides(overrides or {})
@@ -156,16 +157,10 @@ def latency(seeds, groups: int, sweep: tuple[float, int, float], overrides=None,
         df = read_snapshots(spark, tmp)
         pf = partition_features(df, th).cache()
         gf = group_features(group_series(df, pf), th)
-        got = collections.defaultdict(set)
-        from lagdoctor.notify.threads import held_until_decided
-
+        by_cut = collections.defaultdict(list)
         for r in findings(pf, gf, th).select("cluster", "diagnosis", "provisional", "deciding_between").collect():
-            # what Slack hears: a young rise held until decided (threads rule 12) and too little history
-            # (rule 11) say nothing, as healthy does
-            quiet = held_until_decided(r.asDict()) or r["diagnosis"] == "collecting_history"
-            got[r["cluster"]].update(() if quiet else [r["diagnosis"] + ("?" if r["provisional"] else "")])
-        for c in cuts:  # nothing said: healthy
-            got[c["cluster"]] = got[c["cluster"]] or {"healthy"}
+            by_cut[r["cluster"]].append(r.asDict())
+        got = {c["cluster"]: heard(by_cut[c["cluster"]]) for c in cuts}  # what Slack hears
     by_unit = collections.defaultdict(list)
     for c in cuts:
         by_unit[(c["seed"], c["scenario"], c["group_id"])].append(c)

@@ -88,3 +88,26 @@ def test_still_deciding_between_causes_that_are_not_the_truth_is_wrong():
     s = scored([sweep(1, [1_005, 1_015], [unsure]), sweep(2, [1_065, 1_075], [finding("healthy", (), severity="ok")])],
                expect="healthy", partitions=())
     assert s.wrong_posts == 1
+
+
+def held_rise():
+    return finding("producer_surge", (), provisional=True, deciding_between=["producer_surge", "healthy"])
+
+
+def test_a_young_rise_held_until_decided_is_no_wrong_post():
+    """Threads rule 12: Slack hears nothing of a young rise, so beside a hot partition it is not a wrong cause."""
+    assert verdict([held_rise()], "partition_imbalance") == "none"
+    assert verdict([held_rise(), finding("partition_imbalance")], "partition_imbalance") == "right"
+    assert verdict([held_rise()], "producer_surge") == "provisional"
+    assert verdict([finding("slow_consumer", (), provisional=True,
+                            deciding_between=["slow_consumer", "producer_surge"])], "partition_imbalance") == "wrong"
+
+
+def test_what_slack_hears_of_a_sweep_leaves_out_held_rises_and_collecting_history():
+    from lagdoctor.lab.scoring import heard
+
+    assert heard([held_rise()]) == {"healthy"}
+    assert heard([finding("collecting_history", ())]) == {"healthy"}
+    assert heard([held_rise(), finding("partition_imbalance")]) == {"partition_imbalance"}
+    assert heard([finding("stalled_consumer", provisional=True)]) == {"stalled_consumer?"}
+    assert heard([]) == {"healthy"}

@@ -196,7 +196,7 @@ def test_one_minute_sweeps_after_an_onset_name_no_wrong_cause_first_and_nothing_
     from lagdoctor.diagnosis.features import group_features, group_series, partition_features
     from lagdoctor.diagnosis.snapshots import read_snapshots
     from lagdoctor.lab.sim import write_table
-    from lagdoctor.notify.threads import held_until_decided
+    from lagdoctor.lab.scoring import heard
 
     units = {**{("healthy_absorbed_burst", seed): "healthy" for seed in (1, 2, 3, 4, 10)},
              ("producer_surge", 11): "producer_surge", ("producer_surge", 12): "producer_surge",
@@ -210,14 +210,11 @@ def test_one_minute_sweeps_after_an_onset_name_no_wrong_cause_first_and_nothing_
             write_table(table.filter(pc.equal(table["cluster"], cluster)), str(tmp_path), cluster)
     df = read_snapshots(spark, str(tmp_path))
     pf = partition_features(df)
-    said = collections.defaultdict(set)
+    by_cut = collections.defaultdict(list)
     for r in findings(pf, group_features(group_series(df, pf))).select(
             "cluster", "diagnosis", "provisional", "deciding_between").collect():
-        quiet = held_until_decided(r.asDict()) or r["diagnosis"] == "collecting_history"
-        said[r["cluster"]].update(() if quiet else [r["diagnosis"] + ("?" if r["provisional"] else "")])
-    for unit_cuts in cuts.values():  # nothing said: healthy
-        for cluster, _ in unit_cuts:
-            said[cluster] = said[cluster] or {"healthy"}
+        by_cut[r["cluster"]].append(r.asDict())
+    said = {cluster: heard(by_cut[cluster]) for unit_cuts in cuts.values() for cluster, _ in unit_cuts}
     wrong = collections.Counter()
     for (scenario, seed), truth in units.items():
         seen = [(after, said[cluster]) for cluster, after in cuts[(scenario, seed)]]

@@ -664,10 +664,11 @@ def findings(
     interval = F.try_divide(c("window_seconds"), c("snapshots") - 1)
     frequent = (interval <= th.surge_min_seconds / 2) | (c("snapshots") <= 4)
     young = F.coalesce((c("climb_span") < th.surge_min_seconds) & frequent, F.lit(False))
-    # (the load rose less than surge_ratio so far: a surge that began mid-interval, its first
-    # sweep's rates half before it; not "produce steady", so not 6 yet either)
-    # (and not a rise on under half the partitions: a hot key, 11; one of two is either)
-    hot_key = (F.coalesce(c("surging_count"), F.lit(0)) >= 1) & (2 * c("surging_count") < c("busy_count"))
+    # a rise on under surge_partition_fraction of the partitions is a hot key (11; one of two is either)
+    hot_key = (F.coalesce(c("surging_count"), F.lit(0)) >= 1) & (
+        c("surging_count") < th.surge_partition_fraction * c("busy_count"))
+    # the load rose less than surge_ratio so far: a surge that began mid-interval, its first sweep's
+    # rates half before it; not "produce steady", so not 6 yet either
     rising_load = (
         ~crashed & ~loop & ~hot_key & kept_up_before
         & (c("late_produce_sum") >= th.surge_ceiling_ratio * c("baseline_produce_sum"))
@@ -703,6 +704,7 @@ def findings(
     # fallback baseline) is too short to tell a risen load from one that was always too much.
     base_need = th.provisional_baseline_thirds * th.baseline_min_seconds
     base_more = F.greatest(F.lit(1), F.ceil(F.try_divide(c("t_first") + base_need - c("t_last"), interval))).cast("int")
+    young_more = F.greatest(F.lit(1), F.ceil(F.try_divide(th.surge_min_seconds - c("climb_span"), interval))).cast("int")
     base_pending = (
         ~crashed & ~loop
         & (F.coalesce(c("baseline_known_count"), F.lit(0)) == 0)
@@ -717,10 +719,10 @@ def findings(
             "base_samples_needed": base_more,
             "base_decided_t": c("t_last") + base_more * interval,
             "young_surge": young_surge,
+            "young_samples_needed": young_more,
+            "young_decided_t": c("t_last") + young_more * interval,
         }
     )
-    young_more = F.greatest(F.lit(1), F.ceil(F.try_divide(th.surge_min_seconds - c("climb_span"), interval))).cast("int")
-    g = g.withColumns({"young_samples_needed": young_more, "young_decided_t": c("t_last") + young_more * interval})
     g = g.withColumns(
         {
             "is_crashed": F.coalesce(crashed, F.lit(False)),
@@ -919,7 +921,7 @@ def findings(
                     "the surge's backlog is draining: lag %s, down from %s at its peak (%s msg/s arrived before "
                     "the surge)",
                     _count(lag),
-                    F.format_number(c("lag_max"), 0),
+                    _count(c("lag_max")),
                     _num(F.coalesce(c("carried_produce"), c("baseline_produce_sum"))),
                 )).otherwise(F.format_string(
                     "produce rate rose %sx (%s -> %s msg/s) while consumers went from %s to %s msg/s; "
@@ -929,7 +931,7 @@ def findings(
                     _num(c("surge_produce_sum")),
                     _num(c("baseline_consume_sum")),
                     _num(c("surge_consume_sum")),
-                    F.format_number(c("lag_start"), 0),  # a count: "0", not _num's "0.0"
+                    _count(c("lag_start")),
                     _count(lag),
                 )),
                 F.coalesce(young_undecided, base_undecided("producer_surge", "slow_consumer")),

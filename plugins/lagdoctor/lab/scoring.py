@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable, Mapping
 
-from lagdoctor.contracts import NO_PROBLEM_DIAGNOSES
+from lagdoctor.contracts import COLLECTING_HISTORY, NO_PROBLEM_DIAGNOSES
 
 
 @dataclass
@@ -56,15 +56,27 @@ def decided(finding: dict[str, Any]) -> bool:
 
 def verdict(findings: list[dict[str, Any]], expect: str, partitions: tuple[int, ...] = ()) -> str:
     """'right', 'provisional', 'wrong' or 'none' (nothing but healthy, or collecting history, said)."""
+    from lagdoctor.notify.threads import held_until_decided
+
     problems = [f for f in findings if f["diagnosis"] not in NO_PROBLEM_DIAGNOSES]
     for f in problems:
         if f["diagnosis"] == expect and decided(f) and set(partitions) <= set(f["partitions"]):
             return "right"
     if any(not decided(f) and expect in (f.get("deciding_between") or [f["diagnosis"]]) for f in problems):
         return "provisional"
-    if problems:
+    if any(not held_until_decided(f) for f in problems):
         return "wrong"  # a wrong cause, or "still deciding" between causes that are not the truth
-    return "none"
+    return "none"  # (a young rise held until decided, threads rule 12, is not said)
+
+
+def heard(findings: Iterable[Mapping[str, Any]]) -> set[str]:
+    """What Slack hears of a group's findings in one sweep: each diagnosis, with "?" when provisional; a
+    young rise held until decided (threads rule 12) and collecting history say nothing; nothing at all is
+    {"healthy"}. (bench/accuracy_bench.py --latency and its test count sweeps by this.)"""
+    from lagdoctor.notify.threads import held_until_decided
+
+    return {f["diagnosis"] + ("?" if f.get("provisional") else "") for f in findings
+            if not held_until_decided(f) and f["diagnosis"] != COLLECTING_HISTORY} or {"healthy"}
 
 
 def enough_samples(sample_times: list[float], onset: float, min_snapshots: int, min_seconds: float) -> bool:
