@@ -316,3 +316,15 @@ def test_compact_folds_closed_hours_under_the_data_root_and_prints_one_line(tmp_
     # the data root from the environment, as the other commands take it
     again = run("compact", env={"LAGDOCTOR_DATA_ROOT": str(tmp_path / "data")})
     assert again.returncode == 0 and again.stdout.startswith("compacted 1 hour(s): 3 files folded"), again.stderr
+
+
+def test_the_installed_command_keeps_its_exit_codes_and_output_while_leaving_without_teardown(tmp_path):
+    """The script exits through os._exit (Arrow's thread pools aborted one `compact` in 30 at interpreter
+    teardown, exit -6, after its work): what it printed still arrives, and each outcome keeps its code."""
+    assert run("--help").returncode == 0 and "compact" in run("--help").stdout
+    usage = run("compact", "--no-such-option")
+    assert usage.returncode == 2 and "unrecognized arguments: --no-such-option" in usage.stderr, usage
+    empty = run("compact", "--data-root", str(tmp_path / "none"))
+    assert empty.returncode == 0 and empty.stdout.startswith("compacted 0 hour(s)"), empty
+    bad = run("compact", "--data-root", "nosuch://bucket/x")
+    assert (bad.returncode, bad.stderr) == (1, "lagdoctor: error: Protocol not known: nosuch\n"), bad

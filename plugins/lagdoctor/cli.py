@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import time
@@ -316,5 +317,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def console() -> None:
+    """The installed `lagdoctor` script: main(), then leave without interpreter teardown.
+
+    Arrow's native thread pools can abort a finished process at teardown
+    ("terminate called without an active exception", exit -6; apache/arrow
+    #34314): one `lagdoctor compact` in 20-60 did here, after its work and its
+    output. Every command has finished (brokers stopped, files renamed into
+    place) when main returns, so the output is flushed and the process exits.
+    """
+    try:
+        code = main()
+    except SystemExit as exc:  # argparse's usage errors, --help
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else _fail(str(exc.code)))
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # `lagdoctor ... | head`: the reader left, nothing to say
+        pass
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()
