@@ -1359,6 +1359,62 @@ def test_a_loop_seen_only_as_owner_ids_changing_between_one_minute_sweeps_is_a_r
     assert f["summary"].startswith("4 rebalances in 30m00s (group left STABLE 0 times, owner ids came or went 4 times)")
 
 
+def test_churn_at_every_interval_too_young_for_a_loop_is_provisional_and_a_quiet_interval_decides_it(frame):
+    """Rule case 37, from the noise lab's loop at its first verdict: consumer-2 is evicted (consumer-1 takes
+    partition 1) and rejoins under a new id a minute later: two changes in two intervals, where rule 2 asks for
+    three. It read "consumers keep up". It is a loop's start or one member restarting across a sweep: deciding
+    between the two, until the next snapshot. One deploy (both changes in one interval) stays healthy."""
+    churn = {0: "consumer-2-aaa", 1: "consumer-1-aaa"}
+    loop = lambda k: churn.get(k, "consumer-2-bbb") if k < 3 else "consumer-1-aaa"  # noqa: E731
+    restart = lambda k: churn.get(k, "consumer-2-bbb")  # noqa: E731
+    deploy = lambda k: "consumer-2-aaa" if k < 2 else "consumer-2-bbb"  # noqa: E731
+    found = run_findings(frame(_churning("young", loop, minutes=2) + _churning("deploy", deploy, minutes=2)
+                               + _churning("looping", loop, minutes=3) + _churning("restarted", restart, minutes=3)))
+    got = {f["group_id"]: (f["diagnosis"], f["provisional"], f["deciding_between"]) for f in found}
+    assert got == {"young": ("rebalance_loop", True, ["rebalance_loop", "healthy"]),
+                   "deploy": ("healthy", False, []),
+                   "looping": ("rebalance_loop", False, []),
+                   "restarted": ("healthy", False, [])}, got
+    (young,) = [f for f in found if f["group_id"] == "young"]
+    assert young["summary"].startswith("2 rebalances in 2m00s (group left STABLE 0 times, owner ids came or went 2 "
+                                       "times)"), young["summary"]
+    assert young["samples_needed"] == 1 and young["decided_by"] == "2026-11-21T12:03:00Z", young
+    assert young["undecided_because"].startswith("owner ids came or went in 2 of the window's 2 intervals")
+    from lagdoctor.notify.threads import held_until_decided
+
+    assert held_until_decided(young)  # Slack hears it once decided (threads rule 12)
+
+
+def test_a_window_without_any_commit_is_provisional_until_a_commit_or_ten_minutes_decide(frame):
+    """Rule case 38: a new group (or a fresh deployment) whose commits have not moved yet: a batch committer
+    between commits (every 6 minutes) reads as stalled at minute 4, its lag climbing. How often it commits is
+    unknown, not zero: stalled against healthy, said once decided. Its commit at minute 6 decides it healthy;
+    ten minutes without one, or a committed record already 20 minutes old, decide a stall."""
+    def group(name, minutes, commit_at=(), record_age=None):
+        rows, committed = [], 0
+        for k in range(minutes + 1):
+            if k in commit_at:
+                committed = 50 * 60 * k  # everything that arrived
+            for p in (0, 1):
+                rows.append(snap(60 * k, p, 50 * 60 * k, committed, group=name,
+                                 record_ts=None if record_age is None else 60 * k - record_age))
+        return rows
+
+    found = run_findings(frame(group("batch-early", 4) + group("batch-committed", 7, commit_at=(6,))
+                               + group("stuck-long", 10) + group("stuck-old", 4, record_age=1200)))
+    got = {f["group_id"]: (f["diagnosis"], f["provisional"], f["deciding_between"]) for f in found}
+    assert got == {"batch-early": ("stalled_consumer", True, ["stalled_consumer", "healthy"]),
+                   "batch-committed": ("healthy", False, []),
+                   "stuck-long": ("stalled_consumer", False, []),
+                   "stuck-old": ("stalled_consumer", False, [])}, got
+    (early,) = [f for f in found if f["group_id"] == "batch-early"]
+    assert early["decided_by"] == "2026-11-21T12:10:00Z" and early["samples_needed"] == 6, early
+    assert early["undecided_because"].startswith("no commit has moved on any partition in the window's 4m00s")
+    from lagdoctor.notify.threads import held_until_decided
+
+    assert held_until_decided(early)  # Slack hears it once decided (threads rule 12)
+
+
 def test_a_loops_steps_are_not_a_slow_consumer_but_falling_behind_between_rebalances_is(frame):
     """Rule case 30: two rebalances so far (rule 2 wants three), each stopping commits for a minute; between
     them consumers read what arrives. The lag climbs in two steps, which read as slow_consumer: it is the

@@ -252,6 +252,23 @@ def test_a_provisional_finding_plans_no_remediation_until_decided():
     assert not decided.waiting_for_diagnosis
 
 
+def test_a_finding_held_until_decided_plans_not_even_advice():
+    """Threads rule 12: a provisional stall against healthy (rule case 38: no commit seen yet, a batch
+    committer or a stall) says nothing until decided. Advice (recommend_consumer_config, which changes
+    nothing) would still reply, and with no thread to reply in it would post top-level."""
+    runbooks = load_runbooks(RUNBOOKS_DIR)
+    between = {"provisional": True, "decided_by": "2026-11-21T10:40:00Z", "samples_needed": 6}
+    held = choose_actions(finding("stalled_consumer", "warning", deciding_between=["stalled_consumer", "healthy"],
+                                  **between), runbooks)
+    assert held.actions == () and held.branches == [NO_ACTION]
+    assert held.held_actions == ("recommend_consumer_config",)
+    # said while deciding between two causes: the advice that changes nothing is given
+    said = choose_actions(finding("stalled_consumer", "warning", deciding_between=["partition_imbalance",
+                                                                                   "stalled_consumer"], **between),
+                          runbooks)
+    assert [a.action for a in said.actions] == ["recommend_consumer_config"], said
+
+
 def _hot_partition(owner_rows):
     """The demo's hot partition: partition 1 of orders falls behind; rows as partition_status gives them."""
     rows = [{"partition": p, "member_id": m, "host": "/10.0.1.15", "lag": lag, "consume_rate": c, "produce_rate": 40.0}

@@ -299,9 +299,14 @@ def choose_actions(finding: Mapping[str, Any], runbooks: Iterable[Runbook]) -> P
     held: list[str] = []
     waiting = finding.get("provisional") is True
     if waiting:
+        from lagdoctor.notify.threads import held_until_decided
+
         # Acting on a cause not yet known could make it worse (scaling a group whose record is
         # stuck): nothing that changes state is planned or proposed until the cause is decided.
-        held = [a.action for a in planned if get_action(a.action).changes_state]
+        # A finding Slack hears only once decided (threads rule 12) gets no advice either: its
+        # reply would open a thread (top-level) for what may yet be healthy.
+        quiet = held_until_decided(finding)
+        held = [a.action for a in planned if quiet or get_action(a.action).changes_state]
         planned = [a for a in planned if a.action not in held]
         next_steps = (waiting_step(finding),) + next_steps
     return Plan(

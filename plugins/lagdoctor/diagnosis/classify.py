@@ -191,6 +191,29 @@ Cases from the one-minute sweep (issue 29; bench/accuracy_bench.py --latency, on
                                                                                  <= 4 snapshots): at 5 minutes
                                                                                  waiting costs a sweep
 
+37  young loop           owner ids came or went (or a rebalance began) in two     2, provisional against healthy
+                         intervals or more, the last among them, fewer times     (deciding_between [rebalance_loop,
+                         than rebalance_loop_min, and no other rule holds        healthy]): a loop's first minutes
+                                                                                 read "consumers keep up" (the noise
+                                                                                 lab's loop at its first verdict: 2
+                                                                                 changes in 2 intervals); a member
+                                                                                 restarting across a sweep looks the
+                                                                                 same until a quiet interval; one
+                                                                                 deploy (one interval) stays healthy;
+                                                                                 Slack hears it only once decided
+
+38  commit cadence      no commit moved on any partition in the window, which    3, 4, 5 or 6 provisional against
+    unknown              spans less than commit_cadence_unknown_seconds (600 s),  healthy: how often the group
+                         and no partition's time lag reaches it; not 1 or 18      commits is unknown, not zero: a
+                                                                                 batch committer between commits
+                                                                                 reads as stalled (a fresh
+                                                                                 deployment or a new group: named
+                                                                                 stalled at 28 of 263 sweeps of
+                                                                                 the latency bench's first 2
+                                                                                 minutes); its next commit decides,
+                                                                                 or the window's length without
+                                                                                 one; Slack hears it once decided
+
 Cases the evidence cannot decide yet (issue 18): the finding keeps the leading diagnosis
 with provisional true, deciding_between [it, the other], decided_by and samples_needed (the
 first expected snapshot at which the rule's time and snapshot counts are met, from the
@@ -739,6 +762,35 @@ def findings(
             "surge_consume_sum": F.when(by_rise, c("rise_consume_sum")).otherwise(c("late_consume_sum")),
         }
     )
+    # 37: owner ids came or went in two intervals or more, the last among them, fewer times than rule 2
+    # asks, and nothing else holds: a loop's start, or one member restarting across a sweep (it left, then
+    # rejoined a minute later). Healthy it is not yet: a quiet interval decides it, a loop's next change too.
+    young_loop = (
+        ~c("is_crashed") & ~c("is_loop") & ~c("is_stalled") & ~c("is_imbalance") & ~c("is_surge") & ~c("is_slow")
+        & (F.coalesce(c("churn_intervals"), F.lit(0)) >= 2) & F.coalesce(c("churn_last"), F.lit(False))
+    )
+    loop_more = F.greatest(F.lit(1), F.lit(th.rebalance_loop_min) - c("rebalances")).cast("int")
+    # 38: no commit moved in the window: how often the group commits is unknown, not zero. A batch
+    # committer between two commits reads as stalled (its lag climbing, as a slow consumer's would) on
+    # a fresh deployment or a new group; a commit decides it, and so does a window of
+    # commit_cadence_unknown_seconds without one, or a time lag already longer (a position that old).
+    unmoved = (
+        ~c("is_crashed") & ~c("is_outside")
+        & (F.coalesce(c("commit_advances"), F.lit(0)) == 0)
+        & (c("window_seconds") < th.commit_cadence_unknown_seconds)
+        & ~F.coalesce(c("max_time_lag_seconds") >= th.commit_cadence_unknown_seconds, F.lit(False))
+        & (interval > 0)
+    )
+    unmoved_more = F.greatest(F.lit(1), F.ceil(F.try_divide(
+        th.commit_cadence_unknown_seconds - c("window_seconds"), interval))).cast("int")
+    g = g.withColumns({
+        "is_young_loop": young_loop,
+        "loop_samples_needed": loop_more,
+        "loop_decided_t": c("t_last") + loop_more * interval,
+        "is_unmoved": F.coalesce(unmoved, F.lit(False)),
+        "unmoved_samples_needed": unmoved_more,
+        "unmoved_decided_t": c("t_first") + F.lit(th.commit_cadence_unknown_seconds),
+    })
 
     window = F.when(
         c("window_seconds") > 0,
@@ -779,6 +831,24 @@ def findings(
                 _duration(c("window_seconds")),
                 _duration(F.lit(base_need)),
             ),
+        )
+
+    loop_undecided = undecided(
+        c("is_young_loop"), ["rebalance_loop", "healthy"], c("loop_decided_t"), c("loop_samples_needed"),
+        F.format_string(
+            "owner ids came or went in %d of the window's %d intervals, the last among them: a loop starting, or "
+            "one member restarting across a sweep; a quiet interval leaves it healthy, rule 2 names a loop at %d "
+            "rebalances",
+            c("churn_intervals"), c("snapshots") - 1, F.lit(th.rebalance_loop_min)),
+    )
+
+    def unmoved_undecided(leading):
+        return undecided(
+            c("is_unmoved"), [leading, "healthy"], c("unmoved_decided_t"), c("unmoved_samples_needed"),
+            F.format_string(
+                "no commit has moved on any partition in the window's %s: a consumer that commits in batches "
+                "looks stalled between its commits; its next commit decides it, or %s without one",
+                _duration(c("window_seconds")), _duration(F.lit(th.commit_cadence_unknown_seconds))),
         )
 
     young_undecided = undecided(
@@ -829,20 +899,22 @@ def findings(
             ),
         ),
         F.when(
-            c("is_loop"),
+            c("is_loop") | c("is_young_loop"),
             finding(
                 "rebalance_loop",
                 empty,
                 w,
                 F.format_string(
-                    "%d rebalances%s (group left STABLE %d times, owner ids came or went %d times); lag %s%s",
+                    "%d rebalance%s%s (group left STABLE %d times, owner ids came or went %d times); lag %s%s",
                     c("rebalances"),
+                    F.when(c("rebalances") == 1, F.lit("")).otherwise(F.lit("s")),
                     window,
                     c("rebalance_entries"),
                     c("owner_changes"),
                     _count(lag),
                     trend,
                 ),
+                loop_undecided,
             ),
         ),
         F.when(
@@ -884,6 +956,7 @@ def findings(
                         _owner_text(ws),
                     )
                 ),
+                unmoved_undecided("stalled_consumer"),
             ),
         ),
         F.when(
@@ -904,7 +977,7 @@ def findings(
                     _num(F.when(wh["late_produce_rate"] > 0, wh["late_consume_rate"]).otherwise(wh["consume_rate"])),
                     _num(F.when(wh["late_produce_rate"] > 0, wh["late_produce_rate"]).otherwise(wh["produce_rate"])),
                 ),
-                stall_undecided,
+                F.coalesce(unmoved_undecided("partition_imbalance"), stall_undecided),
             ),
         ),
         F.when(
@@ -934,7 +1007,8 @@ def findings(
                     _count(c("lag_start")),
                     _count(lag),
                 )),
-                F.coalesce(young_undecided, base_undecided("producer_surge", "slow_consumer")),
+                F.coalesce(unmoved_undecided("producer_surge"), young_undecided,
+                           base_undecided("producer_surge", "slow_consumer")),
             ),
         ),
         F.when(
@@ -951,7 +1025,7 @@ def findings(
                     _num(c("produce_rate")),
                     _count(lag),
                 ),
-                base_undecided("slow_consumer", "producer_surge"),
+                F.coalesce(unmoved_undecided("slow_consumer"), base_undecided("slow_consumer", "producer_surge")),
             ),
         ),
     )

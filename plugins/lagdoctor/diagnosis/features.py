@@ -672,6 +672,7 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
                 | F.col("owners_changed")) & F.col("dleo").isNotNull() & F.col("dcom").isNotNull()
     early, late = F.col("x") <= 1.0 / 3.0, F.col("x") > 2.0 / 3.0
     middle = ~early & ~late
+    churned = (F.col("ids_changed") > 0) | F.coalesce(F.col("entered_rebalance"), F.lit(False))
     g = s.groupBy(*GROUP_KEY).agg(
         F.count(F.lit(1)).alias("snapshots"),
         F.min("t").alias("t_first"),
@@ -687,6 +688,11 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
         F.max_by("group_members", "t").alias("group_members"),
         F.sum(F.col("entered_rebalance").cast("int")).alias("rebalance_entries"),
         F.sum("ids_changed").alias("owner_changes"),
+        # rule case 37: the intervals in which a rebalance began or owner ids changed, and whether the last did
+        F.count(F.when(churned, 1)).alias("churn_intervals"),
+        F.coalesce(F.max_by(churned, "t"), F.lit(False)).alias("churn_last"),
+        # rule case 38: intervals in which the group's commits moved (none: its commit cadence is unknown)
+        F.count(F.when(F.col("dcom") > 0, 1)).alias("commit_advances"),
         # Rule case 30: what arrived and what was committed while the group was settled, the intervals
         # in which no rebalance ran and no owner id changed (commits stall during each), over the window
         # and since the lag began to rise: a slow consumer falls behind while it runs, a loop in its pauses
@@ -757,6 +763,9 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
         F.greatest(F.col("rebalance_entries"), F.col("owner_changes")).alias("rebalances"),
         "rebalance_entries",
         "owner_changes",
+        "churn_intervals",
+        "churn_last",
+        "commit_advances",
         "settled_produced",
         "settled_consumed",
         "rise_settled_produced",

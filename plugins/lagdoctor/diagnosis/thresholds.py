@@ -88,6 +88,11 @@ class Thresholds:
     # sweep's first samples after a consumer got stuck span 10-20 s, and a confident "imbalance"
     # there was the wrong first post the live lab saw; a slow owner's commit moves, and decides it.
     provisional_frozen_share: float = 0.0
+    # Rule case 38: a window in which no commit moved on any partition says nothing of how often
+    # the group commits (unknown, not zero): a batch committer between commits reads as stalled.
+    # Its findings are provisional against healthy until a commit moves or the window spans this
+    # long without one (or a partition's time lag already exceeds it: its position is older).
+    commit_cadence_unknown_seconds: float = 600.0
 
     # History (rule case 28): a group with fewer snapshots than this in the window is
     # collecting_history, no verdict: a rate needs 2 snapshots and a climb's fit 3 (two always

@@ -48,9 +48,13 @@ The decision rules (pure; one test case each in tests/test_notify_threads.py):
  11. collecting a ``collecting_history`` finding (issue 29: too few snapshots for a verdict) does
                nothing: it opens no thread and, like rule 6's unknown, closes none as recovered
                (the coordinator answers it before these rules; tests/test_collecting_history.py).
- 12. held     a provisional finding that may yet be healthy because its rise is young (rule case 36:
-               a burst or a surge's start, deciding_between producer_surge and healthy) says nothing
-               and changes no thread: a burst drains by the next sweeps, a surge is said decided.
+ 12. held     a provisional finding that may yet be healthy because it is young (rule case 36: a
+               rise, a burst or a surge's start, deciding_between producer_surge and healthy; 37:
+               churn, a loop's start or one member restarting across a sweep, deciding_between
+               rebalance_loop and healthy; 38: no commit seen yet, a batch committer between
+               commits or a stall, any cause against healthy) says nothing and changes no thread:
+               a burst drains, a restart settles, a batch commits by the next sweeps; a surge, a
+               loop or a stall is said decided.
 """
 
 from __future__ import annotations
@@ -356,11 +360,15 @@ def superseded_threads(finding: Mapping[str, Any], open_threads: list[ThreadStat
 
 
 # rule 12: the provisional choices a sweep keeps to itself until decided
-HELD_UNTIL_DECIDED = frozenset({("producer_surge", "healthy")})
+HELD_UNTIL_DECIDED = frozenset({("producer_surge", "healthy"), ("rebalance_loop", "healthy"),
+                                ("stalled_consumer", "healthy"), ("slow_consumer", "healthy"),
+                                ("partition_imbalance", "healthy")})
 
 
 def held_until_decided(finding: Mapping[str, Any]) -> bool:
-    """Rule 12: a young rise, a burst or a surge's start, is said once it is decided."""
+    """Rule 12: a young rise (a burst or a surge's start), young churn (a loop's start or one member
+    restarting across a sweep) and a window with no commit yet (a batch committer or a stall) are said once
+    decided."""
     return finding.get("provisional") is True and tuple(finding.get("deciding_between") or ()) in HELD_UNTIL_DECIDED
 
 
