@@ -26,8 +26,10 @@ simulated under a sweep cadence (--sweep EVERY,SAMPLES,APART; default the DAG's)
 the history cut at the end of every sweep from one before onset to 15 minutes
 after, each cut diagnosed as that sweep's 30-minute window: the time from onset to
 the first sweep that names exactly the true set (decided), wrong causes named
-before it, flips (sweeps after it that no longer name exactly the true set) and
-problems named on healthy groups.
+before it, flips (sweeps after it that no longer name exactly the true set),
+problems named on healthy groups (alarms: what Slack hears) and page wrong: the
+sweeps whose lag page shows a cause's group healthy after onset, before it is named
+(of those sweeps), or a healthy group with a problem (held ones too; of its sweeps).
 """
 
 from __future__ import annotations
@@ -161,11 +163,16 @@ def latency(seeds, groups: int, sweep: tuple[float, int, float], overrides=None,
         for r in findings(pf, gf, th).select("cluster", "diagnosis", "provisional", "deciding_between").collect():
             by_cut[r["cluster"]].append(r.asDict())
         got = {c["cluster"]: heard(by_cut[c["cluster"]]) for c in cuts}  # what Slack hears
+        # what the lag page shows: "healthy" alone, though held findings and collecting history say more
+        page_healthy = {c["cluster"] for c in cuts
+                        if by_cut[c["cluster"]] and all(f["diagnosis"] == "healthy" for f in by_cut[c["cluster"]])}
+        page_problem = {c["cluster"] for c in cuts
+                        if any(f["diagnosis"] not in ("healthy", "collecting_history") for f in by_cut[c["cluster"]])}
     by_unit = collections.defaultdict(list)
     for c in cuts:
         by_unit[(c["seed"], c["scenario"], c["group_id"])].append(c)
     out: dict = collections.defaultdict(lambda: {"times": [], "never": 0, "wrong": 0, "flips": 0, "alarms": 0,
-                                                 "cuts": 0})
+                                                 "cuts": 0, "page_wrong": 0, "before_right": 0})
     for (seed, name, _), units in by_unit.items():
         row = out[name]
         units.sort(key=lambda c: c["after_onset"])
@@ -175,7 +182,11 @@ def latency(seeds, groups: int, sweep: tuple[float, int, float], overrides=None,
             row["cuts"] += 1
             if c["truth"] == {"healthy"}:
                 row["alarms"] += seen != {"healthy"}
+                row["page_wrong"] += c["cluster"] in page_problem  # held findings too
                 continue
+            if c["after_onset"] >= 0 and right_at is None and seen != c["truth"]:  # it runs, not yet named
+                row["before_right"] += 1
+                row["page_wrong"] += c["cluster"] in page_healthy
             if c["after_onset"] < 0:
                 row["alarms"] += seen != {"healthy"}
             elif right_at is None and seen == c["truth"]:
@@ -195,13 +206,13 @@ def latency(seeds, groups: int, sweep: tuple[float, int, float], overrides=None,
     print(f"sweep every {sweep[0]:g} s, {sweep[1]} samples {sweep[2]:g} s apart, onset after {warmup_s:g} s of history; seeds {','.join(map(str, seeds))}, "
           f"{groups} groups per scenario; overrides {overrides or {}}")
     print(f"  {'scenario':30s} {'groups':>6s} {'median s':>9s} {'max s':>7s} {'never':>5s} {'wrong':>5s} {'flips':>5s} "
-          f"{'alarms':>6s}")
+          f"{'alarms':>6s} {'page wrong':>10s}")
     for name in scenarios:
         r = out[name]
         med = f"{statistics.median(r['times']):9.0f}" if r["times"] else f"{'-':>9s}"
         mx = f"{max(r['times']):7.0f}" if r["times"] else f"{'-':>7s}"
         print(f"  {name:30s} {len(r['times']) + r['never']:6d} {med} {mx} {r['never']:5d} {r['wrong']:5d} "
-              f"{r['flips']:5d} {r['alarms']:3d}/{r['cuts']}")
+              f"{r['flips']:5d} {r['alarms']:3d}/{r['cuts']} {r['page_wrong']:5d}/{r['cuts'] if name.startswith('healthy') else r['before_right']}")
     return dict(out)
 
 
