@@ -207,10 +207,11 @@ Cases from the one-minute sweep (issue 29; bench/accuracy_bench.py --latency, on
                          and no partition's time lag reaches it; not 1 or 18      commits is unknown, not zero: a
                                                                                  batch committer between commits
                                                                                  reads as stalled (a fresh
-                                                                                 deployment or a new group: named
-                                                                                 stalled at 28 of 263 sweeps of
-                                                                                 the latency bench's first 2
-                                                                                 minutes); its next commit decides,
+                                                                                 deployment or a new group: Slack
+                                                                                 heard a cause at 28 of 259 of
+                                                                                 the latency bench's sweeps with
+                                                                                 2 minutes of history, tuning
+                                                                                 seeds); its next commit decides,
                                                                                  or the window's length without
                                                                                  one; Slack hears it once decided
 
