@@ -1328,6 +1328,28 @@ def test_a_surge_is_found_at_the_second_sweep_after_its_onset_never_slow_consume
                                 "msg/s; lag went from 0 to 3,600")
 
 
+def test_a_burst_ending_and_a_rise_a_missed_sweep_stretched_are_still_young(frame):
+    """Rule case 36, from the latency bench: a burst (150 msg/s a partition for 110 s where 10 arrive, consumers
+    that read up to 30) rises over three one-minute intervals, 180 s, past surge_min_seconds, and was named a
+    surge a sweep before it drained. Its last interval rose at 3% of the one before: a burst ending, still
+    provisional against healthy; drained the next sweep. A surge whose sweep at minute 32 was missed has
+    risen for 180 s over two intervals: provisional, decided at the next sweep, as without the miss."""
+    burst = _flow(2400, lambda s: 150.0 if 1400 <= s < 1510 else 10.0, lambda s: 30.0)
+    surge = _flow(2400, lambda s: 60.0 if s >= 1830 else 20.0, lambda s: 40.0)
+    rows = [r for end in (1560, 1620) for r in _minute_window(burst, end, f"burst-{end // 60}", 4)]
+    rows += [r for end in (1980, 2040) for r in _minute_window(surge, end, f"clicks-{end // 60}")
+             if r[0] != T0 + timedelta(seconds=1920 - end + 1800)]  # the sweep at 32 missed
+    found = run_findings(frame(rows))
+    got = {f["group_id"]: (f["diagnosis"], f["deciding_between"]) for f in found}
+    assert got == {"burst-26": ("producer_surge", ["producer_surge", "healthy"]), "burst-27": ("healthy", []),
+                   "clicks-33": ("producer_surge", ["producer_surge", "healthy"]), "clicks-34": ("producer_surge", [])}, got
+    (ending,) = [f for f in found if f["group_id"] == "burst-26"]
+    assert ending["undecided_because"].startswith("the lag has risen for 3m00s, over its last interval at 3% of its "
+                                                  "fastest rise: a burst ending"), ending["undecided_because"]
+    (stretched,) = [f for f in found if f["group_id"] == "clicks-33"]
+    assert stretched["samples_needed"] == 1, stretched
+
+
 def _churning(group, owners_of_p1, states=None, stall_at=(), minutes=30, produce=100, capacity=100):
     """Two partitions at `produce` msg/s read at `capacity`, one snapshot a minute; consumer-1 owns partition 0
     and partition 1's owner at minute k is owners_of_p1(k) (None: nobody); commits stop on both partitions in

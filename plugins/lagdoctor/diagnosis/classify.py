@@ -189,7 +189,15 @@ Cases from the one-minute sweep (issue 29; bench/accuracy_bench.py --latency, on
                                                                                  a cadence whose next sweep comes
                                                                                  soon (mean interval <= 75 s, or
                                                                                  <= 4 snapshots): at 5 minutes
-                                                                                 waiting costs a sweep
+                                                                                 waiting costs a sweep. Young too:
+                                                                                 a rise over fewer intervals than
+                                                                                 surge_min_seconds takes at the
+                                                                                 sweep's cadence (a missed sweep
+                                                                                 stretched it), or one whose last
+                                                                                 interval rose at under
+                                                                                 burst_slowing_ratio of its fastest
+                                                                                 (a burst ending; up to 2 x
+                                                                                 surge_min_seconds)
 
 37  young loop           owner ids came or went (or a rebalance began) in two     2, provisional against healthy
                          intervals or more, the last among them, fewer times     (deciding_between [rebalance_loop,
@@ -305,6 +313,8 @@ unless 7 or 10 holds (then warning).
 """
 
 from __future__ import annotations
+
+import math
 
 from datetime import datetime
 
@@ -687,7 +697,13 @@ def findings(
     # deployment's, says little of its cadence), not at 5 minutes, where waiting costs a whole sweep
     interval = F.try_divide(c("window_seconds"), c("snapshots") - 1)
     frequent = (interval <= th.surge_min_seconds / 2) | (c("snapshots") <= 4)
-    young = F.coalesce((c("climb_span") < th.surge_min_seconds) & frequent, F.lit(False))
+    # (or seen over fewer intervals than that takes at the sweep's cadence: a missed sweep stretched it; or
+    # its last interval rose at under burst_slowing_ratio of its fastest, a burst ending, up to twice as long)
+    climb_intervals_min = math.ceil(th.surge_min_seconds / th.history_interval_seconds)
+    slowing = F.coalesce((c("lag_last_rate") < th.burst_slowing_ratio * c("climb_peak_rate"))
+                         & (c("climb_span") < 2 * th.surge_min_seconds), F.lit(False))
+    young = F.coalesce(((c("climb_span") < th.surge_min_seconds) | (c("climb_intervals") < climb_intervals_min)
+                        | slowing) & frequent, F.lit(False))
     # a rise on under surge_partition_fraction of the partitions is a hot key (11; one of two is either)
     hot_key = (F.coalesce(c("surging_count"), F.lit(0)) >= 1) & (
         c("surging_count") < th.surge_partition_fraction * c("busy_count"))
@@ -728,7 +744,8 @@ def findings(
     # fallback baseline) is too short to tell a risen load from one that was always too much.
     base_need = th.provisional_baseline_thirds * th.baseline_min_seconds
     base_more = F.greatest(F.lit(1), F.ceil(F.try_divide(c("t_first") + base_need - c("t_last"), interval))).cast("int")
-    young_more = F.greatest(F.lit(1), F.ceil(F.try_divide(th.surge_min_seconds - c("climb_span"), interval))).cast("int")
+    young_more = F.greatest(F.lit(1), F.ceil(F.try_divide(th.surge_min_seconds - c("climb_span"), interval)),
+                            F.lit(climb_intervals_min) - c("climb_intervals")).cast("int")
     base_pending = (
         ~crashed & ~loop
         & (F.coalesce(c("baseline_known_count"), F.lit(0)) == 0)
@@ -743,6 +760,8 @@ def findings(
             "base_samples_needed": base_more,
             "base_decided_t": c("t_last") + base_more * interval,
             "young_surge": young_surge,
+            "young_slowing": slowing & (c("climb_span") >= th.surge_min_seconds)
+            & (c("climb_intervals") >= climb_intervals_min),
             "young_samples_needed": young_more,
             "young_decided_t": c("t_last") + young_more * interval,
         }
@@ -854,10 +873,15 @@ def findings(
 
     young_undecided = undecided(
         c("young_surge"), ["producer_surge", "healthy"], c("young_decided_t"), c("young_samples_needed"),
-        F.format_string(
+        F.when(c("young_slowing"), F.format_string(
+            "the lag has risen for %s, over its last interval at %d%% of its fastest rise: a burst ending, which "
+            "drains by the next sweeps, or a surge the consumers begin to meet",
+            _duration(c("climb_span")),
+            F.round(F.try_divide(c("lag_last_rate"), c("climb_peak_rate")) * 100).cast("int"),
+        )).otherwise(F.format_string(
             "the lag has risen at every snapshot for %s: a burst its consumers absorb rises as a surge starts, "
             "and drains within minutes; a surge keeps it rising past %s",
-            _duration(c("climb_span")), _duration(F.lit(th.surge_min_seconds))),
+            _duration(c("climb_span")), _duration(F.lit(th.surge_min_seconds)))),
     )
 
     def finding(name, partitions, focus, summary, pending=no_undecided):

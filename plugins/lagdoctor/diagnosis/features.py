@@ -632,6 +632,8 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
     floor = F.greatest(F.lit(float(th.pattern_min_lag)), rate_all * th.pattern_min_seconds)
     s = s.withColumns(
         {
+            # the last snapshot at which the lag did not rise (rule case 36: the climb's start)
+            "climb_from": F.max(F.when(F.coalesce(F.col("dlag") <= 0, F.lit(True)), F.col("t"))).over(wall),
             "x": F.coalesce(_ratio(F.col("t") - F.col("s_first"), span), F.lit(0.0)),
             "y": F.col("total_lag") / F.greatest(F.col("lag_max_all").cast("double"), floor, F.lit(1.0)),
             "noise_floor": floor,
@@ -723,6 +725,11 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
         (F.max(rise_t) - F.min(rise_t)).alias("rise_span"),
         # how long the lag has risen at every snapshot, to the last (rule case 36: a burst's rise is young)
         (F.max("t") - F.max(F.when(F.coalesce(F.col("dlag") <= 0, F.lit(True)), F.col("t")))).alias("climb_span"),
+        # its intervals, its fastest rise and the last interval's (msg/s): a burst's rise slows as it ends
+        F.count(F.when(F.col("t") > F.col("climb_from"), 1)).alias("climb_intervals"),
+        F.max(F.when(F.col("t") > F.col("climb_from"), _ratio(F.col("dlag"), F.col("dt")))).alias("climb_peak_rate"),
+        F.max_by(_ratio(F.col("dlag"), F.col("dt")), F.when(F.col("dlag").isNotNull(), F.col("t"))).alias(
+            "lag_last_rate"),
         # shape of y
         F.min_by("y", "t").alias("y_start"),
         F.max_by("y", "t").alias("y_end"),
@@ -780,6 +787,9 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
         # the same fit over the rows since the lag began to rise: the fitted rise since then
         "rise_snapshots",
         "climb_span",
+        "climb_intervals",
+        "climb_peak_rate",
+        "lag_last_rate",
         F.coalesce(_ratio(F.col("cov_rise"), F.col("var_rise")) * F.col("rise_span"), F.lit(0.0)).alias("rise_growth"),
         F.coalesce(F.col("corr_rise") * F.col("corr_rise"), F.lit(0.0)).alias("rise_r2"),
         (F.col("lag_max") < F.col("noise_floor")).alias("below_noise_floor"),

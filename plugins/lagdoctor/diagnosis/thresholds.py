@@ -51,6 +51,10 @@ class Thresholds:
     # consumers absorb rises for a minute or two and then drains. At a cadence that sees it again
     # within this time (the one-minute sweep) the surge waits for it, provisional (rule case 36).
     surge_min_seconds: float = 150.0
+    # ... and so is a rise seen over fewer intervals than surge_min_seconds takes at the sweep's
+    # cadence (a missed sweep stretched one), or one whose last interval rose at under this share of
+    # its fastest (a burst ending), up to twice surge_min_seconds.
+    burst_slowing_ratio: float = 0.33
     # "Before" is the baseline: the time before a partition's lag first passed this
     # share of its window maximum, preferably the part spanning `baseline_min_seconds`
     # without its last interval; shorter ones still count (a surge that began early in
