@@ -832,11 +832,30 @@ def compile_groups(pattern: str):
             raise ValueError(f"invalid --groups regex {pattern!r}: {exc}") from None
 
 
+def _is_rpc_error(exc: BaseException) -> bool:
+    try:
+        import grpc
+    except ImportError:  # no Spark Connect client here: no gRPC errors either
+        return False
+    return isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None))
+
+
 def one_line(exc: BaseException) -> str:
-    """First meaningful line of an exception message (Py4J errors carry JVM stacks)."""
+    """First meaningful line of an exception message (Py4J errors carry JVM stacks; a gRPC error from
+    Spark Connect is said as its status and details, not the first line of its repr)."""
     import re
 
     text = str(exc).strip()
+    if _is_rpc_error(exc):
+        try:
+            status, said = exc.code(), exc.details()
+        except Exception:  # noqa: BLE001 - a call without a status yet: read its text below
+            status = said = None
+        if status is not None:
+            return f"gRPC call failed: {getattr(status, 'name', status)}: {' '.join(str(said or '').split())}"[:400]
+    rpc = re.search(r'status = StatusCode\.(\w+)\s+details = "((?:[^"\\]|\\.)*)"', text)
+    if rpc:  # the same error's text, as a wrapper carried it ("<_MultiThreadedRendezvous of RPC that ...")
+        return f"gRPC call failed: {rpc.group(1)}: {' '.join(rpc.group(2).split())}"[:400]
     for line in text.splitlines():
         line = line.strip().lstrip(": ").strip()
         if not line or line.startswith(("JVM stacktrace", "at ", "py4j", "An error occurred while calling")):
