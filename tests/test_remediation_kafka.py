@@ -222,6 +222,26 @@ def test_add_partitions_grows_the_topic_and_the_group_rebalances_onto_them(setti
         consumer.close()
 
 
+def test_add_partitions_for_several_groups_on_one_topic_grows_it_once(settings, kafka_bootstrap, kafka_cluster,
+                                                                     unique):
+    """Issue 30: a surge on a shared topic makes every group on it critical; approving each group's
+    add_partitions grew the topic once per group (2 -> 4 -> 6 -> 8), each form line saying "grow by 2".
+    The topic is the target: the first grows it, the others wait out the cooldown, each saying so."""
+    topic = unique("shared")
+    create_topics(kafka_bootstrap, topic)
+    records = []
+    for k in range(3):
+        f = {"cluster": kafka_cluster, "group_id": unique(f"g{k}"), "topic": topic, "partitions": [],
+             "diagnosis": "producer_surge", "pattern": "explosion", "severity": "critical", "summary": "surge",
+             "evidence": {"partition_count": 2, "group_members": 2}}
+        records.append(run_action("add_partitions", f, run_id="r1", dry_run=False, approved=True, now=T0))
+    assert [r["status"] for r in records] == ["executed", "blocked", "blocked"], records
+    assert f"add_partitions on topic {topic} on {kafka_cluster}" in records[1]["message"], records[1]["message"]
+    assert "cooldown ends in" in records[1]["message"]
+    with admin(kafka_bootstrap) as a:
+        assert len(a.list_topics(topic=topic, timeout=10).topics[topic].partitions) == 4
+
+
 def test_add_partitions_on_a_topic_deleted_meanwhile_is_blocked_and_creates_nothing(settings, kafka_bootstrap,
                                                                                    kafka_cluster, unique):
     topic = unique("surge")

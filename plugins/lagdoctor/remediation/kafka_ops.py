@@ -328,6 +328,11 @@ class AddPartitions(Action):
                "partitions (per-key order breaks across the change) and every group on the topic rebalances.")
     params = {"add": int, "total": int}
 
+    def target(self, ctx: ActionContext) -> str | None:
+        """The topic, not the group: a surge on a shared topic makes every group on it critical, and
+        per-group cooldowns and leases grew a 12-partition topic to 18, 24 and 30 on "approve all"."""
+        return f"topic {ctx.topic} on {ctx.cluster}"
+
     def blocked_by_finding(self, ctx: ActionContext) -> str | None:
         """The runbook's order: more partitions help only a group that already has a consumer on each
         partition; below that, scaling consumers is the cheaper, reversible step."""
