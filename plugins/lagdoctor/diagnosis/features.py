@@ -724,7 +724,7 @@ def group_features(series, thresholds: Thresholds = Thresholds()):
         F.count(rise_t).alias("rise_snapshots"),
         (F.max(rise_t) - F.min(rise_t)).alias("rise_span"),
         # how long the lag has risen at every snapshot, to the last (rule case 36: a burst's rise is young)
-        (F.max("t") - F.max(F.when(F.coalesce(F.col("dlag") <= 0, F.lit(True)), F.col("t")))).alias("climb_span"),
+        (F.max("t") - F.max("climb_from")).alias("climb_span"),
         # its intervals, its fastest rise and the last interval's (msg/s): a burst's rise slows as it ends
         F.count(F.when(F.col("t") > F.col("climb_from"), 1)).alias("climb_intervals"),
         F.max(F.when(F.col("t") > F.col("climb_from"), _ratio(F.col("dlag"), F.col("dt")))).alias("climb_peak_rate"),
