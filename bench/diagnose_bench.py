@@ -429,7 +429,7 @@ def run_shapes(args, conf_base, env) -> int:
                         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
                     else:
                         proc = run_connect_process(str(store), str(out), as_of.isoformat(), window,
-                                                   remote=server.url, extra_args=["--quarantine"],
+                                                   remote=server.client_url, extra_args=["--quarantine"],
                                                    session_conf=session_conf)
                     wall = time.perf_counter() - start
                 case.span_ms = (t0_ms, int(time.time() * 1000))
@@ -476,12 +476,12 @@ def run_shapes(args, conf_base, env) -> int:
                     store, as_of, window, _ = stores[warm.key]
                     t_warm = time.perf_counter()
                     proc = run_connect_process(str(store), str(out_root / "warm-up"), as_of.isoformat(), window,
-                                               remote=server.url, extra_args=["--quarantine"],
+                                               remote=server.client_url, extra_args=["--quarantine"],
                                                session_conf=session_conf)
                     print(f"  warm-up: the job once on {warm.shape} {warm.groups:,} x {warm.partitions} on the fresh "
                           f"server, {time.perf_counter() - t_warm:.1f} s (exit {proc.returncode}; discarded)",
                           flush=True)
-                    walls = [trivial_query(server.url) for _ in range(args.baseline_repeat)]
+                    walls = [trivial_query(server.client_url) for _ in range(args.baseline_repeat)]
                     baselines["connect"] = (median(walls), len(walls))
                     print(f"  baseline: trivial Connect query on the warm server: "
                           f"{', '.join(f'{w:.2f}' for w in walls)} s -> median {median(walls):.2f} s", flush=True)

@@ -107,6 +107,7 @@ def main(argv=None) -> int:
     )
 
     args, thresholds = parse_args(argv)
+    die_with_parent()
     try:
         check_input_path(args.snapshots)  # before the JVM starts: fails in a second
         as_of = parse_as_of(args.as_of)
@@ -186,6 +187,28 @@ def _remote_name() -> str:
 
     remote = os.environ.get("SPARK_REMOTE", "")
     return f" on {remote.split(';', 1)[0].rstrip('/')}" if remote else ""
+
+
+PARENT_PID_ENV = "LAGDOCTOR_PARENT_PID"  # set by DiagnoseLagOperator for its Connect client
+
+
+def die_with_parent() -> None:
+    """With $LAGDOCTOR_PARENT_PID (the Airflow task that started this client): a SIGTERM when that
+    process dies, even by SIGKILL, so the client never outlives its task and never writes a
+    run the task has given up on (Linux; elsewhere the task's on_kill alone stops it)."""
+    import ctypes
+    import os
+    import signal
+
+    parent = os.environ.get(PARENT_PID_ENV)
+    if not parent:
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(parent):  # the task died before prctl took: nobody waits for this run
+        raise SystemExit(128 + signal.SIGTERM)
 
 
 def stop_on_term(spark) -> None:

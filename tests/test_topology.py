@@ -195,9 +195,11 @@ def test_every_part_answers_on_loopback(world):
     assert [w["state"] for w in master["workers"]] == ["ALIVE", "ALIVE"]
     assert [w["cores"] for w in master["workers"]] == [1, 1]
     # the warm engine: a Connect server answering a new client, its executors on one of the two cores
-    from lagdoctor.connectserver import trivial_query
+    from lagdoctor.connectserver import client_url, trivial_query
 
-    assert trivial_query(a.spark_connect) > 0
+    assert trivial_query(client_url(a.spark_connect, a.spark_connect_token)) > 0
+    with pytest.raises(Exception, match="UNAUTHENTICATED"):  # locked: a client without its token is refused
+        trivial_query(a.spark_connect)
     (engine,) = [app for app in master["activeapps"] if app["name"] == "lagdoctor-connect-server"]
     assert engine["cores"] == 1
     assert len(AdminClient({"bootstrap.servers": a.kafka_bootstrap}).list_topics(timeout=10).brokers) == 1
@@ -224,6 +226,7 @@ def test_two_celery_workers_are_registered_with_homes_of_their_own(world):
     assert env["LAGDOCTOR_DATA_ROOT"] == f"s3://{a.bucket}/lagdoctor"
     engine = json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"])
     assert engine["conn_type"] == "spark_connect" and f"sc://{engine['host']}:{engine['port']}" == a.spark_connect
+    assert engine["password"] == a.spark_connect_token
     spark = json.loads(env["AIRFLOW_CONN_SPARK_SUBMIT"])
     assert f"{spark['host']}:{spark['port']}" == a.spark_master and spark["extra"]["deploy-mode"] == "client"
     assert json.loads(env["AIRFLOW_CONN_LAGDOCTOR_STATE"])["schema"] == "lagdoctor_state"

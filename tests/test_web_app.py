@@ -347,6 +347,44 @@ def test_a_retried_diagnosis_rewriting_a_complete_run_is_skipped_until_it_finish
         assert _severities(client, root)[2]["orders-processor"] == "critical"
 
 
+def test_a_run_whose_diagnose_task_failed_is_never_read_even_when_a_late_job_finished_it(lag_data_root):
+    """A diagnose try timed out, and a job it could not stop wrote the folder whole afterwards:
+    the task's failure decides. The page, API and exporter keep the last good run and say why;
+    the next try of the same task clears the mark and its run is read."""
+    from lagdoctor.contracts import FINDINGS_FILE, PARTITION_STATUS_FILE
+    from lagdoctor.diagnosis import output
+    from lagdoctor.runindex import clear_failed, mark_failed
+
+    root = lag_data_root.root
+    sweep = lag_data_root.findings_root / lag_data_root.sweep_run_key
+    findings = [json.loads(line) for line in (sweep / FINDINGS_FILE).read_text().splitlines()]
+    failed = lag_data_root.findings_root / "kafka_lag_health_sweep__scheduled__timed-out"
+    output.begin_outputs(str(failed), now="2026-11-21T14:35:00+00:00")
+    mark_failed(str(failed), "the diagnose task failed: AirflowTaskTimeout: Timeout, PID: 4242")
+    # the late job: every output, then _SUCCESS, after the task gave up
+    output.write_text(str(failed), FINDINGS_FILE, "".join(json.dumps(f) + "\n" for f in _healthy_copy(findings)))
+    output.write_text(str(failed), PARTITION_STATUS_FILE, (sweep / PARTITION_STATUS_FILE).read_text())
+    output.finish_outputs(str(failed), {name: {"bytes": (failed / name).stat().st_size}
+                                        for name in (FINDINGS_FILE, PARTITION_STATUS_FILE)},
+                          now="2026-11-21T14:36:00+00:00")
+    with client_for(root) as client:
+        page, api, exported = _severities(client, root)
+        assert page["orders-processor"] == api["orders-processor"] == exported["orders-processor"] == "critical"
+        note = (f"1 incomplete run skipped: {failed} "
+                f"(the diagnose task failed: AirflowTaskTimeout: Timeout, PID: 4242)")
+        assert note in htmllib.unescape(client.get("/").text)
+        clear_failed(str(failed))  # a new try of the task, which then wrote the same folder
+        page, api, exported = _severities(client, root)
+        assert page["orders-processor"] == api["orders-processor"] == exported["orders-processor"] == "ok"
+
+
+def test_a_failed_try_that_wrote_nothing_leaves_no_folder(tmp_path):
+    from lagdoctor.runindex import mark_failed
+
+    mark_failed(str(tmp_path / "never-begun"), "the diagnose task failed: AirflowTaskTimeout")
+    assert list(tmp_path.iterdir()) == []
+
+
 def _window_end_of(lag_data_root) -> datetime:
     path = lag_data_root.findings_root / lag_data_root.sweep_run_key / "findings.jsonl"
     end = json.loads(path.read_text().splitlines()[0])["window_end"]

@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from datetime import datetime, timezone
 
 log = logging.getLogger("lagdoctor")
@@ -127,11 +128,30 @@ def cmd_describe(args: argparse.Namespace) -> int:
 def cmd_diagnose(args: argparse.Namespace, passthrough: list[str]) -> int:
     from lagdoctor.diagnosis.submit import run_connect_process, run_diagnosis
 
+    if args.token_file and not args.remote:
+        raise CommandError("diagnose: --token-file goes with --remote")
     if args.remote:
+        from lagdoctor.connectserver import TOKEN_ENV, client_url
+        from lagdoctor.diagnosis.submit import connect_params
+
         if args.master:
             raise CommandError("diagnose: --remote and --master exclude each other (the server has its master)")
-        return run_connect_process(args.snapshots, args.output, args.as_of, args.window_minutes, remote=args.remote,
-                                   extra_args=passthrough, capture=False).returncode
+        if connect_params(args.remote).get("token"):
+            raise CommandError("diagnose: a token in --remote is readable by every local user (ps); "
+                               "use --token-file or $" + TOKEN_ENV)
+        token = os.environ.get(TOKEN_ENV)
+        if args.token_file:
+            try:
+                token = Path(args.token_file).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise CommandError(f"diagnose: cannot read the token file {args.token_file}: "
+                                   f"{exc.strerror or exc}") from None
+        try:
+            return run_connect_process(args.snapshots, args.output, args.as_of, args.window_minutes,
+                                       remote=client_url(args.remote, token), extra_args=passthrough,
+                                       capture=False).returncode
+        except ValueError as exc:
+            raise CommandError(f"diagnose: {exc}") from None
     return run_diagnosis(
         snapshots=args.snapshots,
         output=args.output,
@@ -195,6 +215,8 @@ def cmd_connect_server(args: argparse.Namespace) -> int:
     from lagdoctor.connectserver import main as serve
 
     argv = ["--port", str(args.port), "--master", args.master, "--workdir", args.workdir]
+    if args.token_file:
+        argv += ["--token-file", args.token_file]
     if args.driver_memory:
         argv += ["--driver-memory", args.driver_memory]
     return serve(argv)
@@ -203,8 +225,6 @@ def cmd_connect_server(args: argparse.Namespace) -> int:
 # -- topology -----------------------------------------------------------------
 
 def cmd_topology(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from lagdoctor.lab.topology import run
 
     return run(Path(args.workdir), args.port)
@@ -261,6 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--master", default=None, help="Spark master (default: local[*])")
     p.add_argument("--remote", default=None, metavar="sc://HOST:PORT",
                    help="run as a client of this Spark Connect server instead of spark-submit")
+    p.add_argument("--token-file", default=None, metavar="PATH",
+                   help="with --remote: the file holding the server's token (`lagdoctor connect-server` "
+                        "keeps it in DIR/token); or set $SPARK_CONNECT_AUTHENTICATE_TOKEN. Never on the "
+                        "command line: other users can read it there")
     p.set_defaults(func=cmd_diagnose)
 
     p = sub.add_parser("connect-server", help="run a Spark Connect server (the warm engine) until Ctrl-C")
@@ -268,6 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--master", default="local[*]", help="its Spark master (default: local[*])")
     p.add_argument("--driver-memory", default=None, metavar="SIZE", help="e.g. 2g (default: Spark's, 1g)")
     p.add_argument("--workdir", default=".connect-server", metavar="DIR", help="its log (default: .connect-server)")
+    p.add_argument("--token-file", default=None, metavar="PATH",
+                   help="its token, 0600, kept across restarts (default: DIR/token, created when missing)")
     p.set_defaults(func=cmd_connect_server)
 
     p = sub.add_parser("compact", help="fold each closed hour's snapshot files into one file")

@@ -8,8 +8,9 @@ between runs.
 
     server = ConnectServer(workdir, master="local[2]")
     with server:                      # started, ready, stopped (with its JVM) on exit
-        server.url                    # sc://127.0.0.1:PORT: the `spark_connect` connection's host and port
-        trivial_query(server.url)     # seconds of a new session's count of 1,000 rows
+        server.url                    # sc://localhost:PORT: the `spark_connect` connection's host and port
+        server.token                  # its password: a client without it is refused
+        trivial_query(server.client_url)  # seconds of a new session's count of 1,000 rows
 
 `lagdoctor connect-server` runs one in the foreground. `make airflow`, the demo
 and the topology start one and point the `spark_default` connection at it
@@ -19,6 +20,14 @@ server (jars/spark-connect_2.13-4.3.0.jar); lagdoctor runs it as a plugin of a
 small driver of its own (connect_driver.py: sessions share one class loader, so
 a warm run reuses the classes the last one compiled), in its own process group
 so stopping it never leaves its JVM behind.
+
+The server is locked: it starts with a random token (Spark's
+`spark.connect.authenticate.token`, given in its environment, never its argv),
+and a client must send it (`sc://localhost:PORT/;token=...`, the connection's
+password). Without it any local user could run queries, read what the server's
+user can read and use the store's keys it holds. `localhost`, not 127.0.0.1:
+pyspark sends a token over plain TCP only to `localhost` (gRPC local
+credentials); to any other host it uses TLS.
 """
 
 from __future__ import annotations
@@ -37,7 +46,9 @@ from pathlib import Path
 # every warm run a cold code-generation cache.
 CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
 READY_LINE = "Spark Connect server started"
-HOST = "127.0.0.1"
+HOST = "127.0.0.1"  # where the server binds
+CLIENT_HOST = "localhost"  # what clients dial: pyspark's only host for a token without TLS
+TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"  # read by Spark's server and by pyspark's client
 DEFAULT_PORT = 15002  # Spark Connect's own default
 STOP_GRACE_S = 20.0
 READY_TIMEOUT_S = 300.0  # a loaded 2-core machine starts it in well under a minute
@@ -142,18 +153,27 @@ class ConnectServer:
 
     def __init__(self, workdir: str | Path, *, port: int | None = None, host: str = HOST, master: str = "local[*]",
                  conf: Mapping[str, str] | None = None, driver_memory: str | None = None,
-                 secret_conf: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None) -> None:
+                 secret_conf: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None,
+                 token: str | None = None) -> None:
         self.workdir = Path(workdir)
         self.host, self.port = host, port or free_port()
         self.master, self.conf, self.driver_memory = master, dict(conf or {}), driver_memory
         self.secret_conf = dict(secret_conf or {})
+        self.token = token or new_token()
         self.env = server_env(env)
+        self.env[TOKEN_ENV] = self.token
         self.log = self.workdir / "connect-server.log"
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"sc://{self.host}:{self.port}"
+        """sc://localhost:PORT: where clients dial it; no secret (safe in a log line)."""
+        return f"sc://{CLIENT_HOST if self.host == HOST else self.host}:{self.port}"
+
+    @property
+    def client_url(self) -> str:
+        """The URL a client connects with: its token included (a secret: never log it)."""
+        return client_url(self.url, self.token)
 
     @property
     def pid(self) -> int | None:
@@ -221,13 +241,51 @@ class ConnectServer:
         self.stop()
 
 
-def connection_json(url: str) -> str:
-    """The `spark_default` connection (AIRFLOW_CONN_SPARK_DEFAULT) for a server at sc://host:port."""
+def new_token() -> str:
+    import secrets
+
+    return secrets.token_urlsafe(32)
+
+
+def client_url(url: str, token: str | None) -> str:
+    """sc://host:port/;token=... (the provider's form); `url` unchanged without a token."""
+    from urllib.parse import quote
+
+    base = url.split(";", 1)[0].rstrip("/")
+    return f"{base}/;token={quote(token, safe='')}" if token else url
+
+
+def read_or_create_token(path: str | Path) -> str:
+    """The token kept in `path` (0600), created on first use: a restarted server keeps the token
+    its clients' connection holds."""
+    path = Path(path)
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        token = ""
+    if token:
+        return token
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = new_token()
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(token + "\n")
+    os.replace(tmp, path)
+    return token
+
+
+def connection_json(url: str, token: str | None = None) -> str:
+    """The `spark_default` connection (AIRFLOW_CONN_SPARK_DEFAULT) for a server at sc://host:port,
+    its token as the connection's password (the provider puts it in the client's URL)."""
     import json
     from urllib.parse import urlparse
 
-    parsed = urlparse(url)
-    return json.dumps({"conn_type": "spark_connect", "host": parsed.hostname, "port": parsed.port})
+    parsed = urlparse(url.split(";", 1)[0])
+    conn: dict[str, object] = {"conn_type": "spark_connect", "host": parsed.hostname, "port": parsed.port}
+    if token:
+        conn["password"] = token
+    return json.dumps(conn)
 
 
 def trivial_query(url: str) -> float:
@@ -260,8 +318,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--driver-memory", default=None)
     parser.add_argument("--workdir", default=".connect-server")
+    parser.add_argument("--token-file", default=None,
+                        help="the server's token, kept 0600 and reused at the next start "
+                             "(default: WORKDIR/token; created when missing)")
     args = parser.parse_args(argv)
-    server = ConnectServer(args.workdir, port=args.port, master=args.master, driver_memory=args.driver_memory)
+    token_file = Path(args.token_file or Path(args.workdir) / "token")
+    conn_file = Path(args.workdir) / "spark_default.json"
+    try:
+        token = read_or_create_token(token_file)
+    except OSError as exc:
+        print(f"cannot read or create the token file {token_file}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    server = ConnectServer(args.workdir, port=args.port, master=args.master, driver_memory=args.driver_memory,
+                           token=token)
     stopping = False
 
     def on_signal(*_: object) -> None:
@@ -275,7 +344,12 @@ def main(argv: list[str] | None = None) -> int:
         server.wait_ready(progress=print)
         print(f"Spark Connect server on {server.url} (master {args.master}); log {server.log}; Ctrl-C stops it",
               flush=True)
-        print(f"  AIRFLOW_CONN_SPARK_DEFAULT='{connection_json(server.url)}'", flush=True)
+        # the connection holds the token: to a 0600 file, never the terminal
+        fd = os.open(conn_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(connection_json(server.url, token) + "\n")
+        print(f"  its connection, token included: export AIRFLOW_CONN_SPARK_DEFAULT=\"$(cat {conn_file})\"",
+              flush=True)
         while not stopping and server.alive():
             time.sleep(0.5)
         if not stopping:

@@ -37,6 +37,7 @@ Reports never hold back Slack: a report that fails or times out fails its own ta
 from __future__ import annotations
 
 import logging
+import os
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator
@@ -119,6 +120,15 @@ def _connection_extra(conn_id: str) -> dict[str, Any]:
 
 CONNECT_CONN_TYPE = "spark_connect"
 CONNECT_STOP_GRACE_S = 15.0  # the job interrupts its queries on the server on SIGTERM
+PARENT_PID_ENV = "LAGDOCTOR_PARENT_PID"  # spark_jobs/diagnose_lag.py dies with the process it names
+
+
+def stop_connect_client(proc) -> None:
+    """TERM to the client's group (it interrupts its queries on the server, then exits), KILL
+    after the grace; returns once it is gone."""
+    from lagdoctor.connectserver import stop_process_group
+
+    stop_process_group(proc, grace_s=CONNECT_STOP_GRACE_S)
 
 
 class DiagnoseLagOperator(SparkSubmitOperator):
@@ -143,14 +153,23 @@ class DiagnoseLagOperator(SparkSubmitOperator):
     def execute(self, context: Any) -> None:
         import tempfile
 
+        from lagdoctor.notify.redact import one_line
+        from lagdoctor.runindex import clear_failed, mark_failed
+
         prep = context["ti"].xcom_pull(task_ids=self.prepare_task_id)
         conn = _connection(self._conn_id)
-        with tempfile.TemporaryDirectory(prefix="lagdoctor-submit-") as private:  # 0700, removed after
-            if conn is not None and conn.conn_type == CONNECT_CONN_TYPE:
-                self.run_on_connect(prep, private)
-                return
-            self._hook = self.prepared_hook(prep, private)
-            self._submit(context)
+        clear_failed(prep["output"])  # this try's outcome decides, not the last one's
+        try:
+            with tempfile.TemporaryDirectory(prefix="lagdoctor-submit-") as private:  # 0700, removed after
+                if conn is not None and conn.conn_type == CONNECT_CONN_TYPE:
+                    self.run_on_connect(prep, private)
+                    return
+                self._hook = self.prepared_hook(prep, private)
+                self._submit(context)
+        except BaseException as exc:
+            # A failed try's folder is never current, whatever a job still running writes to it later.
+            mark_failed(prep["output"], f"the diagnose task failed: {one_line(exc) or type(exc).__name__}")
+            raise
 
     def run_on_connect(self, prep: dict[str, Any], private_dir: str) -> None:
         """The job as a client of the connection's Spark Connect server; its output goes to the
@@ -172,14 +191,20 @@ class DiagnoseLagOperator(SparkSubmitOperator):
                                 operator_conf=self.conf, session_conf_dir=private_dir)
         self.log.info("diagnosis on the Spark Connect server %s", url.split(";", 1)[0])  # never its token
         tail: deque[str] = deque(maxlen=40)
-        self._connect_proc = proc = subprocess.Popen(plan.command, env=plan.env, stdout=subprocess.PIPE,
-                                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+        # its own process group, to be stopped whole; it dies with this process (LAGDOCTOR_PARENT_PID)
+        self._connect_proc = proc = subprocess.Popen(
+            plan.command, env={**plan.env, PARENT_PID_ENV: str(os.getpid())}, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
         try:
             for line in proc.stdout:
                 self.log.info("%s", line.rstrip())
                 tail.append(line)
             code = proc.wait()
         finally:
+            # A timeout (AirflowTaskTimeout) or a kill raised in the loop: Airflow's on_kill comes
+            # after this, so the client is stopped here, never left running its queries.
+            if proc.poll() is None:
+                stop_connect_client(proc)
             self._connect_proc = None
         if code == 0:
             return
@@ -189,17 +214,11 @@ class DiagnoseLagOperator(SparkSubmitOperator):
         raise AirflowException(line)
 
     def on_kill(self) -> None:
-        import subprocess
-
         proc = self._connect_proc
         if proc is None:
             super().on_kill()
             return
-        proc.terminate()  # the job interrupts its server-side queries, then exits
-        try:
-            proc.wait(CONNECT_STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_connect_client(proc)
 
     def prepared_hook(self, prep: dict[str, Any], private_dir: str):
         """The provider's hook for `prep` on the connection's master: its spark-binary, conf

@@ -65,10 +65,12 @@ FINDINGS_FILE = "findings.jsonl"  # contract 2 (lagdoctor.contracts)
 PARTITION_STATUS_FILE = "partition_status.jsonl"
 SUCCESS_FILE = "_SUCCESS"  # the job's completion marker, written last (lagdoctor.diagnosis.output)
 WRITING_FILE = "_WRITING"  # written before the job's first output, removed after _SUCCESS
+FAILED_FILE = "_FAILED"  # written by the diagnose task when its try failed (DiagnoseLagOperator)
 QUARANTINED_FILE = "quarantined.jsonl"
 CONTRACT_OUTPUTS = (FINDINGS_FILE, PARTITION_STATUS_FILE)
 # Every file the completeness rule or a fold looks at: a change to any of them re-reads the folder.
-WATCHED = (FINDINGS_FILE, PARTITION_STATUS_FILE, RUN_FILE, SUCCESS_FILE, WRITING_FILE, QUARANTINED_FILE)
+WATCHED = (FINDINGS_FILE, PARTITION_STATUS_FILE, RUN_FILE, SUCCESS_FILE, WRITING_FILE, QUARANTINED_FILE,
+           FAILED_FILE)
 MAX_FOLD = 500  # run folders read in one refresh, at most (first use, or a key's older runs)
 BACKFILL_RUNS = 25  # folders left unread by a first use, read per later refresh
 RECHECK_RUNS = 6  # newest runs compared on each refresh: a plan retry lands within minutes
@@ -227,6 +229,8 @@ def run_completeness(fs, path: str, sizes: Mapping[str, Any] | None = None) -> C
     ``sizes``: {file name: size} of the folder's files when the caller listed it
     already (it must name every file of WATCHED that is there), else one listing.
 
+    - ``_FAILED`` there: incomplete, whatever else is (the diagnose task failed; a job it
+      could not stop may still have finished writing, for a run nobody will post).
     - ``_SUCCESS`` there: complete when it parses and every output it names is
       there with the bytes it names (a retried job removes it before rewriting).
     - else ``_WRITING`` there: incomplete (the job is writing, or was killed).
@@ -240,6 +244,8 @@ def run_completeness(fs, path: str, sizes: Mapping[str, Any] | None = None) -> C
         sizes = folder_sizes(fs, path)
         if sizes is None:
             return Completeness(False)
+    if FAILED_FILE in sizes:
+        return Completeness(False, _failed_reason(fs, path))
     if SUCCESS_FILE in sizes:
         try:
             with fs.open(f"{path}/{SUCCESS_FILE}", "rt", encoding="utf-8") as fh:
@@ -263,6 +269,38 @@ def run_completeness(fs, path: str, sizes: Mapping[str, Any] | None = None) -> C
     if PARTITION_STATUS_FILE not in sizes:
         return Completeness(False, f"no {SUCCESS_FILE} and no {PARTITION_STATUS_FILE}")
     return Completeness(True, legacy=True)
+
+
+def _failed_reason(fs, path: str) -> str:
+    try:
+        with fs.open(f"{path}/{FAILED_FILE}", "rt", encoding="utf-8") as fh:
+            reason = " ".join(fh.read().split())[:300]
+    except OSError:
+        reason = ""
+    return reason or "the diagnose task failed"
+
+
+def mark_failed(run_dir: str, reason: str) -> None:
+    """The diagnose task's try failed: its folder, when the job began one, is never read as a
+    run (run_completeness). Best effort: a store that cannot take the marker leaves the job's
+    own markers to decide."""
+    try:
+        fs, path = filesystem(run_dir)
+        if not fs.isdir(path):  # the job wrote nothing: nothing to keep from readers
+            return
+        with fs.open(f"{path}/{FAILED_FILE}", "wt", encoding="utf-8") as fh:
+            fh.write(" ".join(reason.split())[:300] + "\n")
+    except Exception as exc:  # noqa: BLE001 - the task's own failure is what the user must see
+        log.warning("could not mark %s as failed: %s", run_dir, " ".join(str(exc).split()))
+
+
+def clear_failed(run_dir: str) -> None:
+    """A new try of the diagnose task: the last try's failure marker goes."""
+    fs, path = filesystem(run_dir)
+    try:
+        fs.rm_file(f"{path}/{FAILED_FILE}")
+    except FileNotFoundError:
+        pass
 
 
 def folder_signature(fs, path: str) -> list[list[Any]] | None:

@@ -498,6 +498,36 @@ def connect_host(url: str) -> str:
     return urlparse(url.split(";", 1)[0]).hostname or ""
 
 
+def connect_params(url: str) -> dict[str, str]:
+    """The ;key=value parameters of an sc:// URL (token, use_ssl, user_id)."""
+    from urllib.parse import unquote
+
+    params = url.split(";")[1:]
+    return {k.strip().lower(): unquote(v) for k, _, v in (p.partition("=") for p in params) if k.strip()}
+
+
+def client_remote(url: str) -> str:
+    """`url` as the job's client dials it. pyspark sends a token without TLS only to `localhost`
+    (gRPC local credentials): a loopback address with a token becomes `localhost`, or pyspark
+    would try TLS against the plain server. ValueError for a server on another host with
+    neither TLS (use_ssl) nor a token (pyspark encrypts whenever it sends one): the session's
+    settings, the store's keys among them, would cross the network in clear text."""
+    from urllib.parse import urlparse
+
+    params = connect_params(url)
+    tls = params.get("use_ssl", "").lower() == "true"
+    host = connect_host(url)
+    base = url.split(";", 1)[0].rstrip("/")
+    if host not in LOOPBACK_HOSTS and not (tls or params.get("token")):
+        raise ValueError(f"the Spark Connect server {base} is not on this host and its connection has no TLS: "
+                         f"the store's keys would cross the network in clear text; set use_ssl true (and its "
+                         f"token as the password) in the spark_connect connection")
+    if host in LOOPBACK_HOSTS and host != "localhost" and params.get("token") and not tls:
+        parsed = urlparse(base)
+        return url.replace(parsed.netloc, f"localhost:{parsed.port}" if parsed.port else "localhost", 1)
+    return url
+
+
 def connect_master(url: str) -> str:
     """What check_deployable should treat the server as: local on loopback, remote elsewhere
     (a remote server's executors cannot read this host's disk)."""
@@ -552,6 +582,7 @@ def plan_connect(prep: Mapping[str, object], *, remote: str, connection_conf: Ma
     store_public, store_secret = object_store_conf(uris, {**env, HADOOP_AWS_ENV: "provided"})
     session = merge_conf(store_public, store_secret, _json_conf(connection_conf, "the Spark connection's conf extra"),
                          _json_conf(env.get(SPARK_CONF_ENV), SPARK_CONF_ENV), operator_conf)
+    remote = client_remote(remote)  # before any secret is written
     conf_file = write_session_conf(session, session_conf_dir) if session and session_conf_dir else None
     command = [str(prep["python"]), str(prep["application"]), *args]
     return ConnectPlan(command=command, env=connect_client_env(remote, py_files=str(prep["py_files"]),
@@ -574,6 +605,7 @@ def run_connect_process(
     capture: bool = True,
 ) -> subprocess.CompletedProcess:
     """The job as a Spark Connect client of `remote`, as the operator runs it (tests, benchmarks)."""
+    remote = client_remote(remote)
     cmd = [sys.executable, job_script or default_job_script(),
            *job_arguments(snapshots, output, as_of, window_minutes, thresholds), *extra_args]
     with tempfile.TemporaryDirectory(prefix="lagdoctor-connect-") as private:  # 0700, removed after

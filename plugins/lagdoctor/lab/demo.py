@@ -186,7 +186,7 @@ def warm_engine(server, workdir: Path) -> float:
     store, out = workdir / "warm-up" / "snapshots", workdir / "warm-up" / "findings"
     shutil.rmtree(workdir / "warm-up", ignore_errors=True)
     write_scenarios(str(store), seed=7, n_groups_per_scenario=1)
-    proc = run_connect_process(str(store), str(out), remote=server.url, timeout=WARM_UP_TIMEOUT_S)
+    proc = run_connect_process(str(store), str(out), remote=server.client_url, timeout=WARM_UP_TIMEOUT_S)
     shutil.rmtree(workdir / "warm-up", ignore_errors=True)
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
@@ -335,7 +335,7 @@ class Demo:
             "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(
                 {"conn_type": "kafka", "extra": {"bootstrap.servers": self.broker.bootstrap}}),
             # the warm engine when it came up, else a spark-submit per run (the fallback)
-            "AIRFLOW_CONN_SPARK_DEFAULT": connection_json(self.engine.url) if self.engine is not None
+            "AIRFLOW_CONN_SPARK_DEFAULT": connection_json(self.engine.url, self.engine.token) if self.engine is not None
             else json.dumps({"conn_type": "spark", "host": "local[*]"}),
             "LAGDOCTOR_DATA_ROOT": str(self.data_root),
             "SPARK_LOCAL_IP": "127.0.0.1",

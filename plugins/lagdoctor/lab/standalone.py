@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{args.port}",
             "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(
                 {"conn_type": "kafka", "extra": {"bootstrap.servers": broker.bootstrap}}),
-            "AIRFLOW_CONN_SPARK_DEFAULT": connection_json(engine.url),
+            "AIRFLOW_CONN_SPARK_DEFAULT": connection_json(engine.url, engine.token),
             "LAGDOCTOR_DATA_ROOT": str(workdir / "lagdoctor"),
             "SPARK_LOCAL_IP": "127.0.0.1",
             "PYSPARK_PYTHON": sys.executable,

@@ -114,7 +114,8 @@ class TopologyAddresses:
     data_root: str = ""
     spark_master: str = ""
     spark_ui: str = ""
-    spark_connect: str = ""  # the warm engine's sc:// URL (spark_default)
+    spark_connect: str = ""  # the warm engine's sc:// URL (spark_default), no token
+    spark_connect_token: str = field(default="", repr=False)  # its password (the connection's)
     kafka_bootstrap: str = ""
     airflow_url: str = ""
     airflow_user: str = AIRFLOW_USER
@@ -336,7 +337,7 @@ class Topology:
         self._wait(f"the Spark master {master_url} to show {len(SPARK_WORKERS)} ALIVE workers", ready, parts)
         return master_url, ui_url, parts
 
-    def _start_connect(self, spark_master: str, s3: tuple[str, str, str]) -> tuple[str, Part]:
+    def _start_connect(self, spark_master: str, s3: tuple[str, str, str]) -> tuple[str, str, Part]:
         """The warm engine: a Spark Connect server whose executors run on the standalone cluster.
         One core of the two (spark.cores.max), so a spark-submit (the README's cluster example,
         the fallback) still gets the other; S3A and its keys as every job has them."""
@@ -359,7 +360,7 @@ class Topology:
             server.wait_ready(progress=self.report)
         except ConnectServerError as exc:
             raise TopologyError(str(exc)) from None
-        return server.url, part
+        return server.url, server.token, part
 
     def _start_kafka(self) -> tuple[str, Part]:
         from lagdoctor.kafka.broker import BrokerError, EmbeddedBroker, wait_until_ready
@@ -379,7 +380,7 @@ class Topology:
         return broker.bootstrap, part
 
     def _airflow_env(self, *, state_url: str, airflow_db_url: str, redis_url: str, s3: tuple[str, str, str],
-                     spark_master: str, connect_url: str, kafka: str, api_port: int,
+                     spark_master: str, connect_url: str, connect_token: str, kafka: str, api_port: int,
                      password_file: Path) -> dict[str, str]:
         endpoint, key, secret = s3
         import sqlalchemy as sa
@@ -422,7 +423,7 @@ class Topology:
             "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": {"bootstrap.servers": kafka}}),
             # the sweeps' diagnosis: a client of the warm Connect server; spark_submit: the fallback
             # (make it spark_default to diagnose through spark-submit in client mode instead)
-            "AIRFLOW_CONN_SPARK_DEFAULT": connection_json(connect_url),
+            "AIRFLOW_CONN_SPARK_DEFAULT": connection_json(connect_url, connect_token),
             "AIRFLOW_CONN_SPARK_SUBMIT": json.dumps({"conn_type": "spark", "host": host, "port": int(port),
                                                      "extra": {"deploy-mode": "client"}}),
             f"AIRFLOW_CONN_{S3_CONN_ID.upper()}": json.dumps(aws),
@@ -514,7 +515,7 @@ class Topology:
             self.report("starting Spark: a master and two workers ...")
             master, spark_ui, _ = self._start_spark()
             self.report("starting the Spark Connect server (the warm engine) on that cluster ...")
-            connect_url, _ = self._start_connect(master, (endpoint, key, secret))
+            connect_url, connect_token, _ = self._start_connect(master, (endpoint, key, secret))
             self.report("starting the Kafka broker ...")
             kafka, _ = self._start_kafka()
             import sqlalchemy as sa
@@ -531,7 +532,7 @@ class Topology:
                 json.dump({AIRFLOW_USER: password}, f)
             env = self._airflow_env(state_url=state_db, airflow_db_url=airflow_db, redis_url=redis_url,
                                     s3=(endpoint, key, secret), spark_master=master, connect_url=connect_url,
-                                    kafka=kafka,
+                                    connect_token=connect_token, kafka=kafka,
                                     api_port=api_port, password_file=password_file)
             self.report("starting Airflow: API server, scheduler, DAG processor, Celery workers w1 and w2 ...")
             airflow_parts = self._start_airflow(env, api_port)
@@ -545,7 +546,7 @@ class Topology:
             workdir=self.workdir, postgres_admin_url=admin_url, airflow_db_url=airflow_db, state_url=state_db,
             redis_url=redis_url, s3_endpoint=endpoint, bucket=BUCKET, s3_key=key, s3_secret=secret,
             data_root=env["LAGDOCTOR_DATA_ROOT"], spark_master=master, spark_ui=spark_ui, spark_connect=connect_url,
-            kafka_bootstrap=kafka,
+            spark_connect_token=connect_token, kafka_bootstrap=kafka,
             airflow_url=url, airflow_password=password, worker_names=WORKERS,
             airflow_env={**env, "AIRFLOW_HOME": str(self.workdir / "airflow")})
         return self.addresses
