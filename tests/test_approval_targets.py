@@ -228,3 +228,41 @@ def test_a_target_over_the_forms_limit_is_not_called_rejected_by_a_human():
     assert not_offered_targets(form) == {"b": f"over the form's {APPROVAL_OPTIONS_MAX} choices: ask again in "
                                                "another run"}
     assert not_offered_targets(None) == {}
+
+
+def test_a_deployment_shared_by_two_findings_is_one_choice_and_changes_once(settings, k8s, slack_connection,
+                                                                            tmp_path, monkeypatch):
+    """Issue 30: the form offers what an action changes. A group lagging on two topics is two
+    findings but one Deployment: one line ("one change for group orders on topics ..."), one
+    restart when approved, and the second finding says the change covered it: not blocked by the
+    first's cooldown, so the run does not fail."""
+    from lagdoctor.notify.render import render_approval_prompt
+
+    k8s.add_deployment("shop", "billing-consumer", replicas=2)
+    monkeypatch.setenv("LAGDOCTOR_REMEDIATION_CONFIG", two_groups_config(k8s.url))
+    plans = write_plans(tmp_path, [(finding("crashed_consumer"), "restart_consumers"),
+                                   ({**finding("crashed_consumer"), "topic": "orders.v2"}, "restart_consumers"),
+                                   (finding("crashed_consumer", group="billing"), "restart_consumers")])
+    form = approval_form("restart_consumers", plans, now=T0)
+    assert form["options"] == [
+        "Approve 1: Deployment shop/orders-consumer, one change for group orders on topics orders.v1, orders.v2",
+        "Approve 2: billing on prod / orders.v1", REJECT_ALL]
+    html = MarkdownIt("commonmark").render(form["body"])
+    assert ("<li>Approve 1: <strong>Deployment shop/orders-consumer</strong> on prod, one change for group orders "
+            "on topics orders.v1, orders.v2: rollout restart shop/orders-consumer") in html
+    prompt = json.dumps(render_approval_prompt(form["subject"], form["body"], approval_id="7.n", answer_url=None,
+                                               targets=form["targets"]))
+    assert "Approve all 2" in prompt and "Approve 3" not in prompt
+
+    keys = approved_targets(form, form["options"][:2])
+    assert remediate("restart_consumers", plans, "manual__1", dry_run=False, approved_keys=keys, settings=settings,
+                     approval_by={"by": "oncall", "chosen": form["options"][:2]}) == {"executed": 2, "noop": 1}
+    assert sorted(w.path.rsplit("/", 1)[-1] for w in k8s.writes()) == ["billing-consumer", "orders-consumer"]
+    covered = [r for r in audit(settings) if r["status"] == "noop"]
+    assert [(r["group_id"], r["topic"], r["message"]) for r in covered] == [
+        ("orders", "orders.v2", "done in this run for topic orders.v1: Deployment shop/orders-consumer is shared, "
+                                "its change covers this topic too")]
+    # a retry of the task repeats nothing
+    assert remediate("restart_consumers", plans, "manual__1", dry_run=False, approved_keys=keys, settings=settings,
+                     approval_by={"by": "oncall", "chosen": form["options"][:2]}) == {"executed": 2, "noop": 1}
+    assert len(k8s.writes()) == 2

@@ -226,7 +226,8 @@ def test_add_partitions_for_several_groups_on_one_topic_grows_it_once(settings, 
                                                                      unique):
     """Issue 30: a surge on a shared topic makes every group on it critical; approving each group's
     add_partitions grew the topic once per group (2 -> 4 -> 6 -> 8), each form line saying "grow by 2".
-    The topic is the target: the first grows it, the others wait out the cooldown, each saying so."""
+    The topic is the target: the first grows it; the same run's others say it was done for them
+    (not blocked: the run does not fail); another run waits out the cooldown, saying so."""
     topic = unique("shared")
     create_topics(kafka_bootstrap, topic)
     records = []
@@ -235,9 +236,13 @@ def test_add_partitions_for_several_groups_on_one_topic_grows_it_once(settings, 
              "diagnosis": "producer_surge", "pattern": "explosion", "severity": "critical", "summary": "surge",
              "evidence": {"partition_count": 2, "group_members": 2}}
         records.append(run_action("add_partitions", f, run_id="r1", dry_run=False, approved=True, now=T0))
-    assert [r["status"] for r in records] == ["executed", "blocked", "blocked"], records
-    assert f"add_partitions on topic {topic} on {kafka_cluster}" in records[1]["message"], records[1]["message"]
-    assert "cooldown ends in" in records[1]["message"]
+    assert [r["status"] for r in records] == ["executed", "noop", "noop"], records
+    assert records[1]["message"] == (f"done in this run for group {records[0]['group_id']}: topic {topic} on "
+                                     f"{kafka_cluster} is shared, its change covers this group too")
+    later = run_action("add_partitions", {**f, "group_id": unique("g3")}, run_id="r2", dry_run=False,
+                       approved=True, now=T0)
+    assert later["status"] == "blocked" and "cooldown ends in" in later["message"], later
+    assert f"add_partitions on topic {topic} on {kafka_cluster}" in later["message"], later["message"]
     with admin(kafka_bootstrap) as a:
         assert len(a.list_topics(topic=topic, timeout=10).topics[topic].partitions) == 4
 

@@ -37,6 +37,7 @@ import sqlalchemy as sa
 
 from lagdoctor.notify.buttons import ACK, APPROVE, APPROVE_ALL, REJECT, REJECT_ALL, SNOOZE_ACTION
 from lagdoctor.notify.redact import one_line
+from lagdoctor.notify.render import approval_target_label
 from lagdoctor.notify.templates import code_safe, escape_mrkdwn, mrkdwn_value
 from lagdoctor.notify.threads import ThreadState, reply_target
 
@@ -585,7 +586,8 @@ def _answer_text(click: Click, row: Mapping[str, Any], status: str, approved: li
         what = "goes ahead" if status == APPROVED else "is skipped"
     elif status == APPROVED:
         offered = [t for t in row["targets"] if t.get("option")]
-        names = ", ".join(f"`{escape_mrkdwn(code_safe(t.get('group_id')))}` on {mrkdwn_value(t.get('cluster'))}"
+        names = ", ".join(approval_target_label(t) if len(t.get("shared_by") or []) > 1 else
+                          f"`{escape_mrkdwn(code_safe(t.get('group_id')))}` on {mrkdwn_value(t.get('cluster'))}"
                           for t in approved[:10]) + (f" and {len(approved) - 10} more" if len(approved) > 10 else "")
         rest = len(offered) - len(approved)
         what = f"goes ahead for {names}" + (f"; the other {rest} are rejected" if rest else "")

@@ -47,7 +47,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from lagdoctor.diagnosis.thresholds import Thresholds
 from lagdoctor.notify.buttons import approval_buttons, incident_buttons, target_buttons
-from lagdoctor.notify.templates import code_safe, escape_mrkdwn, mrkdwn_value, render, render_plain, TEMPLATES
+from lagdoctor.notify.templates import (code_safe, escape_mrkdwn, mrkdwn_value, render, render_plain, shared_by_text,
+                                        TEMPLATES)
 
 SEVERITY_EMOJI = {"critical": ":red_circle:", "warning": ":large_yellow_circle:", "ok": ":large_green_circle:"}
 STATUS_EMOJI = {
@@ -1033,6 +1034,16 @@ def render_run_header(findings: Sequence[Mapping[str, Any]], *, scope: str, run_
 APPROVAL_LINES_MAX = 20
 
 
+def approval_target_label(target: Mapping[str, Any]) -> str:
+    """One approval line's subject in mrkdwn: the group on cluster / topic; for a target several
+    groups share (a topic, a Deployment), the target and its groups (one change for all)."""
+    shared = shared_by_text(target)
+    if shared:
+        return f"{mrkdwn_value(target.get('target'))}, one change for {mrkdwn_value(shared)}"
+    return (f"`{escape_mrkdwn(code_safe(target.get('group_id')))}` on {mrkdwn_value(target.get('cluster'))}"
+            f" / `{escape_mrkdwn(code_safe(target.get('topic') or '(all)'))}`")
+
+
 def render_approval_prompt(subject: str, body: str | None, *, approval_id: str | int | None,
                            answer_url: str | None, targets: Sequence[Mapping[str, Any]] | None = None,
                            dag_id: str | None = None) -> dict[str, Any]:
@@ -1047,8 +1058,7 @@ def render_approval_prompt(subject: str, body: str | None, *, approval_id: str |
     if targets is not None:
         lines = []
         for n, t in enumerate(targets[:APPROVAL_LINES_MAX]):
-            where = (f"`{escape_mrkdwn(code_safe(t.get('group_id')))}` on {mrkdwn_value(t.get('cluster'))}"
-                     f" / `{escape_mrkdwn(code_safe(t.get('topic') or '(all)'))}`")
+            where = approval_target_label(t)
             if t.get("option"):
                 number = str(t["option"]).split(":", 1)[0].removeprefix("Approve ")
                 lines.append(f"{number}. {where}: {mrkdwn_value(t.get('does'))}")

@@ -14,7 +14,9 @@ commands are quoted by lagdoctor.runbooks with ``shell_quote``).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from functools import lru_cache
+from typing import Any
 
 TEMPLATES: dict[str, str] = {
     # Header block (plain_text, not mrkdwn: the renderer does not escape it).
@@ -253,3 +255,16 @@ def render_mrkdwn_source(source: str, **values: object) -> str:
 
 def render_plain(source: str, **values: object) -> str:
     return plain_env().from_string(source).render(**values)
+
+
+def shared_by_text(target: Mapping[str, Any], limit: int = 5) -> str | None:
+    """Who shares a target's one change, plain: "groups a, b and 2 more", "group a on topics x, y";
+    None for a target of one finding."""
+    pairs = [tuple(p) for p in target.get("shared_by") or []]
+    if len(pairs) < 2:
+        return None
+    groups = list(dict.fromkeys(str(g) for g, _ in pairs))
+    names, kind = (groups, "groups") if len(groups) > 1 else (
+        list(dict.fromkeys(str(t or "(all)") for _, t in pairs)), f"group {groups[0]} on topics")
+    shown = ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+    return f"{kind} {shown}"

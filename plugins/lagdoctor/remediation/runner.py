@@ -248,6 +248,16 @@ def run_action(
         # 2. guardrails (advice changes nothing, so it is not rationed). For a
         # real run this is an early answer; the claim checks again under lock.
         if action.changes_state and started is None:
+            if not dry_run:
+                shared = _done_in_this_run(audit, run_id, name, target, key, now - _max_window(effective))
+                if shared is not None:
+                    # One change covers every finding on a shared target (a topic, a Deployment):
+                    # said, not blocked.
+                    same_group = shared.get("group_id") == ctx.group_id
+                    whose = f"topic {shared.get('topic')}" if same_group else f"group {shared.get('group_id')}"
+                    return record("noop", f"done in this run for {whose}: {target} is shared, its change "
+                                          f"covers this {'topic' if same_group else 'group'} too",
+                                  rule="shared_target")
             verdict = guardrail_verdict()
             if not dry_run and verdict.rule not in ("deny_list", "allow_list"):
                 # Read after the history: a run in flight is named as such, even
@@ -320,6 +330,18 @@ def run_action(
         _finish(audit, target, holder, claimed, record, "failed", message,
                 may_have_changed=_may_have_changed(exc))
         raise RemediationFailed(f"{name} failed for group {ctx.group_id}: {message}") from None
+
+
+def _done_in_this_run(audit: ActionLog, run_id: str, action: str, target: str, key: str,
+                      since: datetime) -> dict[str, Any] | None:
+    """The record of `action` on `target` this run already executed for another finding (another
+    group on the topic, the same group on another topic): one change covers both. None
+    otherwise (one in flight is the lease's to judge)."""
+    for rec in audit.attempts_since(since):
+        if (rec.get("run_id") == run_id and rec.get("action") == action and rec.get("target") == target
+                and rec.get("idempotency_key") != key and rec.get("outcome") == "executed"):
+            return rec
+    return None
 
 
 def _finish(audit: ActionLog, target: str, holder: str, claimed: bool, record: Any, status: str,

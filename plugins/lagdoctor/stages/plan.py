@@ -135,21 +135,40 @@ def approval_targets(action: str, plans_path: str, *, settings: Settings | None 
     from lagdoctor.remediation import needs_approval, preview_action
 
     targets: dict[str, dict[str, Any]] = {}
+    seen: set[str] = set()
     for item in read_plans(plans_path):
         for planned in item["plan"]["actions"]:
             if planned["action"] != action:
                 continue
-            key = approval_target_key(item["finding"])
-            if key in targets:
+            member = approval_target_key(item["finding"])
+            if member in seen:
                 continue
+            seen.add(member)
             p = preview_action(action, item["finding"], params=planned.get("params") or {},
                                guardrails=planned.get("guardrails") or {}, settings=settings, now=now)
-            targets[key] = {"key": key, "cluster": p["cluster"], "group_id": p["group_id"], "topic": p["topic"],
-                            "does": p["does"], "target": p["target"], "blocked": p["blocked"],
-                            "diagnosis": item["finding"].get("diagnosis"), "summary": item["finding"].get("summary"),
-                            "needs_approval": needs_approval(action, dry_run=False,
-                                                             guardrails=planned.get("guardrails"))}
+            entry = {"key": member, "members": [member], "shared_by": [[p["group_id"], p["topic"]]],
+                     "cluster": p["cluster"],
+                     "group_id": p["group_id"], "topic": p["topic"], "does": p["does"], "target": p["target"],
+                     "blocked": p["blocked"], "diagnosis": item["finding"].get("diagnosis"),
+                     "summary": item["finding"].get("summary"),
+                     "needs_approval": needs_approval(action, dry_run=False, guardrails=planned.get("guardrails"))}
+            # One line per thing changed: groups whose action changes the same target (a topic, a
+            # Deployment) share it, or "approve all" would change it once per group.
+            line = _shared_line_key(p["cluster"], p["target"]) if p["target"] else member
+            if line not in targets:
+                targets[line] = {**entry, "key": line}
+                continue
+            shared = targets[line]
+            shared["members"].append(member)
+            shared["shared_by"].append([p["group_id"], p["topic"]])
+            if shared["blocked"] and not entry["blocked"]:  # offered when any of its findings may run
+                targets[line] = {**entry, "key": line, "members": shared["members"], "shared_by": shared["shared_by"]}
     return list(targets.values())
+
+
+def _shared_line_key(cluster: Any, target: str) -> str:
+    raw = json.dumps(["target", str(cluster or ""), target])
+    return hashlib.sha1(raw.encode()).hexdigest()[:16]
 
 
 def approval_needed(action: str, plans_path: str, *, dry_run: bool, settings: Settings | None = None,
@@ -171,6 +190,11 @@ def approval_option(index: int, target: Mapping[str, Any]) -> str:
     unique however names are shortened; plain text, one line."""
     from lagdoctor.notify.templates import plain_label
 
+    from lagdoctor.notify.templates import shared_by_text
+
+    shared = shared_by_text(target, limit=2)
+    if shared:
+        return f"Approve {index}: {plain_label(target['target'], 80)}, one change for {plain_label(shared, 80)}"
     return (f"Approve {index}: {plain_label(target['group_id'], 60)} on {plain_label(target['cluster'], 40)}"
             f" / {plain_label(target['topic'] or '(all)', 60)}")
 
@@ -186,7 +210,7 @@ def approval_form(action: str, plans_path: str, *, settings: Settings | None = N
     is listed as "blocked now: <why>" and not offered. Every name is escaped for
     Markdown: a group id cannot add a line, a link or emphasis to the form."""
     from lagdoctor.notify.redact import one_line
-    from lagdoctor.notify.templates import escape_markdown as md, plain_label
+    from lagdoctor.notify.templates import escape_markdown as md, plain_label, shared_by_text
     from lagdoctor.remediation import get_action
 
     spec = get_action(action)
@@ -203,7 +227,8 @@ def approval_form(action: str, plans_path: str, *, settings: Settings | None = N
             offered += 1
             t["option"] = approval_option(offered, t)
     open_targets = [t for t in targets if t["option"]]
-    groups = f"{len(open_targets)} group{'' if len(open_targets) == 1 else 's'}"
+    count = len({(t["cluster"], g) for t in open_targets for g, _ in t.get("shared_by") or [[t["group_id"], None]]})
+    groups = f"{count} group{'' if count == 1 else 's'}"
     if len(open_targets) == 1:
         t = open_targets[0]
         subject = (f"lagdoctor: {plain_label(change(t), 120)} (group {plain_label(t['group_id'], 60)} "
@@ -216,6 +241,9 @@ def approval_form(action: str, plans_path: str, *, settings: Settings | None = N
              f"tick, and for no other ({groups} can run now):", ""]
     for t in targets:
         head = f"**{md(t['group_id'])}** on {md(t['cluster'])}, topic {md(t['topic'] or '(all)')}"
+        shared = shared_by_text(t)
+        if shared:
+            head = f"**{md(t['target'])}** on {md(t['cluster'])}, one change for {md(shared)}"
         if t["option"]:
             lines.append(f"- {md(t['option'].split(':', 1)[0])}: {head}: {md(change(t))}")
         else:
@@ -238,11 +266,12 @@ def approved_targets(form: Mapping[str, Any] | None, chosen: list[str] | None) -
     chosen = list(chosen or [])
     if not form or REJECT_ALL in chosen:
         return set()
-    return {t["key"] for t in form.get("targets") or [] if t.get("option") and t["option"] in chosen}
+    return {m for t in form.get("targets") or [] if t.get("option") and t["option"] in chosen
+            for m in t.get("members") or [t["key"]]}
 
 
 def not_offered_targets(form: Mapping[str, Any] | None) -> dict[str, str]:
     """Target key -> why the form did not offer it (blocked when asked, or over its limit)."""
-    return {t["key"]: (t.get("blocked") or f"over the form's {APPROVAL_OPTIONS_MAX} choices: ask again in "
-                                          "another run")
-            for t in (form or {}).get("targets") or [] if not t.get("option")}
+    return {m: (t.get("blocked") or f"over the form's {APPROVAL_OPTIONS_MAX} choices: ask again in another run")
+            for t in (form or {}).get("targets") or [] if not t.get("option")
+            for m in t.get("members") or [t["key"]]}
