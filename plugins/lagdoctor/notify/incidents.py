@@ -225,6 +225,28 @@ def _incident_in(db, conn, *, finding: Mapping[str, Any], plan: Mapping[str, Any
     return result, threads
 
 
+def _incident_is_stale(db, conn, *, finding: Mapping[str, Any], run_id: str, now: str,
+                       **_call_args: Any) -> str | None:
+    """A replayed finding that came after its (cluster, group, topic) was last judged: None; one
+    that came before (another worker already applied a newer run's): why it is stale. Compared
+    by the calls' own ``now``, which every thread write stores as its ``updated_at``; so a stale
+    "Recovered" never closes a thread critical again, nor a stale problem reopen a recovered one."""
+    from lagdoctor.state import as_utc, incident_threads as t
+
+    key = IncidentKey.of(finding)
+    outbox.lock_key(db, conn, key.lock_name())  # the lock the call itself takes: no newer write slips in
+    newest = conn.execute(sa.select(t.c.diagnosis, t.c.status, t.c.updated_at, t.c.data)
+                          .where(t.c.cluster == key.cluster, t.c.group_id == key.group_id, t.c.topic == key.topic)
+                          .order_by(t.c.updated_at.desc()).limit(1)).first()
+    made = datetime.fromisoformat(now)
+    if newest is None or as_utc(newest.updated_at) <= made:
+        return None
+    by = newest.data.get("last_run_id") if isinstance(newest.data, dict) else None
+    return (f"run {run_id}'s {key.diagnosis} finding for {key.cluster} / {key.group_id} / {key.topic}, made at "
+            f"{made.isoformat()}, is older than its {newest.status} {newest.diagnosis} thread, updated at "
+            f"{as_utc(newest.updated_at).isoformat()} by run {by or '?'}")
+
+
 def _on_healthy(db, conn, store: ThreadStore, finding: Mapping[str, Any], *, run_id: str,
                 now: datetime) -> tuple[dict[str, Any], list[IncidentKey]]:
     complete = data_complete(finding)
@@ -629,7 +651,7 @@ def deliver_pending(settings: Any = None, *, sender: Sender | None = None,
     settings = _settings(settings)
     try:
         db = _state_db(settings)
-        spool.replay_spool(db, settings, _HANDLERS)
+        spool.replay_spool(db, settings, _HANDLERS, _STALE)
     except Exception as exc:
         if not is_unavailable(exc):
             raise
@@ -651,7 +673,7 @@ def _call(kind: str, args: dict[str, Any], *, settings: Any, sender: Sender | No
         return _spool(kind, args, settings, down[0], spooled)
     try:
         db = _state_db(settings)
-        replayed = spool.replay_spool(db, settings, _HANDLERS)
+        replayed = spool.replay_spool(db, settings, _HANDLERS, _STALE)
         with db.transaction() as conn:
             result, finish = _HANDLERS[kind](db, conn, **args)
     except Exception as exc:
@@ -925,3 +947,6 @@ _HANDLERS = {
     "run_failed": _run_failed_in,
     "recovery": _recovery_in,
 }
+
+# A replayed call of these kinds is dropped when its thread holds a newer state (spool.replay_spool).
+_STALE = {"incident": _incident_is_stale}

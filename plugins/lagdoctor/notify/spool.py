@@ -106,14 +106,19 @@ def _set_aside(path: Path, why: str) -> None:
         log.error("spool: could not set %s aside: %s", path.name, one_line(exc))
 
 
-def replay_spool(db: Any, settings: Any, handlers: Mapping[str, Handler]) -> int:
+def replay_spool(db: Any, settings: Any, handlers: Mapping[str, Handler],
+                 stale: Mapping[str, Callable[..., str | None]] | None = None) -> int:
     """Replay every spooled call into the state database, oldest first; how many acted.
 
+    ``stale[kind]``, called in the replay's transaction with the call's arguments: why the
+    call is older than the state it would change (None: it is not); such a call is dropped,
+    not sent, and the log says so in one line.
     Raises what an unreachable database raises (the rest stays spooled, in order);
     anything else sets that one file aside and goes on."""
     from lagdoctor.state import is_unavailable, spool_replays, utcnow
 
     replayed = 0
+    older = stale or {}
     for path in spooled(settings):
         try:
             entry = json.loads(path.read_text(encoding="utf-8"))
@@ -128,14 +133,17 @@ def replay_spool(db: Any, settings: Any, handlers: Mapping[str, Handler]) -> int
             with db.transaction() as conn:
                 fresh = db.insert_ignore(conn, spool_replays, {"entry_id": entry_id[:64], "kind": kind[:32],
                                                                "replayed_at": utcnow()}, ("entry_id",))
-                if fresh:
+                why = older[kind](db, conn, **args) if fresh and kind in older else None
+                if why:
+                    log.warning("%s", one_line(f"spool: dropped {path.name}, not sent: {why}"))
+                elif fresh:
                     handler(db, conn, **args)
         except Exception as exc:  # noqa: BLE001 - a bad entry must not block the ones after it
             if is_unavailable(exc):
                 raise
             _set_aside(path, one_line(exc))
             continue
-        if fresh:
+        if fresh and not why:
             replayed += 1
             log.info("spool: replayed %s (%s) into the outbox", path.name, kind)
         path.unlink(missing_ok=True)
