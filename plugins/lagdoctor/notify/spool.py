@@ -17,9 +17,20 @@ keyed by the file's id), so a file replayed twice (two workers at once, or a
 crash before the file was removed) queues its message once. Calls are replayed
 with the ``now`` and run they were made with: a missed CRITICAL finding is
 posted as of the run that found it, and a later run's same finding is not
-posted again.
+posted again. A finding older than its thread's newest state (another worker
+applied a newer run's verdict first: its ``updated_at`` is later than the
+call's ``now``) is dropped, not sent, with one log line: a stale "Recovered"
+never closes a thread that is critical again, nor a stale problem reopen one
+that recovered.
 
-Files: ``<id>.json`` under ``Settings.spool_root`` (a local folder), written to
+Many workers: the spool is only as shared as its folder. Under a distributed
+executor (Celery, Kubernetes, ...) the default folder is one worker's disk, gone
+with a pod, replayed only by that worker: ``check_shared`` refuses it in one
+line at the first task and before a post, unless LAGDOCTOR_SPOOL_DIR names a
+folder every worker mounts. Not the state database: the spool exists for when
+that cannot be reached.
+
+Files: ``<id>.json`` under ``Settings.spool_root`` (a POSIX folder), written to
 a temporary name and renamed, so a reader never sees half a file. A file that
 cannot be read or replayed (not a database outage: a bug, a corrupt file) is
 renamed ``<id>.failed`` with an error line, kept for people, and never blocks
@@ -46,6 +57,25 @@ FAILED_SUFFIX = ".failed"
 _sequence = itertools.count()
 
 Handler = Callable[..., Any]
+
+
+class SpoolNotShared(ValueError):
+    """The spool is on one worker's disk while tasks run on many; str() is one line."""
+
+
+def check_shared(settings: Any, *, executor: str | None) -> None:
+    """Refuse, in one line, the default spool (this worker's disk) under a distributed executor:
+    a call kept there dies with a Kubernetes pod, or waits on one Celery worker until it is stale.
+    LAGDOCTOR_SPOOL_DIR set is the operator's word that every worker mounts that folder."""
+    from lagdoctor.objectstore import distributed_executor
+
+    distributed = distributed_executor(executor)
+    if settings.spool_dir or not distributed:
+        return
+    raise SpoolNotShared(
+        f"LAGDOCTOR_SPOOL_DIR is not set, so the Slack spool is on this worker's disk ({settings.spool_root}), "
+        f"but Airflow runs tasks with the {distributed}, whose hosts share no disk: set LAGDOCTOR_SPOOL_DIR "
+        f"to a folder every worker mounts (NFS, EFS, a ReadWriteMany volume)")
 
 
 def spool_dir(settings: Any) -> Path:
