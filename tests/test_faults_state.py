@@ -310,3 +310,26 @@ def test_a_spooled_call_older_than_its_thread_is_dropped_not_sent(
     # and the thread is as r3 left it: r4's same verdict says nothing more
     again = post_or_update_incident(newer_finding, run_id="r4", settings=b, now=T0 + timedelta(minutes=15))
     assert again["decision"] in ("unchanged", "healthy") and len(server.posts) == 2
+
+
+def test_a_spooled_recovery_older_than_a_newer_failure_is_dropped_not_sent(
+        tmp_path, state_url, slack_connection, monkeypatch, caplog):
+    """The DAG's failure thread: r2 succeeded while the database was down (its recovery spooled on worker A),
+    r3 failed again on worker B; A's late "recovered" must not close a thread that is failing."""
+    server = slack_connection
+    a, b = worker(tmp_path, "worker-a"), worker(tmp_path, "worker-b")
+    assert notify_failure(failure("r1"), settings=b, now=T0)["decision"] == "posted"
+    monkeypatch.setenv("LAGDOCTOR_STATE_URL", DOWN_URL)
+    check_spooled(notify_recovery({"dag": Dag(), "run_id": "r2"}, settings=a, now=T0 + timedelta(minutes=5)))
+    monkeypatch.setenv("LAGDOCTOR_STATE_URL", state_url)
+    notify_failure(failure("r3"), settings=b, now=T0 + timedelta(minutes=10))  # the same failure: counted
+
+    caplog.set_level("WARNING", logger="lagdoctor.notify.spool")
+    assert deliver_pending(a) == {"undelivered": 0, "delivery_error": None}
+    assert len(server.posts) == 1, [p.body["text"] for p in server.posts]
+    (line,) = [r.getMessage() for r in caplog.records if "spool: dropped" in r.getMessage()]
+    assert f"not sent: run r2's recovery of DAG {SWEEP}" in line and "open failure thread" in line
+    # the thread is still open: r4's success closes it, once
+    assert notify_recovery({"dag": Dag(), "run_id": "r4"}, settings=b,
+                           now=T0 + timedelta(minutes=15))["decision"] == "recovered"
+    assert "recovered after 2 failed run(s)" in server.posts[1].body["text"]

@@ -813,8 +813,24 @@ def _failure_in(db, conn, *, dag_id: str, task_id: str, run_id: str, reason: str
             data["signature"], data["replies"] = signature, data["replies"] + 1
             data["signatures"] = [*told, signature][-RECENT_FAILURES:]
             decision = "replied"
+    data["state_at"] = at.isoformat()  # what a replayed older call is compared with (_failure_is_stale)
     _save_failure(db, conn, dag_id, data, at)
     return {"decision": decision, "failed_runs": data["failed_runs"], "repeats": data["repeats"]}, None
+
+
+def _failure_is_stale(db, conn, *, dag_id: str, run_id: str, now: str, **_call_args: Any) -> str | None:
+    """Like _incident_is_stale, for a DAG's failure thread: a replayed failure or recovery made before
+    the thread's last failure or recovery (``state_at``; a task's recorded reason is not one) is stale,
+    so a stale recovery never closes a thread failing again, nor a stale failure reopen a recovered one."""
+    outbox.lock_key(db, conn, f"failure:{dag_id}")
+    if _run_thread(conn, run_id) is not None:
+        return None  # a manual run's failure goes in that run's own thread, which no other run changes
+    data = _load_failure(db, conn, dag_id) or {}
+    made, newest = datetime.fromisoformat(now), data.get("state_at")
+    if not newest or datetime.fromisoformat(newest) <= made:
+        return None
+    return (f"run {run_id}'s {'recovery' if 'task_id' not in _call_args else 'failure'} of DAG {dag_id}, made at "
+            f"{made.isoformat()}, is older than its {data.get('status')} failure thread, updated at {newest}")
 
 
 def _callback(what: str, call: Any) -> dict[str, Any]:
@@ -925,7 +941,7 @@ def _recovery_in(db, conn, *, dag_id: str, run_id: str, now: str) -> tuple[dict[
     msg = render.render_failure_recovery(dag_id=dag_id, run_id=run_id, failed_runs=data["failed_runs"])
     outbox.queue_message(db, conn, dedupe_key=f"failure:{dag_id}:{data['root_message_id']}:recovered",
                          text=msg["text"], blocks=msg["blocks"], parent_id=data["root_message_id"], now=at)
-    data.update(status="closed", closed_at=at.isoformat(), replies=data["replies"] + 1)
+    data.update(status="closed", closed_at=at.isoformat(), replies=data["replies"] + 1, state_at=at.isoformat())
     _save_failure(db, conn, dag_id, data, at)
     return {"decision": "recovered", "failed_runs": data["failed_runs"]}, None
 
@@ -949,4 +965,5 @@ _HANDLERS = {
 }
 
 # A replayed call of these kinds is dropped when its thread holds a newer state (spool.replay_spool).
-_STALE = {"incident": _incident_is_stale}
+_STALE = {"incident": _incident_is_stale, "failure": _failure_is_stale, "run_failed": _failure_is_stale,
+          "recovery": _failure_is_stale}
