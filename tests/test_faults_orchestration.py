@@ -152,6 +152,38 @@ def _plans(folder: Path, findings: list[dict]) -> str:
     return str(path)
 
 
+@pytest.mark.parametrize("executor, spool_dir, refused", [
+    ("CeleryExecutor", None, "CeleryExecutor"),
+    ("airflow.providers.cncf.kubernetes.executors.kubernetes_executor.KubernetesExecutor", None,
+     "KubernetesExecutor"),
+    ("CeleryExecutor", "shared/spool", None),  # the operator's folder that every worker mounts
+    ("LocalExecutor", None, None),  # one host: the default spool, as before
+], ids=["celery", "kubernetes", "celery-shared-spool", "local"])
+def test_a_spool_on_one_workers_disk_under_a_distributed_executor_is_refused_before_anything_is_posted(
+        slack_connection, tmp_path, monkeypatch, executor, spool_dir, refused):
+    """A call spooled on one worker's disk dies with a Kubernetes pod, or is replayed by one Celery worker
+    after the others moved on: post_findings refuses that spool in one line, before posting anything."""
+    from lagdoctor.notify.spool import SpoolNotShared
+
+    monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", str(tmp_path / "data"))
+    settings = Settings(data_root=str(tmp_path / "data"), spool_dir=spool_dir and str(tmp_path / spool_dir))
+    plans = _plans(tmp_path / "data" / "findings" / "sweep-1", [
+        {"cluster": "prod", "group_id": "orders", "topic": "orders", "partitions": [0], "diagnosis": "slow_consumer",
+         "pattern": "steady_climb", "severity": "warning", "summary": "lag climbs", "evidence": {"lag": 5000},
+         "window_start": "2026-11-21T10:00:00Z", "window_end": "2026-11-21T10:30:00Z"}])
+    if refused is None:
+        assert post_findings(plans, "scheduled__1", settings=settings, executor=executor) == {"posted": 1}
+        assert len(slack_connection.posts) == 1
+        return
+    with pytest.raises(SpoolNotShared) as err:
+        post_findings(plans, "scheduled__1", settings=settings, executor=executor)
+    line = str(err.value)
+    assert line == (f"LAGDOCTOR_SPOOL_DIR is not set, so the Slack spool is on this worker's disk "
+                    f"({settings.spool_root}), but Airflow runs tasks with the {refused}, whose hosts share no disk: "
+                    f"set LAGDOCTOR_SPOOL_DIR to a folder every worker mounts (NFS, EFS, a ReadWriteMany volume)")
+    assert slack_connection.requests == []
+
+
 def test_slack_down_queues_everything_then_says_so_in_one_line(slack_connection, tmp_path, monkeypatch):
     """A sweep's post with Slack answering 500: every message is kept, the task says how many, in one line;
     once Slack is back, each goes out exactly once."""

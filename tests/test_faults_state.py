@@ -273,3 +273,63 @@ def test_a_sweep_posting_with_the_state_database_paused_waits_once_spools_all_an
     # The task retried now posts nothing twice.
     post_findings(str(plans), "scheduled__1", settings=Settings.from_env())
     assert len(server.posts) == 5
+
+
+def worker(tmp_path, name: str) -> Settings:
+    """One Celery worker's settings: the shared data root, a spool on its own disk."""
+    return Settings(data_root=str(tmp_path / "data"), spool_dir=str(tmp_path / name / "spool"))
+
+
+@pytest.mark.parametrize("spooled_finding, newer_finding, newer_says", [
+    # the group recovered for a sweep the database missed, then went critical: no "Recovered" after "critical"
+    (finding("orders", "healthy", "ok", lag=0), finding("orders", severity="critical", lag=90_000),
+     "severity warning → critical"),
+    # the group got worse for a sweep the database missed, then recovered: the thread stays closed
+    (finding("orders", severity="critical", lag=90_000), finding("orders", "healthy", "ok", lag=0), "recovered"),
+], ids=["stale-recovery", "stale-problem"])
+def test_a_spooled_call_older_than_its_thread_is_dropped_not_sent(
+        tmp_path, state_url, slack_connection, monkeypatch, caplog, spooled_finding, newer_finding, newer_says):
+    server = slack_connection
+    a, b = worker(tmp_path, "worker-a"), worker(tmp_path, "worker-b")
+    assert post_or_update_incident(finding("orders"), run_id="r1", settings=b, now=T0)["decision"] == "posted"
+    # r2 on worker A meets the database down: its call waits in A's spool
+    monkeypatch.setenv("LAGDOCTOR_STATE_URL", DOWN_URL)
+    check_spooled(post_or_update_incident(spooled_finding, run_id="r2", settings=a, now=T0 + timedelta(minutes=5)))
+    # r3 on worker B, five minutes later, reaches it and says what r3 found
+    monkeypatch.setenv("LAGDOCTOR_STATE_URL", state_url)
+    post_or_update_incident(newer_finding, run_id="r3", settings=b, now=T0 + timedelta(minutes=10))
+    assert len(server.posts) == 2 and newer_says in server.posts[1].body["text"].lower()
+
+    # worker A is back: r2's call is older than what the thread already said
+    caplog.set_level("WARNING", logger="lagdoctor.notify.spool")
+    assert deliver_pending(a) == {"undelivered": 0, "delivery_error": None}
+    assert len(server.posts) == 2, [p.body["text"] for p in server.posts]
+    assert spooled(a) == []
+    (line,) = [r.getMessage() for r in caplog.records if "spool: dropped" in r.getMessage()]
+    assert "not sent: run r2's" in line and "prod / orders / orders.v1" in line and "by run r3" in line
+    # and the thread is as r3 left it: r4's same verdict says nothing more
+    again = post_or_update_incident(newer_finding, run_id="r4", settings=b, now=T0 + timedelta(minutes=15))
+    assert again["decision"] in ("unchanged", "healthy") and len(server.posts) == 2
+
+
+def test_a_spooled_recovery_older_than_a_newer_failure_is_dropped_not_sent(
+        tmp_path, state_url, slack_connection, monkeypatch, caplog):
+    """The DAG's failure thread: r2 succeeded while the database was down (its recovery spooled on worker A),
+    r3 failed again on worker B; A's late "recovered" must not close a thread that is failing."""
+    server = slack_connection
+    a, b = worker(tmp_path, "worker-a"), worker(tmp_path, "worker-b")
+    assert notify_failure(failure("r1"), settings=b, now=T0)["decision"] == "posted"
+    monkeypatch.setenv("LAGDOCTOR_STATE_URL", DOWN_URL)
+    check_spooled(notify_recovery({"dag": Dag(), "run_id": "r2"}, settings=a, now=T0 + timedelta(minutes=5)))
+    monkeypatch.setenv("LAGDOCTOR_STATE_URL", state_url)
+    notify_failure(failure("r3"), settings=b, now=T0 + timedelta(minutes=10))  # the same failure: counted
+
+    caplog.set_level("WARNING", logger="lagdoctor.notify.spool")
+    assert deliver_pending(a) == {"undelivered": 0, "delivery_error": None}
+    assert len(server.posts) == 1, [p.body["text"] for p in server.posts]
+    (line,) = [r.getMessage() for r in caplog.records if "spool: dropped" in r.getMessage()]
+    assert f"not sent: run r2's recovery of DAG {SWEEP}" in line and "open failure thread" in line
+    # the thread is still open: r4's success closes it, once
+    assert notify_recovery({"dag": Dag(), "run_id": "r4"}, settings=b,
+                           now=T0 + timedelta(minutes=15))["decision"] == "recovered"
+    assert "recovered after 2 failed run(s)" in server.posts[1].body["text"]

@@ -261,6 +261,13 @@ def airflow_executor() -> str:
         return ""
 
 
+def distributed_executor(executor: str | None) -> str | None:
+    """The executor's short name ("CeleryExecutor") when its tasks land on hosts that share no disk; else None."""
+    if any(name.lower() in (executor or "").lower() for name in DISTRIBUTED_EXECUTORS):
+        return str(executor).rsplit(".", 1)[-1]
+    return None
+
+
 def check_deployable(data_root: str, *, master: str | None = None, executor: str | None = None) -> None:
     """Refuse, in one line, a local data root that other hosts would need to see:
     a remote Spark master (its executors read the snapshots) or a distributed
@@ -268,10 +275,10 @@ def check_deployable(data_root: str, *, master: str | None = None, executor: str
     if is_remote(data_root):
         return
     remote_master = bool(master) and not str(master).startswith("local")
-    distributed = next((name for name in DISTRIBUTED_EXECUTORS if name.lower() in (executor or "").lower()), None)
+    distributed = distributed_executor(executor)
     if not remote_master and not distributed:
         return
-    where = f"Spark runs on {master}" if remote_master else f"Airflow runs tasks with the {executor.rsplit('.', 1)[-1]}"
+    where = f"Spark runs on {master}" if remote_master else f"Airflow runs tasks with the {distributed}"
     raise ObjectStoreError(
         f"LAGDOCTOR_DATA_ROOT is a local path ({data_root}) but {where}, whose hosts share no disk: "
         f"set LAGDOCTOR_DATA_ROOT=s3://<bucket>/lagdoctor and the AWS connection {CONN_ID_ENV} "

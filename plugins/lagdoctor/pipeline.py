@@ -367,12 +367,15 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
         if kind == "incident":
             params.pop("clusters", None)  # an incident looks at its one cluster
         dag_run = get_current_context().get("dag_run")
+        from lagdoctor.notify.spool import SpoolNotShared, check_shared
         from lagdoctor.objectstore import ObjectStoreError, airflow_executor, check_deployable
         from lagdoctor.settings import Settings
 
         # before any snapshot lands on one worker's disk that the next task's worker cannot see
-        with no_retry(ObjectStoreError):
-            check_deployable(Settings.from_env().data_root, executor=airflow_executor())
+        with no_retry(ObjectStoreError, SpoolNotShared):
+            settings = Settings.from_env()
+            check_deployable(settings.data_root, executor=airflow_executor())
+            check_shared(settings, executor=airflow_executor())
         with no_retry(params_stage.FormError):
             return params_stage.validate_params(params, conf=getattr(dag_run, "conf", None) or {})
 
@@ -435,10 +438,13 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
     def post_findings(summary: dict[str, Any]) -> dict[str, int]:
         report_error = get_current_context()["ti"].xcom_pull(task_ids=REPORTS_TASK_ID, key=REPORT_ERROR_KEY)
         scope = notify_stage.incident_scope(_form()) if one_thread_per_run else None
+        from lagdoctor.notify.spool import SpoolNotShared
+        from lagdoctor.objectstore import airflow_executor
+
         # Undelivered messages wait in the outbox for the next run: retrying now would not help.
-        with no_retry(notify_stage.SlackUndelivered):
+        with no_retry(notify_stage.SlackUndelivered, SpoolNotShared):
             return notify_stage.post_findings(summary["plans"], _run_id(), incident_scope=scope,
-                                              report_error=report_error)
+                                              report_error=report_error, executor=airflow_executor())
 
     # No retry: a second try would only keep the Slack post waiting longer.
     @task(task_id=REPORTS_TASK_ID, execution_timeout=TIMEOUTS["write_reports"], retries=0)

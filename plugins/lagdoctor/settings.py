@@ -53,7 +53,8 @@ class Settings:
     record_partitions: int = 3
     record_budget_s: float = 10.0
     # LAGDOCTOR_SPOOL_DIR: where notifications wait while the state database is
-    # unreachable; None: <data root>/state/spool (see spool_root).
+    # unreachable; None: <data root>/state/spool (see spool_root). Under a distributed
+    # executor it must be set, to a folder every worker mounts (spool.check_shared).
     spool_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -89,7 +90,8 @@ class Settings:
     @property
     def spool_root(self) -> str:
         """A local folder: LAGDOCTOR_SPOOL_DIR, else under a local data root, else
-        under $AIRFLOW_HOME on this worker (an object store has no atomic rename)."""
+        under $AIRFLOW_HOME on this worker (an object store has no atomic rename);
+        the last is refused under a distributed executor (spool.check_shared)."""
         if self.spool_dir:
             return self.spool_dir
         root = self.data_root

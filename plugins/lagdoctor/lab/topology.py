@@ -8,7 +8,8 @@ a real server in a process group of its own, on free loopback ports, until Ctrl-
     Spark Connect   the warm engine: a Connect server whose executors (one core) run on that cluster
     Kafka           the embedded Apache Kafka broker (lagdoctor.kafka.broker)
     Airflow         CeleryExecutor: scheduler, API server, DAG processor and two Celery
-                    workers with homes of their own and no shared data folder
+                    workers with homes of their own and no shared data folder; one shared
+                    Slack spool folder (LAGDOCTOR_SPOOL_DIR), as an NFS mount would be
 
 The lagdoctor data root is ``s3://<bucket>/lagdoctor`` through an Airflow AWS
 connection; the state lives in PostgreSQL (the ``lagdoctor_state`` connection);
@@ -432,6 +433,8 @@ class Topology:
                  "schema": state.database}),
             "LAGDOCTOR_DATA_ROOT": f"s3://{BUCKET}/lagdoctor",
             "LAGDOCTOR_AWS_CONN_ID": S3_CONN_ID,  # lagdoctor.objectstore reads the data root's keys from it
+            # the one folder both workers see, standing in for the NFS or EFS mount a Celery spool needs
+            "LAGDOCTOR_SPOOL_DIR": str(self.workdir / "spool"),
             "SPARK_LOCAL_IP": HOST,
         }
         env.pop("LAGDOCTOR_STATE_URL", None)  # the connection is the one state source here

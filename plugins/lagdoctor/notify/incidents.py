@@ -225,6 +225,28 @@ def _incident_in(db, conn, *, finding: Mapping[str, Any], plan: Mapping[str, Any
     return result, threads
 
 
+def _incident_is_stale(db, conn, *, finding: Mapping[str, Any], run_id: str, now: str,
+                       **_call_args: Any) -> str | None:
+    """A replayed finding that came after its (cluster, group, topic) was last judged: None; one
+    that came before (another worker already applied a newer run's): why it is stale. Compared
+    by the calls' own ``now``, which every thread write stores as its ``updated_at``; so a stale
+    "Recovered" never closes a thread critical again, nor a stale problem reopen a recovered one."""
+    from lagdoctor.state import as_utc, incident_threads as t
+
+    key = IncidentKey.of(finding)
+    outbox.lock_key(db, conn, key.lock_name())  # the lock the call itself takes: no newer write slips in
+    newest = conn.execute(sa.select(t.c.diagnosis, t.c.status, t.c.updated_at, t.c.data)
+                          .where(t.c.cluster == key.cluster, t.c.group_id == key.group_id, t.c.topic == key.topic)
+                          .order_by(t.c.updated_at.desc()).limit(1)).first()
+    made = datetime.fromisoformat(now)
+    if newest is None or as_utc(newest.updated_at) <= made:
+        return None
+    by = newest.data.get("last_run_id") if isinstance(newest.data, dict) else None
+    return (f"run {run_id}'s {key.diagnosis} finding for {key.cluster} / {key.group_id} / {key.topic}, made at "
+            f"{made.isoformat()}, is older than its {newest.status} {newest.diagnosis} thread, updated at "
+            f"{as_utc(newest.updated_at).isoformat()} by run {by or '?'}")
+
+
 def _on_healthy(db, conn, store: ThreadStore, finding: Mapping[str, Any], *, run_id: str,
                 now: datetime) -> tuple[dict[str, Any], list[IncidentKey]]:
     complete = data_complete(finding)
@@ -629,7 +651,7 @@ def deliver_pending(settings: Any = None, *, sender: Sender | None = None,
     settings = _settings(settings)
     try:
         db = _state_db(settings)
-        spool.replay_spool(db, settings, _HANDLERS)
+        spool.replay_spool(db, settings, _HANDLERS, _STALE)
     except Exception as exc:
         if not is_unavailable(exc):
             raise
@@ -651,7 +673,7 @@ def _call(kind: str, args: dict[str, Any], *, settings: Any, sender: Sender | No
         return _spool(kind, args, settings, down[0], spooled)
     try:
         db = _state_db(settings)
-        replayed = spool.replay_spool(db, settings, _HANDLERS)
+        replayed = spool.replay_spool(db, settings, _HANDLERS, _STALE)
         with db.transaction() as conn:
             result, finish = _HANDLERS[kind](db, conn, **args)
     except Exception as exc:
@@ -791,8 +813,24 @@ def _failure_in(db, conn, *, dag_id: str, task_id: str, run_id: str, reason: str
             data["signature"], data["replies"] = signature, data["replies"] + 1
             data["signatures"] = [*told, signature][-RECENT_FAILURES:]
             decision = "replied"
+    data["state_at"] = at.isoformat()  # what a replayed older call is compared with (_failure_is_stale)
     _save_failure(db, conn, dag_id, data, at)
     return {"decision": decision, "failed_runs": data["failed_runs"], "repeats": data["repeats"]}, None
+
+
+def _failure_is_stale(db, conn, *, dag_id: str, run_id: str, now: str, **_call_args: Any) -> str | None:
+    """Like _incident_is_stale, for a DAG's failure thread: a replayed failure or recovery made before
+    the thread's last failure or recovery (``state_at``; a task's recorded reason is not one) is stale,
+    so a stale recovery never closes a thread failing again, nor a stale failure reopen a recovered one."""
+    outbox.lock_key(db, conn, f"failure:{dag_id}")
+    if _run_thread(conn, run_id) is not None:
+        return None  # a manual run's failure goes in that run's own thread, which no other run changes
+    data = _load_failure(db, conn, dag_id) or {}
+    made, newest = datetime.fromisoformat(now), data.get("state_at")
+    if not newest or datetime.fromisoformat(newest) <= made:
+        return None
+    return (f"run {run_id}'s {'recovery' if 'task_id' not in _call_args else 'failure'} of DAG {dag_id}, made at "
+            f"{made.isoformat()}, is older than its {data.get('status')} failure thread, updated at {newest}")
 
 
 def _callback(what: str, call: Any) -> dict[str, Any]:
@@ -903,7 +941,7 @@ def _recovery_in(db, conn, *, dag_id: str, run_id: str, now: str) -> tuple[dict[
     msg = render.render_failure_recovery(dag_id=dag_id, run_id=run_id, failed_runs=data["failed_runs"])
     outbox.queue_message(db, conn, dedupe_key=f"failure:{dag_id}:{data['root_message_id']}:recovered",
                          text=msg["text"], blocks=msg["blocks"], parent_id=data["root_message_id"], now=at)
-    data.update(status="closed", closed_at=at.isoformat(), replies=data["replies"] + 1)
+    data.update(status="closed", closed_at=at.isoformat(), replies=data["replies"] + 1, state_at=at.isoformat())
     _save_failure(db, conn, dag_id, data, at)
     return {"decision": "recovered", "failed_runs": data["failed_runs"]}, None
 
@@ -925,3 +963,7 @@ _HANDLERS = {
     "run_failed": _run_failed_in,
     "recovery": _recovery_in,
 }
+
+# A replayed call of these kinds is dropped when its thread holds a newer state (spool.replay_spool).
+_STALE = {"incident": _incident_is_stale, "failure": _failure_is_stale, "run_failed": _failure_is_stale,
+          "recovery": _failure_is_stale}

@@ -17,9 +17,20 @@ keyed by the file's id), so a file replayed twice (two workers at once, or a
 crash before the file was removed) queues its message once. Calls are replayed
 with the ``now`` and run they were made with: a missed CRITICAL finding is
 posted as of the run that found it, and a later run's same finding is not
-posted again.
+posted again. A finding older than its thread's newest state (another worker
+applied a newer run's verdict first: its ``updated_at`` is later than the
+call's ``now``) is dropped, not sent, with one log line: a stale "Recovered"
+never closes a thread that is critical again, nor a stale problem reopen one
+that recovered.
 
-Files: ``<id>.json`` under ``Settings.spool_root`` (a local folder), written to
+Many workers: the spool is only as shared as its folder. Under a distributed
+executor (Celery, Kubernetes, ...) the default folder is one worker's disk, gone
+with a pod, replayed only by that worker: ``check_shared`` refuses it in one
+line at the first task and before a post, unless LAGDOCTOR_SPOOL_DIR names a
+folder every worker mounts. Not the state database: the spool exists for when
+that cannot be reached.
+
+Files: ``<id>.json`` under ``Settings.spool_root`` (a POSIX folder), written to
 a temporary name and renamed, so a reader never sees half a file. A file that
 cannot be read or replayed (not a database outage: a bug, a corrupt file) is
 renamed ``<id>.failed`` with an error line, kept for people, and never blocks
@@ -46,6 +57,25 @@ FAILED_SUFFIX = ".failed"
 _sequence = itertools.count()
 
 Handler = Callable[..., Any]
+
+
+class SpoolNotShared(ValueError):
+    """The spool is on one worker's disk while tasks run on many; str() is one line."""
+
+
+def check_shared(settings: Any, *, executor: str | None) -> None:
+    """Refuse, in one line, the default spool (this worker's disk) under a distributed executor:
+    a call kept there dies with a Kubernetes pod, or waits on one Celery worker until it is stale.
+    LAGDOCTOR_SPOOL_DIR set is the operator's word that every worker mounts that folder."""
+    from lagdoctor.objectstore import distributed_executor
+
+    distributed = distributed_executor(executor)
+    if settings.spool_dir or not distributed:
+        return
+    raise SpoolNotShared(
+        f"LAGDOCTOR_SPOOL_DIR is not set, so the Slack spool is on this worker's disk ({settings.spool_root}), "
+        f"but Airflow runs tasks with the {distributed}, whose hosts share no disk: set LAGDOCTOR_SPOOL_DIR "
+        f"to a folder every worker mounts (NFS, EFS, a ReadWriteMany volume)")
 
 
 def spool_dir(settings: Any) -> Path:
@@ -106,14 +136,19 @@ def _set_aside(path: Path, why: str) -> None:
         log.error("spool: could not set %s aside: %s", path.name, one_line(exc))
 
 
-def replay_spool(db: Any, settings: Any, handlers: Mapping[str, Handler]) -> int:
+def replay_spool(db: Any, settings: Any, handlers: Mapping[str, Handler],
+                 stale: Mapping[str, Callable[..., str | None]] | None = None) -> int:
     """Replay every spooled call into the state database, oldest first; how many acted.
 
+    ``stale[kind]``, called in the replay's transaction with the call's arguments: why the
+    call is older than the state it would change (None: it is not); such a call is dropped,
+    not sent, and the log says so in one line.
     Raises what an unreachable database raises (the rest stays spooled, in order);
     anything else sets that one file aside and goes on."""
     from lagdoctor.state import is_unavailable, spool_replays, utcnow
 
     replayed = 0
+    older = stale or {}
     for path in spooled(settings):
         try:
             entry = json.loads(path.read_text(encoding="utf-8"))
@@ -128,14 +163,17 @@ def replay_spool(db: Any, settings: Any, handlers: Mapping[str, Handler]) -> int
             with db.transaction() as conn:
                 fresh = db.insert_ignore(conn, spool_replays, {"entry_id": entry_id[:64], "kind": kind[:32],
                                                                "replayed_at": utcnow()}, ("entry_id",))
-                if fresh:
+                why = older[kind](db, conn, **args) if fresh and kind in older else None
+                if why:
+                    log.warning("%s", one_line(f"spool: dropped {path.name}, not sent: {why}"))
+                elif fresh:
                     handler(db, conn, **args)
         except Exception as exc:  # noqa: BLE001 - a bad entry must not block the ones after it
             if is_unavailable(exc):
                 raise
             _set_aside(path, one_line(exc))
             continue
-        if fresh:
+        if fresh and not why:
             replayed += 1
             log.info("spool: replayed %s (%s) into the outbox", path.name, kind)
         path.unlink(missing_ok=True)

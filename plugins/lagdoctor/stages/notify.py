@@ -176,7 +176,7 @@ def check_own_actions(items: list[Mapping[str, Any]], records: list[Mapping[str,
 
 def post_findings(
     plans_path: str, run_id: str, *, incident_scope: str | None = None, settings: Settings | None = None,
-    report_error: str | None = None, now: datetime | None = None,
+    report_error: str | None = None, now: datetime | None = None, executor: str | None = None,
 ) -> dict[str, int]:
     """Tell Slack. A sweep posts, updates or closes each incident key's own thread;
     a manual incident run (`incident_scope` set) keeps the whole run in one thread.
@@ -185,10 +185,15 @@ def post_findings(
     Everything is handed to the notify layer first; only then, if Slack kept
     messages back (they wait in the outbox), SlackUndelivered says how many.
     `report_error`: write_reports' line when it failed, said once here (the findings go out without links).
+    `executor`: Airflow's; a distributed one with the spool on this worker's disk is refused
+    (SpoolNotShared) before anything is posted.
     """
+    from lagdoctor.notify.incidents import delivery_batch, post_incident_run, post_or_update_incident
+    from lagdoctor.notify.spool import check_shared
+
+    check_shared(settings or Settings.from_env(), executor=executor)
     if report_error:
         log.warning("%s", report_error)
-    from lagdoctor.notify.incidents import delivery_batch, post_incident_run, post_or_update_incident
 
     now = now or datetime.now(timezone.utc)
     items = read_plans(plans_path)
