@@ -412,7 +412,9 @@ def _store_error_code(exc: BaseException) -> str | None:
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        code = ((getattr(exc, "response", None) or {}).get("Error") or {}).get("Code")
+        response = getattr(exc, "response", None)  # botocore's ClientError: a dict
+        error = response.get("Error") if isinstance(response, dict) else None
+        code = error.get("Code") if isinstance(error, dict) else None
         if code:
             return str(code)
         exc = exc.__cause__ or exc.__context__
@@ -602,7 +604,8 @@ def inspect_store(path: str, *, window: WindowBounds | None = None,
 
     None when the path is a single file (Spark then reads it as given).
     Raises SnapshotInputError when no fsspec filesystem serves the path's
-    scheme, or when no readable file has a required column.
+    scheme, or when no readable file has a required column; StoreReadError
+    when the store fails to serve a file (nothing is moved before this returns).
     """
     fs, root = store_filesystem(path)
     if not fs.isdir(root):
