@@ -14,9 +14,12 @@ group_id) and --topic limit what is diagnosed and written.
 With --as-of and --window-minutes only the date=/hour= folders that can hold
 the window are listed; without --as-of the window ends at the latest
 snapshot_ts in the footers' statistics of the input, and with
---window-minutes older folders are never opened. A file that cannot be read
-is moved to <store>/_quarantine/ (with --quarantine), listed in
-quarantined.jsonl and named once on stderr; the rest is diagnosed.
+--window-minutes older folders are never opened. A file that is not a
+snapshot file (not Parquet, a corrupt footer, a schema that cannot be
+contract 1) is moved to <store>/_quarantine/ (with --quarantine), listed in
+quarantined.jsonl and named once on stderr; the rest is diagnosed. A file
+the store fails to serve (a timeout, a 503 SlowDown, denied access) fails
+the run with exit 1 and moves nothing: the next run reads it.
 The outputs are written last, after every row is collected, and then
 _SUCCESS (rows and bytes of each output): a folder without it is incomplete.
 --carry-from names the previous run's findings.jsonl (or its folder): a surge
@@ -24,7 +27,8 @@ that outlasts the window keeps the baseline that run measured (rule case 27);
 one that cannot be read gets a one-line warning, and the run goes on without.
 Exit codes: 0 outputs written (empty input -> empty outputs), 2 bad
 arguments or missing path, 3 a missing column in every file or an
-unreadable input, 1 any other failure. Failures print one line on stderr.
+unreadable input, 1 any other failure (a store that failed to serve a file
+among them). Failures print one line on stderr.
 """
 
 from __future__ import annotations
@@ -49,8 +53,9 @@ def parse_args(argv):
     parser.add_argument("--groups", default=None, metavar="REGEX", help="RE2, matched in full against group_id")
     parser.add_argument("--topic", default=None, metavar="NAME")
     parser.add_argument("--quarantine", action="store_true",
-                        help="move files that cannot be read to <snapshots>/_quarantine/ and diagnose the rest "
-                             "(without it such a file fails the job, and nothing under --snapshots is moved)")
+                        help="move files that are not snapshot files to <snapshots>/_quarantine/ and diagnose the "
+                             "rest (without it such a file fails the job, and nothing under --snapshots is moved; "
+                             "a file the store fails to serve is never moved)")
     parser.add_argument("--carry-from", default=None, metavar="PATH",
                         help="the previous run's findings.jsonl or its folder: surges older than the window")
     for f in fields(Thresholds):
@@ -120,7 +125,13 @@ def main(argv=None) -> int:
     from lagdoctor.diagnosis.features import group_features, group_series, partition_features
     from lagdoctor.diagnosis.output import print_error_line, write_outputs
     from lagdoctor.diagnosis.session import is_connect, right_size_shuffle, start_spark
-    from lagdoctor.diagnosis.snapshots import read_snapshot_store, resolve_window, scope_snapshots, select_window
+    from lagdoctor.diagnosis.snapshots import (
+        StoreReadError,
+        read_snapshot_store,
+        resolve_window,
+        scope_snapshots,
+        select_window,
+    )
     from lagdoctor.diagnosis.status_job import partition_status
 
     # FATAL: a failure is reported as the one line below, not as Spark's task logs
@@ -167,6 +178,8 @@ def main(argv=None) -> int:
         return EXIT_OK
     except SnapshotInputError as exc:
         return fail(EXIT_BAD_INPUT, str(exc))
+    except StoreReadError as exc:  # the store's failure, not the input's: worth a retry
+        return fail(EXIT_FAILED, str(exc))
     except Exception as exc:  # Spark surfaces corrupt files only when it reads them
         message = one_line(exc)
         code = EXIT_BAD_INPUT if _is_input_error(message) else EXIT_FAILED

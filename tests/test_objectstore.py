@@ -195,6 +195,69 @@ def test_a_wrong_secret_is_one_line_without_the_secret(s3_connection, monkeypatc
     assert last.startswith("diagnose_lag: error:") and wrong not in proc.stderr
 
 
+def _throttled_store(proxy, tmp_path, name):
+    """The seeds' incident, a second group's file (the one S3 will throttle) and a corrupt file,
+    on the store; returns (settings, the throttled file's s3:// path, bucket keys)."""
+    import pyarrow.parquet as pq
+
+    from lagdoctor.lab.sim import seeds_incident_table, write_seeds_incident
+    from lagdoctor.settings import Settings
+
+    settings = Settings(data_root=proxy.store.root(name))  # fsspec now goes through the proxy
+    local = tmp_path / "snapshots"
+    write_seeds_incident(str(local))
+    day = local / "cluster=prod" / "date=2026-11-21"
+    pq.write_table(seeds_incident_table(group_id="orders-replay"), day / "replay.parquet")
+    (day / "broken.parquet").write_bytes(b"PAR1 not really")
+    fs = proxy.store.filesystem()  # straight to the store, not through the proxy
+    fs.put(str(local) + "/", settings.snapshots_root[len("s3://"):], recursive=True)
+    throttled = f"{settings.snapshots_root}/cluster=prod/date=2026-11-21/replay.parquet"
+    proxy.slow_down.add("/" + throttled[len("s3://"):])
+    return settings, throttled, bucket_keys(proxy.store, settings.data_root)
+
+
+def test_a_throttled_footer_read_moves_nothing_and_the_next_run_reads_the_file(s3_slowdown_proxy, tmp_path):
+    from lagdoctor.diagnosis.snapshots import StoreReadError, inspect_store, read_snapshot_store
+
+    settings, throttled, keys = _throttled_store(s3_slowdown_proxy, tmp_path, "slowdown")
+    with pytest.raises(StoreReadError) as err:
+        read_snapshot_store(None, settings.snapshots_root, H3, quarantine=True)  # fails before Spark reads
+    assert str(err.value) == (f"cannot read snapshot file {throttled}: OSError: [Errno 16] Please reduce your "
+                              "request rate. (SlowDown) (the store failed, not the file: nothing was moved)")
+    assert s3_slowdown_proxy.refused  # the 503 was S3's answer, not a stand-in
+    assert bucket_keys(s3_slowdown_proxy.store, settings.data_root) == keys  # not even broken.parquet moved
+
+    s3_slowdown_proxy.slow_down.clear()  # the throttling has passed
+    inspection = inspect_store(settings.snapshots_root)
+    assert throttled in [f.uri for files in inspection.groups.values() for f in files]
+    assert [b.file.uri.rsplit("/", 1)[1] for b in inspection.bad] == ["broken.parquet"]
+
+
+@pytest.mark.spark
+def test_a_throttled_job_exits_1_in_one_line_and_the_next_run_diagnoses_the_file(s3_slowdown_proxy, tmp_path):
+    settings, throttled, keys = _throttled_store(s3_slowdown_proxy, tmp_path, "slowjob")
+    fs = s3_slowdown_proxy.store.filesystem()
+    output = f"{settings.findings_root}/run-throttled"
+
+    proc = run_job(settings.snapshots_root, output, "--quarantine")
+    assert proc.returncode == 1, proc.stderr[-3000:]  # worth a retry, not bad input (3)
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"diagnose_lag: error: cannot read snapshot file {throttled}: OSError: [Errno 16] Please reduce your "
+        "request rate. (SlowDown) (the store failed, not the file: nothing was moved)")
+    assert "WARNING: quarantined" not in proc.stderr
+    assert bucket_keys(s3_slowdown_proxy.store, settings.data_root) == keys  # nothing moved, no output
+
+    s3_slowdown_proxy.slow_down.clear()
+    output = f"{settings.findings_root}/run-after"
+    proc = run_job(settings.snapshots_root, output, "--quarantine")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = output[len("s3://"):]
+    quarantined = [json.loads(line) for line in fs.cat(f"{out}/quarantined.jsonl").decode().splitlines()]
+    assert [q["path"].rsplit("/", 1)[1] for q in quarantined] == ["broken.parquet"] and fs.exists(throttled[5:])
+    findings = [json.loads(line) for line in fs.cat(f"{out}/findings.jsonl").decode().splitlines()]
+    assert {f["group_id"] for f in findings} == {"orders-processor", "orders-replay"}
+
+
 def _prep(tmp_path, data_root):
     return {"application": str(tmp_path / "diagnose_lag.py"), "py_files": str(tmp_path / "lagdoctor-x.zip"),
             "args": ["--snapshots", f"{data_root}/snapshots/cluster=prod", "--output", f"{data_root}/findings/r1"],

@@ -16,6 +16,12 @@ and bad ones with a one-line reason naming the file and the column.
 the groups one by one, conformed and unioned, so differing integer widths or
 timestamp units never meet in a schema merge.
 
+Only the bytes make a file bad (issue 30): not Parquet, a truncated or
+corrupt footer, a schema that cannot be contract 1. When the store fails to
+serve them (a timeout, a 503 SlowDown, a reset connection, denied access,
+an expired token) inspection stops with StoreReadError and nothing is
+moved: a passing error must not take good history out of every later window.
+
 Read cost follows the window (issue 9): files outside it are never opened,
 not even their footer. A compacted file (lagdoctor.store.compact_snapshots)
 is read instead of the files its footer says it covers. Without --as-of the
@@ -51,6 +57,13 @@ QUARANTINE_DIR = "_quarantine"
 
 class SnapshotInputError(ValueError):
     """The input cannot be diagnosed; str() is one line meant for stderr."""
+
+
+class StoreReadError(OSError):
+    """The store failed to serve a file (I/O, throttling, a timeout, auth): not a bad file.
+
+    Nothing is moved; str() is one line naming the file; a later run may read it.
+    """
 
 
 def is_local_path(path: str) -> bool:
@@ -357,25 +370,110 @@ def _ts_statistics(metadata) -> tuple[int | None, int | None]:
     return lo, hi
 
 
+class _StoreReads:
+    """A file object that keeps the first exception its store raised.
+
+    pyarrow re-raises what a file object raised, and raises plain OSError for a
+    corrupt footer too: the exception's type cannot say whether the store or the
+    bytes failed, this record can.
+    """
+
+    def __init__(self, fh):
+        self._fh = fh
+        self.failure: Exception | None = None
+
+    def __getattr__(self, name):
+        attr = self._kept(getattr, self._fh, name)
+        if not callable(attr):
+            return attr
+        return lambda *args, **kwargs: self._kept(attr, *args, **kwargs)
+
+    def _kept(self, call, *args, **kwargs):
+        try:
+            return call(*args, **kwargs)
+        except AttributeError:  # a method this file object lacks: pyarrow asks, that is no failure
+            raise
+        except Exception as exc:
+            if self.failure is None:
+                self.failure = exc
+            raise
+
+
+def _is_format_error(exc: Exception) -> bool:
+    """What pyarrow raises for bytes it was given and cannot parse (bad magic, truncated,
+    a corrupt footer's thrift). Anything else (out of memory, a bug) is not the file's fault."""
+    import pyarrow as pa
+
+    return isinstance(exc, (pa.ArrowException, OSError)) and not isinstance(exc, MemoryError)
+
+
+def _store_error_code(exc: BaseException) -> str | None:
+    """The S3 error code (SlowDown, AccessDenied, ExpiredToken) behind an s3fs error, if any."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        response = getattr(exc, "response", None)  # botocore's ClientError: a dict
+        error = response.get("Error") if isinstance(response, dict) else None
+        code = error.get("Code") if isinstance(error, dict) else None
+        if code:
+            return str(code)
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def store_read_error(f: StoreFile, exc: Exception) -> StoreReadError:
+    said = one_line(exc)
+    code = _store_error_code(exc)
+    if code and code not in said:
+        said = f"{said} ({code})"
+    return StoreReadError(f"cannot read snapshot file {f.uri}: {type(exc).__name__}: {said} "
+                          "(the store failed, not the file: nothing was moved)")
+
+
+def read_store_file(fs, f: StoreFile, read):
+    """`read(file object)` on `f`. StoreReadError when the store failed to serve it, or
+    for an error that is not pyarrow's verdict on the bytes (unknown is not bad); a
+    format error is raised as pyarrow raised it."""
+    try:
+        opened = fs.open(f.path, "rb")  # opening parses nothing: any failure is the store's
+    except Exception as exc:
+        raise store_read_error(f, exc) from exc
+    with opened as fh:
+        reads = _StoreReads(fh)
+        try:
+            return read(reads)
+        except Exception as exc:
+            if reads.failure is not None or not _is_format_error(exc):
+                raise store_read_error(f, reads.failure or exc) from exc
+            raise
+
+
 def file_facts(fs, f: StoreFile, contract_types: dict[str, Any]) -> FileFacts:
-    """Read one footer (and, for a narrowing column, that column's values)."""
+    """Read one footer (and, for a narrowing column, that column's values).
+
+    A file whose bytes are not a snapshot file gets a problem; StoreReadError when
+    the store could not serve them.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from lagdoctor.store import compaction_facts, is_compacted_name
 
+    def footer(fh):
+        # INT96 timestamps as µs: what Spark reads them as too
+        parquet = pq.ParquetFile(fh, coerce_int96_timestamp_unit="us")
+        return parquet.schema_arrow, parquet.metadata
+
     try:
-        with fs.open(f.path, "rb") as fh:
-            # INT96 timestamps as µs: what Spark reads them as too
-            parquet = pq.ParquetFile(fh, coerce_int96_timestamp_unit="us")
-            schema, metadata = parquet.schema_arrow, parquet.metadata
-    except Exception as exc:  # pyarrow raises ArrowInvalid/OSError for truncated or foreign files
+        schema, metadata = read_store_file(fs, f, footer)
+    except StoreReadError:
+        raise
+    except Exception as exc:  # read_store_file lets only format errors through: truncated or foreign bytes
         return FileFacts(None, f"not a readable Parquet file: {one_line(exc)}")
 
     def values(name):
         def read():
-            with fs.open(f.path, "rb") as fh:
-                return pq.read_table(fh, columns=[name]).column(name)
+            return read_store_file(fs, f, lambda fh: pq.read_table(fh, columns=[name]).column(name))
 
         return read
 
@@ -390,7 +488,9 @@ def file_facts(fs, f: StoreFile, contract_types: dict[str, Any]) -> FileFacts:
             continue
         try:
             problem = column_problem(column.type, target, values(column.name))
-        except Exception as exc:  # reading the values failed: the file is damaged
+        except StoreReadError:
+            raise
+        except Exception as exc:  # the values' bytes could not be parsed: the file is damaged
             return FileFacts(None, f"column {column.name} cannot be read: {one_line(exc)}")
         if problem:
             return FileFacts(None, f"column {column.name} is {column.type} where contract 1 has {target} ({problem})")
@@ -504,7 +604,8 @@ def inspect_store(path: str, *, window: WindowBounds | None = None,
 
     None when the path is a single file (Spark then reads it as given).
     Raises SnapshotInputError when no fsspec filesystem serves the path's
-    scheme, or when no readable file has a required column.
+    scheme, or when no readable file has a required column; StoreReadError
+    when the store fails to serve a file (nothing is moved before this returns).
     """
     fs, root = store_filesystem(path)
     if not fs.isdir(root):
@@ -614,8 +715,9 @@ def read_snapshots(spark, path: str, *, window: WindowBounds | None = None,
     """Read every Parquet file under `path` (or the file itself) as contract 1.
 
     Raises SnapshotInputError (one line, naming the file and, for a schema
-    problem, the column) for a missing path, an unreadable file or a missing
-    required column. An existing path with no data files yields an empty
+    problem, the column) for a missing path, a file that is not a snapshot
+    file or a missing required column, StoreReadError for a file the store
+    could not serve. An existing path with no data files yields an empty
     DataFrame: empty input is not an error. Moves nothing: see read_snapshot_store.
     """
     check_input_path(path)
@@ -631,8 +733,9 @@ def read_snapshots(spark, path: str, *, window: WindowBounds | None = None,
 def read_snapshot_store(spark, path: str, now: datetime, *, window: WindowBounds | None = None,
                         clusters: list[str] | None = None, job: str = "diagnose_lag",
                         quarantine: bool = True) -> StoreRead:
-    """Like read_snapshots, but with `quarantine` files that cannot be read are
-    moved aside, not fatal (the DAGs ask for it; a bare job run moves nothing).
+    """Like read_snapshots, but with `quarantine` files that are not snapshot files
+    are moved aside, not fatal (the DAGs ask for it; a bare job run moves nothing).
+    A file the store could not serve is never moved: StoreReadError, before any move.
 
     `window` (window_bounds(--as-of, --window-minutes)) limits what is listed
     and opened; `clusters` limits the cluster= folders listed and the rows
@@ -927,6 +1030,7 @@ def select_window(df, start: datetime, end: datetime):
 
 __all__ = [
     "SnapshotInputError",
+    "StoreReadError",
     "check_input_path",
     "read_snapshots",
     "read_snapshot_store",
