@@ -8,7 +8,9 @@ asserts what people see in Slack, that nothing is lost and nothing is sent twice
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
+import re
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -304,3 +306,57 @@ def test_a_reply_whose_channel_was_archived_goes_top_level_and_blocks_nothing(se
     assert moved.body["channel"] != "C0LAGDOC"
     assert "crashed_consumer for group payments" in other.body["text"]
     assert pending_messages(ThreadStore().db) == []
+
+
+def _plans(tmp_path, name: str, group_ids: list[str]) -> str:
+    """A sweep's plans.json as the plan task leaves it, one problem per group."""
+    folder = tmp_path / "data" / "findings" / name
+    folder.mkdir(parents=True)
+    items = [{"finding": finding(g), "plan": {"actions": [], "next_steps": []}} for g in group_ids]
+    (folder / "plans.json").write_text(json.dumps(items))
+    return str(folder / "plans.json")
+
+
+def groups(slack_texts) -> list[str]:
+    """The group each message is about, in the order given."""
+    return [re.search(r"for group (\S+)", t).group(1) for t in slack_texts]
+
+
+def test_a_rate_limit_past_the_budget_waits_for_the_next_run_in_order_once(settings, slack_connection, tmp_path,
+                                                                          monkeypatch, caplog):
+    """Slack 429s a sweep's post. Retry-After within the task's budget is waited out; past it the rest
+    waits in the outbox, said once in the task log, and the task does not fail (a failed task pages
+    people and retries everything). The next run sends what waited first, in order, then its own:
+    each message once."""
+    from lagdoctor.notify import outbox
+    from lagdoctor.stages.notify import post_findings
+
+    waited: list[float] = []
+    monkeypatch.setattr(outbox, "_sleep", waited.append)  # record the waits: no wall clock here
+    server = slack_connection
+    server.fail_next(429, retry_after=2)  # within the budget: waited out, then sent
+    server.rate_limit(retry_after=60, after=1)  # then more than this task may wait: the rest waits
+    caplog.set_level(logging.INFO)
+
+    summary = post_findings(_plans(tmp_path, "sweep-1", ["g1", "g2", "g3"]), "scheduled__1", now=T0)
+
+    assert summary == {"posted": 3}  # the task succeeds: every finding was decided and queued
+    assert waited == [2.0]
+    assert groups(texts(server)) == ["g1"]
+    said = [r.getMessage() for r in caplog.records if "outbox" in r.getMessage()]
+    assert said == ["Slack: 2 message(s) wait in the outbox, in order, for the next run: rate limited: Slack asked "
+                    "to wait 60 s, more than the 13 s left of this task's 15 s budget"]
+    assert [r.levelname for r in caplog.records if r.getMessage() in said] == ["WARNING"]
+    assert groups(m["text"] for m in pending_messages(ThreadStore().db)) == ["g2", "g3"]
+
+    # The next run: Slack is fine again. What waited goes first, in order, then the run's own news.
+    server.heal()
+    caplog.clear()
+    post_findings(_plans(tmp_path, "sweep-2", ["g4"]), "scheduled__2", now=T0 + timedelta(minutes=1))
+    assert groups(texts(server)) == ["g1", "g2", "g3", "g4"]
+    assert [r.status for r in server.requests] == [429, 200, 429, 200, 200, 200]
+    assert pending_messages(ThreadStore().db) == []
+    assert not [r for r in caplog.records if "outbox" in r.getMessage()]
+    # A retried task of either run sends nothing twice.
+    post_findings(_plans(tmp_path, "sweep-2b", ["g4"]), "scheduled__2", now=T0 + timedelta(minutes=1))
+    assert len(server.posts) == 4

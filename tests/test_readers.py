@@ -417,25 +417,3 @@ def test_an_index_stored_before_the_rule_judges_its_half_written_folders_again(t
     (root / runindex.INDEX_FILE).write_text(json.dumps(stored))
     new_process()
     assert [name for name, _ in runindex.refresh(str(root)).incomplete_runs()] == ["half-written"]
-
-
-def test_a_sweep_carries_surges_from_the_newest_earlier_run_of_its_own_dag(tmp_path, new_process):
-    """Rule case 27's input: the diagnosis of a sweep reads the findings of the sweep before it (never an
-    incident run's, a later run's, or its own folder from a try before a retry)."""
-    from lagdoctor.stages.diagnose import previous_findings
-
-    settings = Settings(data_root=str(tmp_path / "data"))
-    root = Path(settings.findings_root)
-    rng = random.Random(3)
-    keys = [("c", "g", "t")]
-    write_run(root, "sweep-a", keys, T0, rng)
-    write_run(root, "sweep-b", keys, T0 + timedelta(minutes=5), rng)
-    write_run(root, "incident-c", keys, T0 + timedelta(minutes=7), rng, dag=INCIDENT)
-    write_run(root, "sweep-own", keys, T0 + timedelta(minutes=8), rng)
-    write_run(root, "sweep-later", keys, T0 + timedelta(minutes=15), rng)
-    before = T0 + timedelta(minutes=9)
-    own = str(root / "sweep-own")
-    assert previous_findings(settings, SWEEP, own, before) == str(root / "sweep-b" / "findings.jsonl")
-    assert previous_findings(settings, INCIDENT, own, before) == str(
-        root / "incident-c" / "findings.jsonl")
-    assert previous_findings(settings, SWEEP, own, T0) is None  # the first sweep carries nothing

@@ -104,6 +104,13 @@ def has_overrides(meta: Mapping[str, Any]) -> bool:
     return isinstance(value, Mapping) and bool(value)
 
 
+def clusters_read(meta: Mapping[str, Any]) -> set[str]:
+    """The clusters a run's diagnosis read (run.json `clusters`; one whose snapshot failed is in
+    `clusters_unread` instead). Empty for a run.json without them (before issue 17): it cannot say."""
+    unread = {str(c) for c in meta.get("clusters_unread") or [] if isinstance(c, str)}
+    return {str(c) for c in meta.get("clusters") or [] if isinstance(c, str)} - unread
+
+
 def sweep_clusters(meta: Mapping[str, Any]) -> set[str]:
     """The clusters a sweep run looked at (run.json `clusters` read, `clusters_unread` not):
     a group of one of them that the run does not name was not collected. Empty for any other

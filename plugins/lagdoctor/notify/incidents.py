@@ -69,10 +69,14 @@ def _state_db(settings: Any):
     return state_db(settings)
 
 
-# Set inside delivery_batch() once Slack failed: the batch's later messages are
-# queued without another round of retries (each costs seconds while Slack is down).
-_batch_failure: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("slack_batch_failure",
-                                                                                    default=None)
+# Set inside delivery_batch() once Slack failed (the failed delivery's result): the batch's
+# later messages are queued without another round of retries (each costs seconds while Slack
+# is down, or more of a rate limit).
+_batch_failure: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar(
+    "slack_batch_failure", default=None)
+# The batch's one budget for waiting out Slack's rate limits (outbox.RATE_LIMIT_BUDGET_S).
+_batch_budget: contextvars.ContextVar[outbox.WaitBudget | None] = contextvars.ContextVar(
+    "slack_batch_budget", default=None)
 
 
 # Likewise once the state database was found unreachable: the batch's later
@@ -84,12 +88,15 @@ _batch_state_down: contextvars.ContextVar[list[str] | None] = contextvars.Contex
 @contextmanager
 def delivery_batch() -> Iterator[None]:
     """A task posting many messages: after the first delivery failure, queue the
-    rest and stop trying until the batch ends (the next run delivers them)."""
+    rest and stop trying until the batch ends (the next run delivers them). Rate
+    limits are waited out within one budget for the whole batch."""
     token = _batch_failure.set([])
     down = _batch_state_down.set([])
+    budget = _batch_budget.set(outbox.WaitBudget())
     try:
         yield
     finally:
+        _batch_budget.reset(budget)
         _batch_state_down.reset(down)
         _batch_failure.reset(token)
 
@@ -122,17 +129,20 @@ def _deliver(db, settings: Any, sender: Sender | None, now: datetime | None) -> 
 def _deliver_now(db, settings: Any, sender: Sender | None, now: datetime | None) -> dict[str, Any]:
     failed = _batch_failure.get()
     if failed:
-        return {"undelivered": outbox.pending_count(db), "delivery_error": failed[0]}
+        return {**failed[0], "undelivered": outbox.pending_count(db)}
     try:
         sender = sender or slack_sender(settings=settings)
     except Exception as exc:  # noqa: BLE001 - e.g. a malformed slack_api_default connection
         result = {"undelivered": outbox.pending_count(db), "delivery_error": one_line(exc)}
     else:
-        result = outbox.deliver_pending(db, sender, now=now).summary()
+        result = outbox.deliver_pending(db, sender, now=now, budget=_batch_budget.get()).summary()
     if result["delivery_error"]:
-        log.warning("Slack: %d message(s) wait in the outbox: %s", result["undelivered"], result["delivery_error"])
         if failed is not None:
-            failed.append(result["delivery_error"])
+            failed.append(result)
+        # A batch's rate limit is said once, by its task, with the final count (stages.notify).
+        if not (failed is not None and result.get("rate_limited")):
+            log.warning("Slack: %d message(s) wait in the outbox: %s", result["undelivered"],
+                        result["delivery_error"])
     return result
 
 

@@ -13,6 +13,10 @@ sends the pending rows in id order through a sender (lagdoctor.notify.slack):
     transaction or lock is held across the Slack call;
   - in order: the first failure stops delivery (the row keeps its attempts and a
     one-line ``last_error``), so nothing overtakes a message that did not go out;
+  - rate limits: a 429 is waited out (its Retry-After) and the same row sent
+    again, while the task's budget of RATE_LIMIT_BUDGET_S lasts (shared by a
+    delivery batch); past it, delivery stops as for any failure, and the result
+    says ``rate_limited`` so the task need not fail for it;
   - threads: a reply queued before its parent had a Slack ts names the parent
     row (``parent_id``) and takes the parent's ts and channel when it is sent;
   - a message Slack itself refuses (``invalid_blocks``, ``msg_too_long``: no retry
@@ -47,11 +51,24 @@ log = logging.getLogger(__name__)
 PENDING, SENT, REJECTED = "pending", "sent", "rejected"
 OUTBOX_LEASE = "slack-outbox"
 # Renewed before every message; a worker that died frees the outbox after this long.
-# Longer than one send can take (slack-sdk's retries honour Retry-After, and a
-# 30 s client timeout), so a live worker never loses it mid-send.
+# Longer than one send can take (slack-sdk's retries, a 30 s client timeout) or one
+# Retry-After wait (at most RATE_LIMIT_BUDGET_S), so a live worker never loses it mid-send.
 LEASE_TTL = timedelta(minutes=5)
 # How long a caller waits for another worker's delivery to finish before giving up.
 LEASE_WAIT_S = 45.0
+# Seconds a task may spend waiting out Slack's Retry-After: the sweep runs every minute, and
+# one that overruns makes the next skip. What is left waits, in order, for the next run.
+RATE_LIMIT_BUDGET_S = 15.0
+
+
+_sleep = time.sleep  # how a Retry-After is waited out (tests record it instead)
+
+
+@dataclass
+class WaitBudget:
+    """What is left of a task's RATE_LIMIT_BUDGET_S (one per delivery batch)."""
+
+    seconds: float = RATE_LIMIT_BUDGET_S
 
 
 @dataclass(frozen=True)
@@ -59,9 +76,13 @@ class Delivery:
     sent: int
     undelivered: int
     error: str | None  # one line, no secret; None when everything pending went out
+    rate_limited: bool = False  # stopped only because Slack's Retry-After outlasted the budget
 
     def summary(self) -> dict[str, Any]:
-        return {"undelivered": self.undelivered, "delivery_error": self.error}
+        out: dict[str, Any] = {"undelivered": self.undelivered, "delivery_error": self.error}
+        if self.rate_limited:
+            out["rate_limited"] = True
+        return out
 
 
 def lock_key(db: StateDB, conn: sa.Connection, key: str) -> None:
@@ -125,11 +146,14 @@ def _holder() -> str:
 
 
 def deliver_pending(db: StateDB, sender: Any, *, now: datetime | None = None,
-                    wait_s: float = LEASE_WAIT_S) -> Delivery:
+                    wait_s: float = LEASE_WAIT_S, budget: WaitBudget | None = None) -> Delivery:
     """Send every pending message in id order; stop at the first failure.
 
-    Never raises for a delivery failure: the result says how many wait and why.
+    A rate limit is waited out (its Retry-After) while `budget` lasts (default: a
+    fresh RATE_LIMIT_BUDGET_S). Never raises for a delivery failure: the result
+    says how many wait and why.
     """
+    budget = budget if budget is not None else WaitBudget()
     holder = _holder()
     deadline = time.monotonic() + wait_s
     # The lease runs on the real clock whatever `now` the caller passes: other
@@ -141,7 +165,7 @@ def deliver_pending(db: StateDB, sender: Any, *, now: datetime | None = None,
                      if waiting else None)
             return Delivery(0, waiting, error)
         time.sleep(0.2)
-    sent, error = 0, None
+    sent, error, rate_limited = 0, None, False
     try:
         while error is None:
             claimed, row = _claim_next(db, holder)
@@ -151,12 +175,24 @@ def deliver_pending(db: StateDB, sender: Any, *, now: datetime | None = None,
                 break
             if row is None:
                 break
-            error = _send_one(db, sender, row, now=now)
-            if error is None:
+            error, retry_after = _send_one(db, sender, row, now=now)
+            if retry_after is not None:
+                if retry_after <= budget.seconds:
+                    # at least 1 s each: a Slack answering "Retry-After: 0" forever cannot keep the task
+                    budget.seconds = max(0.0, budget.seconds - max(retry_after, 1.0))
+                    log.info("Slack rate limit: waiting %g s (Retry-After) to send message %s", retry_after,
+                             row["id"])
+                    _sleep(retry_after)
+                    error = None
+                    continue  # the same row, still first in line
+                rate_limited = True
+                error = (f"rate limited: Slack asked to wait {retry_after:g} s, more than the {budget.seconds:g} s "
+                         f"left of this task's {RATE_LIMIT_BUDGET_S:g} s budget")
+            elif error is None:
                 sent += 1
     finally:
         db.release_lease(OUTBOX_LEASE, holder)
-    return Delivery(sent, pending_count(db), error)
+    return Delivery(sent, pending_count(db), error, rate_limited)
 
 
 def _claim_next(db: StateDB, holder: str) -> tuple[bool, dict[str, Any] | None]:
@@ -170,8 +206,10 @@ def _claim_next(db: StateDB, holder: str) -> tuple[bool, dict[str, Any] | None]:
     return True, dict(row) if row is not None else None
 
 
-def _send_one(db: StateDB, sender: Any, row: dict[str, Any], *, now: datetime | None) -> str | None:
-    """Send one row and record the outcome; the error line when it did not go out."""
+def _send_one(db: StateDB, sender: Any, row: dict[str, Any], *,
+              now: datetime | None) -> tuple[str | None, float | None]:
+    """Send one row and record the outcome: (the error line when it did not go out,
+    Slack's Retry-After when that was a rate limit)."""
     channel, thread_ts = row["channel"], row["thread_ts"]
     if row["parent_id"] is not None and not thread_ts:
         with db.engine.connect() as conn:
@@ -182,7 +220,7 @@ def _send_one(db: StateDB, sender: Any, row: dict[str, Any], *, now: datetime | 
             channel, thread_ts = parent.sent_channel, parent.ts
         elif parent is not None and parent.status == PENDING:
             # Ids follow queueing order, so this only happens if the parent was queued later: wait.
-            return f"message {row['id']} waits for its parent message {row['parent_id']}"
+            return f"message {row['id']} waits for its parent message {row['parent_id']}", None
         # A rejected or missing parent: the reply goes top-level rather than nowhere.
     try:
         posted = sender.post(text=row["text"], blocks=row["blocks"] or [], thread_ts=thread_ts, channel=channel)
@@ -197,6 +235,7 @@ def _send_one(db: StateDB, sender: Any, row: dict[str, Any], *, now: datetime | 
                     channel=None, thread_ts=None, parent_id=None, last_error=error,
                     attempts=slack_messages.c.attempts + 1))
             return _send_one(db, sender, {**row, "channel": None, "thread_ts": None, "parent_id": None}, now=now)
+        retry_after = getattr(exc, "retry_after", None)
         rejected = bool(getattr(exc, "rejected", False))
         with db.transaction() as conn:
             conn.execute(sa.update(slack_messages).where(slack_messages.c.id == row["id"]).values(
@@ -204,13 +243,15 @@ def _send_one(db: StateDB, sender: Any, row: dict[str, Any], *, now: datetime | 
                 status=REJECTED if rejected else PENDING))
         if rejected:
             log.error("Slack rejected message %s (not retried): %s", row["id"], error)
-            return None
+            return None, None
+        if retry_after is not None:
+            return error, float(retry_after)  # the caller waits or stops, and says which
         log.warning("Slack delivery stopped at message %s: %s", row["id"], error)
-        return error
+        return error, None
     with db.transaction() as conn:
         # Still pending: a worker that took over after a stall may have sent and recorded it already.
         conn.execute(sa.update(slack_messages).where(slack_messages.c.id == row["id"],
                                                      slack_messages.c.status == PENDING).values(
             status=SENT, ts=posted.ts, sent_channel=posted.channel, attempts=slack_messages.c.attempts + 1,
             last_error=None, sent_at=now or utcnow()))
-    return None
+    return None, None

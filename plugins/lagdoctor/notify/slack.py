@@ -26,8 +26,8 @@ log = logging.getLogger(__name__)
 DEFAULT_CONN_ID = "slack_api_default"
 CHANNEL_ENV = "LAGDOCTOR_SLACK_CHANNEL"
 DEFAULT_CHANNEL = "#kafka-lag"
-# slack-sdk's own handlers: 429 honours Retry-After; 500/503 back off; resets/refusals retry.
-RATE_LIMIT_RETRIES = 3
+# slack-sdk's own handlers: 500/503 back off; resets/refusals retry. A 429 is not retried
+# here: the outbox waits out its Retry-After within a budget per task (outbox.RATE_LIMIT_BUDGET_S).
 SERVER_ERROR_RETRIES = 2
 CONNECTION_RETRIES = 2
 CLIENT_LOGGER = "lagdoctor.notify.slack_client"
@@ -40,18 +40,22 @@ MESSAGE_ERRORS = frozenset({"invalid_blocks", "invalid_blocks_format", "msg_too_
 # Errors about where a message goes: a thread's channel archived or left since
 # the thread was opened. The outbox re-sends such a reply top-level.
 PLACE_ERRORS = frozenset({"is_archived", "channel_not_found", "not_in_channel", "thread_not_found"})
+RATE_LIMITED = "ratelimited"
 
 
 class SlackDeliveryError(RuntimeError):
     """Slack refused or could not take a message; one line, no token.
 
     ``rejected`` is true when Slack refused this message for what it is
-    (``MESSAGE_ERRORS``), false for outages, rate limits and configuration."""
+    (``MESSAGE_ERRORS``), false for outages, rate limits and configuration.
+    ``retry_after``: seconds Slack asked to wait, set for a rate limit (429) only."""
 
-    def __init__(self, message: str, *, rejected: bool = False, reason: str | None = None) -> None:
+    def __init__(self, message: str, *, rejected: bool = False, reason: str | None = None,
+                 retry_after: float | None = None) -> None:
         super().__init__(message)
         self.rejected = rejected
         self.reason = reason
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)
@@ -68,17 +72,24 @@ class Sender(Protocol):
 
 
 def retry_handlers() -> list[Any]:
-    from slack_sdk.http_retry.builtin_handlers import (
-        ConnectionErrorRetryHandler,
-        RateLimitErrorRetryHandler,
-        ServerErrorRetryHandler,
-    )
+    from slack_sdk.http_retry.builtin_handlers import ConnectionErrorRetryHandler, ServerErrorRetryHandler
 
     return [
         ConnectionErrorRetryHandler(max_retry_count=CONNECTION_RETRIES),
-        RateLimitErrorRetryHandler(max_retry_count=RATE_LIMIT_RETRIES),
         ServerErrorRetryHandler(max_retry_count=SERVER_ERROR_RETRIES),
     ]
+
+
+def retry_after_seconds(headers: Any) -> float:
+    """Slack's Retry-After (whole seconds) from a 429's headers; 1 s when absent or not a number."""
+    for name, value in dict(headers or {}).items():
+        if str(name).lower() == "retry-after":
+            value = value[0] if isinstance(value, (list, tuple)) and value else value
+            try:
+                return max(0.0, float(value))
+            except (TypeError, ValueError):
+                break
+    return 1.0
 
 
 def default_channel() -> str:
@@ -123,8 +134,13 @@ class ProviderSlackSender:
         try:
             response = self.hook.client.chat_postMessage(**kwargs)
         except Exception as exc:
-            error = getattr(getattr(exc, "response", None), "data", None)
+            response = getattr(exc, "response", None)
+            error = getattr(response, "data", None)
             reason = error.get("error") if isinstance(error, dict) else None
+            if getattr(response, "status_code", None) == 429 or reason == RATE_LIMITED:
+                wait = retry_after_seconds(getattr(response, "headers", None))
+                raise SlackDeliveryError(f"Slack rate limit (Retry-After {wait:g} s)", reason=RATE_LIMITED,
+                                         retry_after=wait) from None
             message = f"Slack API error: {reason}" if reason else exc
             raise SlackDeliveryError(one_line(message, self._token()), rejected=reason in MESSAGE_ERRORS,
                                      reason=reason) from None

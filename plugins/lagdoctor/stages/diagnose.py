@@ -44,6 +44,10 @@ def prepare_diagnosis(
     its own `cluster=` folder, as it always did; several read the store's root
     with `--clusters a,b`, which limits the job to those folders, so a cluster
     this run could not snapshot is not judged on its stale history.
+
+    `--carry-from`: per cluster, the newest earlier comparable run that read it
+    (``previous_findings``): a failed snapshot, a run with overrides or a manual
+    run scoped elsewhere never drops a surge's carried baseline.
     """
     import os
     import sys
@@ -73,7 +77,11 @@ def prepare_diagnosis(
     bindir = str(Path(sys.executable).parent)
     scope = {k: v for k, v in (("groups", group_pattern), ("topic", topic)) if v}
     as_of = as_of or datetime.now(timezone.utc)
-    carry_from = previous_findings(settings, dag_id, output, as_of) if dag_id else None
+    carried = previous_findings(settings, dag_id, output, as_of, clusters=clusters, run_id=run_id,
+                                group_pattern=group_pattern, topic=topic) if dag_id else {}
+    if carried:
+        log.info("carrying surges from %s", ", ".join(f"{c}: {p}" for c, p in carried.items()))
+    carry_from = carry_source(carried, output)
     return {
         "application": default_job_script(),
         "py_files": build_package_zip(work_dir),
@@ -91,27 +99,81 @@ def prepare_diagnosis(
     }
 
 
-def previous_findings(settings: Settings, dag_id: str, output: str, before: datetime) -> str | None:
-    """findings.jsonl of the newest planned run of `dag_id` before `before` (not this run's own
-    folder, a retry's): a surge older than the window keeps that run's baseline (rule case 27).
-    None when there is none, or the run index cannot be read (the run is judged on its window alone)."""
+SCHEDULED_RUN_PREFIX = "scheduled__"  # the run id Airflow gives a run its schedule made
+CARRIED_FILE = "carried.jsonl"  # --carry-from when a sweep's clusters carry from different runs
+
+
+def is_scheduled(run_id: Any) -> bool:
+    return isinstance(run_id, str) and run_id.startswith(SCHEDULED_RUN_PREFIX)
+
+
+def comparable_run(meta: Mapping[str, Any], *, dag_id: str, scheduled: bool,
+                   group_pattern: str | None = None, topic: str | None = None) -> bool:
+    """Whether an earlier run's surges may carry into this one (rule case 27's input): same DAG,
+    no threshold overrides (an experiment's verdicts are no baseline), and a scheduled run, or,
+    when this run is manual too, a manual run asked about the same groups. So a click on
+    "Trigger" never changes what the next scheduled run says, and an incident run carries from
+    the last look at its own groups, never from one scoped to others."""
+    from lagdoctor.runindex import has_overrides
+
+    if meta.get("dag_id") != dag_id or has_overrides(meta):
+        return False
+    if is_scheduled(meta.get("run_id")):
+        return True
+    scope = (meta.get("group_pattern") or None, meta.get("topic") or None)
+    return not scheduled and scope == (group_pattern or None, topic or None)
+
+
+def previous_findings(settings: Settings, dag_id: str, output: str, before: datetime, *,
+                      clusters: list[str], run_id: str | None = None, group_pattern: str | None = None,
+                      topic: str | None = None) -> dict[str, str]:
+    """Per cluster of `clusters`, findings.jsonl of the newest comparable run (``comparable_run``)
+    before `before` that read that cluster (a failed snapshot is no read), never this run's own
+    folder (a retry's): a surge older than the window keeps that run's baseline (rule case 27).
+    A cluster without such a run is left out, and is judged on its window alone; so is every
+    cluster when the run index cannot be read."""
     from lagdoctor.contracts import FINDINGS_FILE
-    from lagdoctor.runindex import parse_time, refresh
+    from lagdoctor.runindex import clusters_read, parse_time, refresh
 
     try:
         index = refresh(settings.findings_root)
     except (OSError, ValueError) as exc:
         log.warning("no previous run to carry surges from: the run index could not be read (%s)", exc)
-        return None
+        return {}
     before = before if before.tzinfo else before.replace(tzinfo=timezone.utc)
     own = output.rstrip("/").rsplit("/", 1)[-1]
-    newest = None
+    scheduled = is_scheduled(run_id)
+    newest: dict[str, tuple[datetime, str]] = {}
     for key, rec in index.runs.items():
         meta = rec.get("meta") or {}
         at = parse_time(meta.get("planned_at"))
-        if key != own and meta.get("dag_id") == dag_id and at is not None and at < before:
-            newest = max(newest or (at, key), (at, key))
-    return join(settings.findings_root, newest[1], FINDINGS_FILE) if newest else None
+        if key == own or at is None or at >= before or not comparable_run(
+                meta, dag_id=dag_id, scheduled=scheduled, group_pattern=group_pattern, topic=topic):
+            continue
+        for cluster in clusters_read(meta).intersection(clusters):
+            newest[cluster] = max(newest.get(cluster, (at, key)), (at, key))
+    return {c: join(settings.findings_root, newest[c][1], FINDINGS_FILE) for c in clusters if c in newest}
+
+
+def carry_source(carried: Mapping[str, str], output: str) -> str | None:
+    """The --carry-from path for ``previous_findings``' answer: the one run's findings.jsonl when
+    it serves every cluster (the usual case), else CARRIED_FILE in this run's folder holding each
+    cluster's rows from its own run (a cluster another run could not read keeps its newer run)."""
+    import fsspec
+
+    paths = sorted(set(carried.values()))
+    if len(paths) <= 1:
+        return paths[0] if paths else None
+    rows: list[dict[str, Any]] = []
+    for cluster, path in carried.items():
+        try:
+            rows += [r for r in _read_jsonl(path) if r.get("cluster") == cluster]
+        except (OSError, ValueError) as exc:
+            log.warning("nothing carried for %s from %s (%s)", cluster, path, " ".join(str(exc).split())[:200])
+    target = join(output, CARRIED_FILE)
+    with fsspec.open(target, "wt") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows)
+    return target
 
 
 # Exit codes of spark_jobs/diagnose_lag.py that a retry cannot change.

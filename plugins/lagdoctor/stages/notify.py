@@ -59,11 +59,18 @@ def undelivered(results: list[Mapping[str, Any]]) -> tuple[int | None, str | Non
 
 
 def raise_ifundelivered(results: list[Mapping[str, Any]]) -> None:
-    """After everything was queued: one line when Slack kept some of it back."""
-    count, error = undelivered(results)
-    if count is None or count:
-        from lagdoctor.notify.redact import one_line
+    """After everything was queued: one line when Slack kept some of it back. A rate limit
+    alone is a warning, not a failure: the messages go out, in order, at the next run, and
+    a failed task would page people and retry work that was done."""
+    from lagdoctor.notify.redact import one_line
 
+    count, error = undelivered(results)
+    reported = [r for r in results if isinstance(r, Mapping) and "undelivered" in r]
+    if count and reported[-1].get("rate_limited"):
+        log.warning("Slack: %d message(s) wait in the outbox, in order, for the next run: %s",
+                    count, one_line(error) if error else "rate limited")
+        return
+    if count is None or count:
         how_many = "an unknown number of" if count is None else str(count)
         raise SlackUndelivered(f"Slack: {how_many} message(s) not delivered, kept in the outbox: "
                                f"{one_line(error) if error else 'no reason given'}")
@@ -183,7 +190,8 @@ def post_findings(
     Both are deduplicated by their stores, so a retried task posts nothing twice.
 
     Everything is handed to the notify layer first; only then, if Slack kept
-    messages back (they wait in the outbox), SlackUndelivered says how many.
+    messages back (they wait in the outbox), SlackUndelivered says how many;
+    for a rate limit, one warning line says it instead (see raise_ifundelivered).
     `report_error`: write_reports' line when it failed, said once here (the findings go out without links).
     `executor`: Airflow's; a distributed one with the spool on this worker's disk is refused
     (SpoolNotShared) before anything is posted.
