@@ -231,8 +231,6 @@ class SkipPoisonPill(Action):
         return {**plan, "from_offsets": {str(p): o for p, o in group.committed.items()}}
 
     def apply(self, ctx: ActionContext, plan: Mapping[str, Any]) -> Outcome:
-        from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-
         config = ctx.kafka_config()
         topic, dlt = ctx.topic, plan["dead_letter_topic"]
         from_offsets = {int(p): int(o) for p, o in plan["from_offsets"].items()}
@@ -259,17 +257,24 @@ class SkipPoisonPill(Action):
         if not todo:
             return Outcome("noop", "already skipped by an earlier attempt", {"skipped": {}})
         copied = _copy_records(config, topic, todo, dlt, ctx.group_id)
-        with admin_client(config) as admin:
-            request = [ConsumerGroupTopicPartitions(
-                ctx.group_id, [TopicPartition(topic, p, o + 1) for p, o in sorted(todo.items())]
-            )]
-            (result,) = _wait(admin.alter_consumer_group_offsets(request, request_timeout=TIMEOUT_S)).values()
-            for tp in result.topic_partitions:
-                if tp.error is not None:
-                    raise RuntimeError(f"partition {tp.partition}: commit failed ({tp.error.str()})")
+        _commit_past(config, ctx.group_id, topic, todo)
         where = ", ".join(f"p{p}: {o} -> {o + 1}" for p, o in sorted(todo.items()))
         return Outcome("executed", f"copied {len(copied)} record(s) to {dlt}; committed {where}",
                        {"skipped": {str(p): o for p, o in todo.items()}, "dead_letter_topic": dlt})
+
+
+def _commit_past(config: Mapping[str, Any], group_id: str, topic: str, offsets: Mapping[int, int]) -> None:
+    """Commit the group's offset to one past each skipped record."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+    with admin_client(config) as admin:
+        request = [ConsumerGroupTopicPartitions(
+            group_id, [TopicPartition(topic, p, o + 1) for p, o in sorted(offsets.items())]
+        )]
+        (result,) = _wait(admin.alter_consumer_group_offsets(request, request_timeout=TIMEOUT_S)).values()
+        for tp in result.topic_partitions:
+            if tp.error is not None:
+                raise RuntimeError(f"partition {tp.partition}: commit failed ({tp.error.str()})")
 
 
 def _copy_records(config: Mapping[str, Any], topic: str, offsets: Mapping[int, int],
