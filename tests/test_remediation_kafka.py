@@ -74,11 +74,12 @@ def committed(bootstrap, group, topic, partition):
     return res.topic_partitions[0].offset
 
 
-def read_all(bootstrap, topic):
+def read_all(bootstrap, topic, isolation="read_committed"):
+    """Partition 0's records as a dead-letter reader sees them: read_committed, as the README asks."""
     from confluent_kafka import Consumer, TopicPartition
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader-" + topic, "enable.auto.commit": False,
-                  "enable.partition.eof": True})
+                  "enable.partition.eof": True, "isolation.level": isolation})
     out = []
     try:
         c.assign([TopicPartition(topic, 0, 0)])
@@ -132,6 +133,9 @@ def test_skip_poison_pill_copies_the_record_and_commits_past_it(settings, kafka_
     assert dead.value() == b"v4" and dead.key() == b"k"
     headers = dict(dead.headers())
     assert headers["lagdoctor.original.offset"] == b"4" and headers["lagdoctor.original.topic"] == topic.encode()
+    assert headers["lagdoctor.original.partition"] == b"0" and headers["lagdoctor.group"] == group.encode()
+    # the copy names the attempt that made it, as the action log does
+    assert headers["lagdoctor.idempotency_key"] == done["idempotency_key"].encode()
 
     # A retried task of the same run neither skips a second record nor copies again.
     again = run_action("skip_poison_pill", f, run_id="r1", dry_run=False, approved=True, now=T0)
@@ -175,6 +179,78 @@ def test_skip_poison_pill_never_skips_a_record_other_than_the_approved_one(setti
     assert "partition 0 is at offset 6, not 4 as approved" in done["message"]
     assert committed(kafka_bootstrap, group, topic, 0) == 6
     assert read_all(kafka_bootstrap, f"{topic}.dlq") == []
+
+
+def _stuck_at_4(kafka_bootstrap, unique):
+    topic, group = unique("orders"), unique("orders-group")
+    create_topics(kafka_bootstrap, topic)
+    create_topics(kafka_bootstrap, f"{topic}.dlq", partitions=1)
+    produce(kafka_bootstrap, topic, [f"v{i}".encode() for i in range(8)])
+    commit(kafka_bootstrap, group, topic, 0, 4)
+    return topic, group
+
+
+def test_skip_poison_pill_retried_after_its_commit_failed_copies_the_record_once(
+        settings, kafka_bootstrap, kafka_cluster, unique, monkeypatch):
+    """Issue 30: the copy landed, then the commit failed (a timeout, a coordinator moving); the
+    task's retry copied the record again. Copy and commit are one transaction: both or neither."""
+    from lagdoctor.remediation import kafka_ops
+
+    topic, group = _stuck_at_4(kafka_bootstrap, unique)
+    real, failures = kafka_ops._commit_past, []
+
+    def commit_fails_once(*args, **kwargs):
+        if not failures:
+            failures.append("commit")
+            raise RuntimeError("partition 0: commit failed (Broker: Request timed out)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(kafka_ops, "_commit_past", commit_fails_once)
+    f = stalled(kafka_cluster, group, topic, 4)
+    with pytest.raises(RemediationFailed, match="commit failed"):
+        run_action("skip_poison_pill", f, run_id="r1", dry_run=False, approved=True, now=T0)
+    assert committed(kafka_bootstrap, group, topic, 0) == 4
+    assert read_all(kafka_bootstrap, f"{topic}.dlq") == []  # the failed attempt's copy never shows
+
+    retried = run_action("skip_poison_pill", f, run_id="r1", dry_run=False, approved=True, now=T0)
+    assert retried["status"] == "executed", retried["message"]
+    assert committed(kafka_bootstrap, group, topic, 0) == 5
+    assert [m.value() for m in read_all(kafka_bootstrap, f"{topic}.dlq")] == [b"v4"]
+
+
+def test_skip_poison_pill_resumed_after_its_worker_died_between_copy_and_commit_copies_the_record_once(
+        settings, kafka_bootstrap, kafka_cluster, unique):
+    """Issue 30: a worker killed after the copy reached the broker and before the commit (no
+    cleanup, no outcome recorded); the retry resumes the `started` plan and must not copy again."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    from lagdoctor.remediation.audit import ActionLog
+
+    topic, group = _stuck_at_4(kafka_bootstrap, unique)
+    f = stalled(kafka_cluster, group, topic, 4)
+    worker = textwrap.dedent("""
+        import json, os, sys
+        from datetime import datetime
+        from lagdoctor.remediation import kafka_ops, run_action
+        kafka_ops._commit_past = lambda *args, **kwargs: os._exit(9)  # dies here: no except, no finally
+        run_action("skip_poison_pill", json.loads(sys.argv[1]), run_id="r1", dry_run=False, approved=True,
+                   now=datetime.fromisoformat(sys.argv[2]))
+    """)
+    died = subprocess.run([sys.executable, "-c", worker, json.dumps(f), T0.isoformat()], env=os.environ,
+                          capture_output=True, text=True, timeout=180)
+    assert died.returncode == 9, died.stderr[-2000:]
+    assert [r["status"] for r in ActionLog.from_settings(settings).records()] == ["started"]
+    assert len(read_all(kafka_bootstrap, f"{topic}.dlq", isolation="read_uncommitted")) == 1  # the copy landed
+    assert committed(kafka_bootstrap, group, topic, 0) == 4
+
+    resumed = run_action("skip_poison_pill", f, run_id="r1", dry_run=False, approved=True, now=T0)
+    assert resumed["status"] == "executed", resumed["message"]
+    assert committed(kafka_bootstrap, group, topic, 0) == 5
+    (dead,) = read_all(kafka_bootstrap, f"{topic}.dlq")
+    assert dead.value() == b"v4" and dict(dead.headers())["lagdoctor.original.offset"] == b"4"
 
 
 def _owners(bootstrap, group):

@@ -51,6 +51,7 @@ class ActionContext:
     now: datetime
     # Lazily built clients' inputs: resolved only when a real run needs them.
     kafka_config: Callable[[], dict[str, Any]]
+    idempotency_key: str = ""  # the runner's key for this (run, incident, action): what a change is marked with
 
     @property
     def cluster(self) -> str:

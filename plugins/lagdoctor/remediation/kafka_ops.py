@@ -11,6 +11,8 @@ in a child process, as the collector reads them (``read_group``).
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
@@ -244,43 +246,90 @@ class SkipPoisonPill(Action):
             elif from_offsets[int(p)] != int(seen):
                 raise ActionBlocked(f"partition {p} is at offset {from_offsets[int(p)]}, not {seen} as approved: "
                                     "the record approved for skipping is no longer the group's next")
-        group = read_group(config, ctx.group_id, topic, sorted(from_offsets))
-        group.require_empty()
-        now = group.committed
-        todo = {}
-        for p, start in from_offsets.items():
-            if now[p] == start + 1:
-                continue  # done by an earlier attempt of this same run
-            if now[p] != start:
-                raise ActionBlocked(f"partition {p} moved from offset {start} to {now[p]} since the plan")
-            todo[p] = start
-        if not todo:
-            return Outcome("noop", "already skipped by an earlier attempt", {"skipped": {}})
-        copied = _copy_records(config, topic, todo, dlt, ctx.group_id)
-        _commit_past(config, ctx.group_id, topic, todo)
+        # Copy and commit are one Kafka transaction, so a retry never copies twice. Starting it
+        # before the group is read settles every earlier attempt first: a commit one sent
+        # completes, a dead worker's open transaction (its copy) aborts.
+        with _transactional_producer(config, _transactional_id(ctx.group_id, topic, from_offsets)) as producer:
+            group = read_group(config, ctx.group_id, topic, sorted(from_offsets))
+            group.require_empty()
+            now = group.committed
+            todo = {}
+            for p, start in from_offsets.items():
+                if now[p] == start + 1:
+                    continue  # done by an earlier attempt
+                if now[p] != start:
+                    raise ActionBlocked(f"partition {p} moved from offset {start} to {now[p]} since the plan")
+                todo[p] = start
+            if not todo:
+                return Outcome("noop", "already skipped by an earlier attempt", {"skipped": {}})
+            producer.begin_transaction()
+            try:
+                copied = _copy_records(config, producer, topic, todo, dlt, ctx.group_id, ctx.idempotency_key)
+                _commit_past(config, producer, ctx.group_id, topic, todo)
+            except Exception:
+                # Nothing shows: read_committed readers never see an aborted copy.
+                with contextlib.suppress(Exception):
+                    producer.abort_transaction(TIMEOUT_S)
+                raise
         where = ", ".join(f"p{p}: {o} -> {o + 1}" for p, o in sorted(todo.items()))
         return Outcome("executed", f"copied {len(copied)} record(s) to {dlt}; committed {where}",
                        {"skipped": {str(p): o for p, o in todo.items()}, "dead_letter_topic": dlt})
 
 
-def _commit_past(config: Mapping[str, Any], group_id: str, topic: str, offsets: Mapping[int, int]) -> None:
-    """Commit the group's offset to one past each skipped record."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-
-    with admin_client(config) as admin:
-        request = [ConsumerGroupTopicPartitions(
-            group_id, [TopicPartition(topic, p, o + 1) for p, o in sorted(offsets.items())]
-        )]
-        (result,) = _wait(admin.alter_consumer_group_offsets(request, request_timeout=TIMEOUT_S)).values()
-        for tp in result.topic_partitions:
-            if tp.error is not None:
-                raise RuntimeError(f"partition {tp.partition}: commit failed ({tp.error.str()})")
+def _transactional_id(group_id: str, topic: str, offsets: Mapping[int, int]) -> str:
+    """One per skip (this group past these records), whichever run or retry attempts it: each
+    attempt fences the ones before it, a zombie worker included."""
+    raw = json.dumps([group_id, topic, sorted(offsets.items())], separators=(",", ":"))
+    return "lagdoctor-skip-poison-pill-" + hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 
-def _copy_records(config: Mapping[str, Any], topic: str, offsets: Mapping[int, int],
-                  dlt: str, group_id: str) -> list[tuple[int, int]]:
-    """Read each record at (partition, offset) and produce it, with its origin, to ``dlt``."""
-    from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+@contextlib.contextmanager
+def _transactional_producer(config: Mapping[str, Any], transactional_id: str) -> Iterator[Any]:
+    """A producer whose init_transactions ends any earlier producer's transaction with this id."""
+    from confluent_kafka import KafkaException, Producer
+
+    producer = Producer(_client_config({**config, "transactional.id": transactional_id,
+                                        "enable.idempotence": True, "acks": "all"}))
+    try:
+        try:
+            producer.init_transactions(TIMEOUT_S)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.retriable():  # e.g. the transaction coordinator loading: a task retry may pass
+                raise RuntimeError(f"cannot start the dead-letter transaction: {error.str()}") from None
+            raise ActionBlocked(f"cannot start the dead-letter transaction {transactional_id}, nothing was "
+                                f"changed: {error.str()}") from None
+        yield producer
+    finally:
+        producer.close()
+
+
+def _commit_past(config: Mapping[str, Any], producer: Any, group_id: str, topic: str,
+                 offsets: Mapping[int, int]) -> None:
+    """Commit the group's offset to one past each skipped record in the producer's open
+    transaction (which holds the copies), then commit the transaction."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    # Never subscribes: it only names the group. An offset commit from outside the group
+    # (no member id, generation -1) is accepted only while the group is EMPTY.
+    group = Consumer(_client_config({**config, "group.id": group_id, "enable.auto.commit": False,
+                                     "isolation.level": "read_committed"}))
+    try:
+        positions = [TopicPartition(topic, p, o + 1) for p, o in sorted(offsets.items())]
+        producer.send_offsets_to_transaction(positions, group.consumer_group_metadata(), TIMEOUT_S)
+        producer.commit_transaction(TIMEOUT_S)
+        # The group's offsets change when the commit's markers land, a moment later. A
+        # read_committed read waits for them (KIP-447): once done, everyone reads the new offset.
+        group.committed([TopicPartition(topic, p) for p in sorted(offsets)], TIMEOUT_S)
+    finally:
+        group.close()
+
+
+def _copy_records(config: Mapping[str, Any], producer: Any, topic: str, offsets: Mapping[int, int],
+                  dlt: str, group_id: str, idempotency_key: str) -> list[tuple[int, int]]:
+    """Read each record at (partition, offset) and produce it, with its origin, to ``dlt`` in the
+    producer's open transaction."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     reader = Consumer(_client_config({
         **config,
@@ -289,7 +338,6 @@ def _copy_records(config: Mapping[str, Any], topic: str, offsets: Mapping[int, i
         "enable.auto.commit": False,
         "enable.partition.eof": True,
     }))
-    producer = Producer(_client_config({**config, "enable.idempotence": False, "acks": "all"}))
     copied: list[tuple[int, int]] = []
     try:
         for partition, offset in sorted(offsets.items()):
@@ -303,6 +351,7 @@ def _copy_records(config: Mapping[str, Any], topic: str, offsets: Mapping[int, i
                 ("lagdoctor.original.partition", str(partition).encode()),
                 ("lagdoctor.original.offset", str(offset).encode()),
                 ("lagdoctor.group", group_id.encode()),
+                ("lagdoctor.idempotency_key", idempotency_key.encode()),
             ]
             errors: list[Any] = []
             producer.produce(dlt, value=msg.value(), key=msg.key(), headers=headers,
@@ -314,7 +363,6 @@ def _copy_records(config: Mapping[str, Any], topic: str, offsets: Mapping[int, i
             copied.append((partition, offset))
     finally:
         reader.close()
-        producer.flush(5)
     return copied
 
 

@@ -206,7 +206,8 @@ def run_action(
                 _kafka.update(kafka_config_for(str(finding.get("cluster"))))
         return _kafka
 
-    ctx = ActionContext(finding=finding, config=config, params=params, now=now, kafka_config=resolve_kafka)
+    ctx = ActionContext(finding=finding, config=config, params=params, now=now, kafka_config=resolve_kafka,
+                        idempotency_key=key)
     approval = needs_approval(name, dry_run=False, config=config, guardrails=guardrails)
     target = action.target(ctx) or group_target(ctx.cluster, ctx.group_id, name)
     base = {
