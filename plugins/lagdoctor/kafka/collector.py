@@ -131,7 +131,8 @@ DEFAULT_MAX_IN_FLIGHT = 128
 # Partitions per ListOffsets call; see the module docstring.
 LIST_OFFSETS_BATCH = 1000
 # The record at the committed offset is read for this many most lagging
-# partitions of each (group, topic), within this many seconds per snapshot.
+# partitions of each (group, topic), within this many seconds per snapshot
+# (all groups' reads together: one deadline, see lagdoctor.kafka.records).
 DEFAULT_RECORD_PARTITIONS = 3
 DEFAULT_RECORD_BUDGET_S = 10.0
 

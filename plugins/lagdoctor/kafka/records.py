@@ -12,7 +12,9 @@ header names). `read_records_at` answers both for a bounded set of positions:
   one the group will see next;
 - at most `max_bytes` fetched per partition (librdkafka still returns a first
   batch larger than that: a position is never unanswerable for size);
-- a time budget: what did not answer in it is named, not waited for.
+- one time budget for every position (a snapshot's, all groups together):
+  each poll waits at most what is left of it, and what did not answer in it
+  is named ("record read budget of N s spent"), not waited for.
 
 The payload is never kept, logged or returned: its length only. The key is
 kept as a short SHA-256 (to tell "the same key keeps failing" apart from a
@@ -42,6 +44,11 @@ ASSIGN_BATCH = 500
 # Why a position gave no record because the read reached the end: a read_committed
 # read ends at the last stable offset, so what follows may be an open transaction.
 END_OF_LOG = "at the end of the log"
+
+
+def budget_spent(budget_s: float) -> str:
+    """Why a position was not read: the snapshot's record budget ran out before it."""
+    return f"record read budget of {budget_s:g} s spent"
 
 
 @dataclass(frozen=True)
@@ -162,8 +169,9 @@ def read_records(
         "max.partition.fetch.bytes": max(1, int(max_bytes)),
         "fetch.wait.max.ms": 100,
     }
+    # One deadline for every assignment: each poll waits at most what is left of it.
     deadline = time.monotonic() + max(0.0, budget_s)
-    out_of_budget = f"not read: the {budget_s:g} s record budget ran out first"
+    out_of_budget = budget_spent(budget_s)
     for assignment in rounds:
         if time.monotonic() >= deadline:
             errors.update({(t, p, off): out_of_budget for (t, p), off in assignment.items()})
