@@ -144,3 +144,26 @@ def test_one_record_budget_covers_every_group_of_the_snapshot(kafka_bootstrap, u
     assert {r["committed_record_error"] for r in fell_back} == {"record read budget of 1 s spent"}
     # the budget goes to the most lagging first: whatever fell back lags less than whatever was read
     assert max(r["lag"] for r in fell_back) < min(r["lag"] for r in read)
+
+
+@broker
+def test_a_commit_below_the_log_start_is_not_fetched_and_says_why(kafka_bootstrap, unique):
+    from confluent_kafka import TopicPartition
+
+    topic, group = unique("refunds"), unique("refunder")
+    create_topic(kafka_bootstrap, topic, 2, config={"retention.ms": "-1"})
+    produce_counts(kafka_bootstrap, topic, {0: 10, 1: 10})
+    # retention removes offsets 0..5 of partition 0 (as time or size retention would)
+    admin = admin_client(kafka_bootstrap)  # kept: a destroyed client never answers its futures
+    for fut in admin.delete_records([TopicPartition(topic, 0, 6)]).values():
+        fut.result(30)
+    commit_offsets(kafka_bootstrap, group, topic, {0: 2, 1: 3})  # lags 8 and 7
+
+    table = collect_snapshot(admin, "local", group, NOW, bootstrap=kafka_bootstrap, record_partitions=1)
+    gone, kept = rows(table, group)[0], rows(table, group)[1]
+    assert (gone["log_start_offset"], gone["committed_offset"], gone["lag"]) == (6, 2, 8)
+    assert gone["read_error"] is None
+    assert gone["committed_record_ts"] is None and gone["committed_record_offset"] is None
+    assert gone["committed_record_error"] == "committed offset below the log start (retention removed the records)"
+    # passed over, it does not take the (group, topic)'s one read: the next most lagging is read
+    assert kept["committed_record_offset"] == 3 and kept["committed_record_ts"] is not None
