@@ -30,8 +30,9 @@ Broker requests grow with groups and brokers, not with partitions per group:
        committed_record_error, and is not a read_error: the offsets are known,
        only the record's time is not, and the diagnosis estimates it. Never
        fetched: a commit below the log start ("committed offset below the log
-       start (retention removed the records)") and positions past the budget
-       ("record read budget of N s spent").
+       start (retention removed the records)"), positions past the budget
+       ("record read budget of N s spent"), and a topic's other positions once
+       a fetch was refused READ ("no READ permission on topic T").
 
 At most `max_in_flight` requests (default DEFAULT_MAX_IN_FLIGHT) wait on the
 cluster at once, describe and offset fetches interleaved; each one's timeout
