@@ -124,23 +124,23 @@ def commit_many(bootstrap, offsets_by_group, topic):
 @broker
 @pytest.mark.timeout(120)  # a record read that waited past its budget would hang here, not pass
 def test_one_record_budget_covers_every_group_of_the_snapshot(kafka_bootstrap, unique):
-    # 400 groups at 400 offsets of one partition: one fetch round each, far more than 1 s of
-    # rounds (about 8 ms each on the embedded broker), so the budget runs out part way.
+    # 600 groups at 600 offsets of one partition: one fetch round each, about 5 s of rounds
+    # (8 ms each on the embedded broker) against a 1 s budget, which runs out part way.
     topic, prefix = unique("ledger"), unique("reader")
     create_topic(kafka_bootstrap, topic, 1)
-    produce_counts(kafka_bootstrap, topic, {0: 450})
-    commit_offsets(kafka_bootstrap, f"{prefix}-warm", topic, {0: 449})  # the coordinator is loaded
-    commit_many(kafka_bootstrap, {f"{prefix}-{i:03d}": i for i in range(400)}, topic)
+    produce_counts(kafka_bootstrap, topic, {0: 650})
+    commit_offsets(kafka_bootstrap, f"{prefix}-warm", topic, {0: 649})  # the coordinator is loaded
+    commit_many(kafka_bootstrap, {f"{prefix}-{i:03d}": i for i in range(600)}, topic)
 
     table = collect_snapshot(admin_client(kafka_bootstrap), "local", f"{prefix}-[0-9]+", NOW,
                              bootstrap=kafka_bootstrap, record_partitions=1, record_budget_s=1)
     rows = table.to_pylist()
-    assert len(rows) == 400
+    assert len(rows) == 600
     # every offset stands: only the record's time is missing, and each row says why
-    assert all(r["read_error"] is None and r["lag"] == 450 - r["committed_offset"] for r in rows)
+    assert all(r["read_error"] is None and r["lag"] == 650 - r["committed_offset"] for r in rows)
     read = [r for r in rows if r["committed_record_ts"] is not None]
     fell_back = [r for r in rows if r["committed_record_ts"] is None]
-    assert read and fell_back and len(read) + len(fell_back) == 400
+    assert read and fell_back and len(read) + len(fell_back) == 600
     assert {r["committed_record_error"] for r in fell_back} == {"record read budget of 1 s spent"}
     # the budget goes to the most lagging first: whatever fell back lags less than whatever was read
     assert max(r["lag"] for r in fell_back) < min(r["lag"] for r in read)
