@@ -246,6 +246,56 @@ def test_a_topic_the_principal_may_not_describe_keeps_its_rows_saying_so(sasl):
 
 
 @broker
+def test_a_topic_the_principal_may_not_read_falls_back_to_the_estimate_said_once(sasl, unique, caplog):
+    # klag-exporter's users saw record reads fail on a missing READ right; the snapshot must
+    # still complete, every offset read, the time lag falling back to the estimate with the reason.
+    from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
+    from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, NewTopic, ResourcePatternType,
+                                       ResourceType)
+
+    unread, readable, first, second = unique("unread"), unique("readable"), unique("audit-a"), unique("audit-b")
+    admin = admin_client(sasl.bootstrap, sasl.client_config("admin"))
+    for fut in admin.create_topics([NewTopic(unread, 3, 1), NewTopic(readable, 1, 1)]).values():
+        fut.result()
+
+    def allow(kind, name, op):
+        return AclBinding(kind, name, ResourcePatternType.LITERAL, "User:alice", "*", op, AclPermissionType.ALLOW)
+
+    # alice may describe both groups and both topics, and READ only `readable`
+    acls = [allow(ResourceType.GROUP, g, AclOperation.DESCRIBE) for g in (first, second)]
+    acls += [allow(ResourceType.TOPIC, t, AclOperation.DESCRIBE) for t in (unread, readable)]
+    acls.append(allow(ResourceType.TOPIC, readable, AclOperation.READ))
+    for fut in admin.create_acls(acls).values():
+        fut.result()
+    producer = Producer(sasl.client_config("admin"))
+    for i in range(10):
+        for p in range(3):
+            producer.produce(unread, b"x", partition=p)
+        producer.produce(readable, b"y", partition=0)
+    assert producer.flush(10) == 0
+    # two groups at different offsets of unread[0]: two fetch rounds, the topic is tried once
+    commits = {first: [TopicPartition(unread, 0, 1), TopicPartition(unread, 1, 2), TopicPartition(unread, 2, 3),
+                       TopicPartition(readable, 0, 4)],
+               second: [TopicPartition(unread, 0, 5)]}
+    for group, offsets in commits.items():
+        wait_for(lambda g=group, o=offsets: all(tp.error is None for tp in admin.alter_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(g, o)])[g].result().topic_partitions), what=f"a commit for {group}")
+
+    with caplog.at_level("WARNING"):
+        rows = as_user(sasl, "alice", f"{first}|{second}")
+    committed = [r for r in rows if r["committed_offset"] is not None]
+    assert len(committed) == 5
+    assert all(r["read_error"] is None and r["lag"] == 10 - r["committed_offset"] for r in committed)
+    denied = [r for r in committed if r["topic"] == unread]
+    assert len(denied) == 4 and {r["committed_record_ts"] for r in denied} == {None}
+    assert {r["committed_record_error"] for r in denied} == {f"no READ permission on topic {unread}"}
+    (kept,) = [r for r in committed if r["topic"] == readable]
+    assert kept["committed_record_offset"] == 4 and kept["committed_record_ts"] is not None
+    said = [r.getMessage() for r in caplog.records if r.name == "lagdoctor.kafka.records"]
+    assert len(said) == 1 and unread in said[0]  # once per topic, not per partition or round
+
+
+@broker
 def test_a_failed_group_listing_is_a_row_saying_groups_may_be_missing(kafka_bootstrap, unique):
     from confluent_kafka import KafkaError
 

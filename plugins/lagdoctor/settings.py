@@ -49,7 +49,7 @@ class Settings:
     data_root: str = field(default_factory=_default_data_root)
     # The record at the committed offset is read for this many most lagging
     # partitions of each (group, topic) per snapshot (0: never), within this
-    # many seconds (lagdoctor.kafka.collector).
+    # many seconds per snapshot, all groups together (lagdoctor.kafka.collector).
     record_partitions: int = 3
     record_budget_s: float = 10.0
     # LAGDOCTOR_SPOOL_DIR: where notifications wait while the state database is

@@ -23,10 +23,16 @@ Broker requests grow with groups and brokers, not with partitions per group:
        `record_partitions` most lagging partitions of each (group, topic)
        (lagdoctor.kafka.records: one consumer, assign only, never a commit; groups at
        different offsets of one partition take a round each), within
-       `record_budget_s`. Its timestamp is committed_record_ts (exact time lag);
-       its key hash, size and header names describe a stuck record. A position
-       it could not read has committed_record_error, and is not a read_error:
-       the offsets are known, only the record's time is not.
+       `record_budget_s` for the whole snapshot (one deadline for every group;
+       each poll waits at most what is left of it). Its timestamp is
+       committed_record_ts (exact time lag); its key hash, size and header names
+       describe a stuck record. A position it could not read has
+       committed_record_error, and is not a read_error: the offsets are known,
+       only the record's time is not, and the diagnosis estimates it. Never
+       fetched: a commit below the log start ("committed offset below the log
+       start (retention removed the records)"), positions past the budget
+       ("record read budget of N s spent"), and a topic's other positions once
+       a fetch was refused READ ("no READ permission on topic T").
 
 At most `max_in_flight` requests (default DEFAULT_MAX_IN_FLIGHT) wait on the
 cluster at once, describe and offset fetches interleaved; each one's timeout
@@ -131,9 +137,12 @@ DEFAULT_MAX_IN_FLIGHT = 128
 # Partitions per ListOffsets call; see the module docstring.
 LIST_OFFSETS_BATCH = 1000
 # The record at the committed offset is read for this many most lagging
-# partitions of each (group, topic), within this many seconds per snapshot.
+# partitions of each (group, topic), within this many seconds per snapshot
+# (all groups' reads together: one deadline, see lagdoctor.kafka.records).
 DEFAULT_RECORD_PARTITIONS = 3
 DEFAULT_RECORD_BUDGET_S = 10.0
+# committed_record_error of a commit below the log start: not fetched, the time lag is the estimate.
+BELOW_LOG_START = "committed offset below the log start (retention removed the records)"
 
 # Group state names as confluent-kafka's ConsumerGroupState (PREPARING_REBALANCING),
 # as Kafka sends them (PreparingRebalance, and KIP-848's Assigning, Reconciling),
@@ -928,16 +937,20 @@ def collect_snapshot(
     records: dict[tuple[str, int, int], Any] = {}
     record_errors: dict[tuple[str, int, int], str] = {}
     config = consumer_config if consumer_config is not None else config_of(admin)
-    positions = record_positions(views, rows_of, ends, offset_errors, record_partitions)
+    positions = record_positions(views, rows_of, ends, offset_errors, record_partitions, starts)
+    if record_partitions > 0 and config is not None:
+        # Never fetched: the time lag of these falls back to the estimate, saying why.
+        record_errors.update(below_log_start(views, rows_of, starts, ends, offset_errors))
     if positions and config is not None:
         from lagdoctor.kafka.records import read_records
 
         try:
-            records, record_errors = read_records(config, positions, budget_s=record_budget_s)
+            records, fetch_errors = read_records(config, positions, budget_s=record_budget_s)
         except Exception as exc:  # a consumer that cannot start: the offsets still stand
             reason = f"record not read: {_reason(exc)}"
             log.warning("records at committed offsets not read: %s", _reason(exc))
-            record_errors = dict.fromkeys(positions, reason)
+            fetch_errors = dict.fromkeys(positions, reason)
+        record_errors.update(fetch_errors)
     records_read = time.monotonic()
 
     if listing.errors:
@@ -1038,13 +1051,8 @@ def _config_int(entry: Any) -> int | None:
         return None
 
 
-def record_positions(views, rows_of, ends, offset_errors, per_topic: int) -> list[tuple[str, int, int]]:
-    """(topic, partition, committed offset) of the `per_topic` most lagging partitions
-    of each (group, topic) whose offsets were read and that have lag, the most
-    lagging first (what a record budget that runs out still reads)."""
-    if per_topic <= 0:
-        return []
-    chosen: dict[tuple[str, int, int], int] = {}
+def _lagging_commits(views, rows_of, ends, offset_errors):
+    """(topic, partition, committed offset, lag) per (group, topic) whose offsets were read and have lag."""
     for view in views:
         read = view.commits
         if read.error:
@@ -1057,11 +1065,40 @@ def record_positions(views, rows_of, ends, offset_errors, per_topic: int) -> lis
                 if committed is None or end is None or key in read.partition_errors or key in offset_errors:
                     continue
                 if end > committed >= 0:
-                    lagging.append((end - committed, -p, committed))
-            for lag, neg_p, committed in sorted(lagging, reverse=True)[:per_topic]:
-                position = (topic, -neg_p, committed)
-                chosen[position] = max(lag, chosen.get(position, 0))
+                    lagging.append((topic, p, committed, end - committed))
+            yield lagging
+
+
+def record_positions(views, rows_of, ends, offset_errors, per_topic: int,
+                     starts: Mapping[tuple[str, int], int] | None = None) -> list[tuple[str, int, int]]:
+    """(topic, partition, committed offset) of the `per_topic` most lagging partitions
+    of each (group, topic) whose offsets were read and that have lag, the most
+    lagging first (what a record budget that runs out still reads). A commit below
+    its partition's log start in `starts` is passed over (see below_log_start)."""
+    if per_topic <= 0:
+        return []
+    starts = starts or {}
+    chosen: dict[tuple[str, int, int], int] = {}
+    for lagging in _lagging_commits(views, rows_of, ends, offset_errors):
+        readable = [(lag, -p, topic, committed) for topic, p, committed, lag in lagging
+                    if committed >= starts.get((topic, p), committed)]
+        for lag, neg_p, topic, committed in sorted(readable, reverse=True)[:per_topic]:
+            position = (topic, -neg_p, committed)
+            chosen[position] = max(lag, chosen.get(position, 0))
     return sorted(chosen, key=lambda pos: (-chosen[pos], pos))
+
+
+def below_log_start(views, rows_of, starts, ends, offset_errors) -> dict[tuple[str, int, int], str]:
+    """{(topic, partition, committed offset): why} for commits below their partition's
+    log start: retention removed the record there, and a fetch would only fail (or,
+    under another auto.offset.reset, read a later record as if it were the group's)."""
+    out = {}
+    for lagging in _lagging_commits(views, rows_of, ends, offset_errors):
+        for topic, p, committed, _ in lagging:
+            start = starts.get((topic, p))
+            if start is not None and committed < start:
+                out[(topic, p, committed)] = BELOW_LOG_START
+    return out
 
 
 def _snapshot_table(pa, snapshot_ts, cluster, views, rows_of, topic_errors, leader_of, starts, ends,

@@ -12,7 +12,12 @@ header names). `read_records_at` answers both for a bounded set of positions:
   one the group will see next;
 - at most `max_bytes` fetched per partition (librdkafka still returns a first
   batch larger than that: a position is never unanswerable for size);
-- a time budget: what did not answer in it is named, not waited for.
+- one time budget for every position (a snapshot's, all groups together):
+  each poll waits at most what is left of it, and what did not answer in it
+  is named ("record read budget of N s spent"), not waited for;
+- a topic whose fetch is refused READ (TOPIC_AUTHORIZATION_FAILED) is tried
+  once: its other positions are not fetched, and all say "no READ permission
+  on topic T" (logged once).
 
 The payload is never kept, logged or returned: its length only. The key is
 kept as a short SHA-256 (to tell "the same key keeps failing" apart from a
@@ -26,10 +31,13 @@ second dict with a one-line reason, never a made-up timestamp.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
+
+log = logging.getLogger(__name__)
 
 Position = tuple[str, int]
 
@@ -42,6 +50,16 @@ ASSIGN_BATCH = 500
 # Why a position gave no record because the read reached the end: a read_committed
 # read ends at the last stable offset, so what follows may be an open transaction.
 END_OF_LOG = "at the end of the log"
+
+
+def budget_spent(budget_s: float) -> str:
+    """Why a position was not read: the snapshot's record budget ran out before it."""
+    return f"record read budget of {budget_s:g} s spent"
+
+
+def read_denied(topic: str) -> str:
+    """Why a topic's positions were not read: the principal may describe it but not READ it."""
+    return f"no READ permission on topic {topic}"
 
 
 @dataclass(frozen=True)
@@ -162,9 +180,16 @@ def read_records(
         "max.partition.fetch.bytes": max(1, int(max_bytes)),
         "fetch.wait.max.ms": 100,
     }
+    # One deadline for every assignment: each poll waits at most what is left of it.
     deadline = time.monotonic() + max(0.0, budget_s)
-    out_of_budget = f"not read: the {budget_s:g} s record budget ran out first"
+    out_of_budget = budget_spent(budget_s)
+    denied: set[str] = set()  # topics the principal may not READ: fetched once, never again
     for assignment in rounds:
+        skipped = {(t, p): off for (t, p), off in assignment.items() if t in denied}
+        errors.update({(t, p, off): read_denied(t) for (t, p), off in skipped.items()})
+        assignment = {pos: off for pos, off in assignment.items() if pos not in skipped}
+        if not assignment:
+            continue
         if time.monotonic() >= deadline:
             errors.update({(t, p, off): out_of_budget for (t, p), off in assignment.items()})
             continue
@@ -181,7 +206,17 @@ def read_records(
                 error = message.error()
                 pos = (message.topic(), message.partition()) if message.topic() is not None else None
                 if error is not None:
-                    if pos in pending:
+                    if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED and pos is not None:
+                        # Denied for the whole topic: every position of it falls back, said once.
+                        topic = pos[0]
+                        if topic not in denied:
+                            denied.add(topic)
+                            log.warning("records of topic %s not read (time lag estimated): %s",
+                                        topic, " ".join(str(error.str()).split()))
+                        mine = [q for q in pending if q[0] == topic]
+                        errors.update({(*q, pending.pop(q)): read_denied(topic) for q in mine})
+                        consumer.pause([TopicPartition(*q) for q in mine])
+                    elif pos in pending:
                         key = (*pos, pending.pop(pos))
                         if error.code() == KafkaError._PARTITION_EOF:
                             errors[key] = f"{END_OF_LOG} (nothing to read at the committed offset)"
