@@ -134,6 +134,59 @@ def test_secrets_go_to_a_private_properties_file_not_the_argv(s3_connection, tmp
     assert "-Dlog4j2.configurationFile=" in java and java.endswith("-Duser.option=1")
 
 
+def _write_properties(conf, directory):
+    from lagdoctor.objectstore import write_properties_file
+
+    return write_properties_file(conf, directory)
+
+
+def _write_session_conf(conf, directory):
+    from lagdoctor.diagnosis.submit import write_session_conf
+
+    return write_session_conf(conf, directory)
+
+
+# The two files that hold the store's keys, under the fixed names they had before issue 30.
+SECRET_WRITERS = [pytest.param(_write_properties, "spark-secrets.conf", id="properties"),
+                  pytest.param(_write_session_conf, "spark-session-conf.json", id="session-conf")]
+
+
+@pytest.mark.parametrize("write, old_name", SECRET_WRITERS)
+def test_a_link_planted_at_the_secrets_file_name_is_not_followed(tmp_path, write, old_name):
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    elsewhere = tmp_path / "victim.txt"
+    elsewhere.write_text("someone else's file\n")
+    (private / old_name).symlink_to(elsewhere)
+
+    path = write({"spark.hadoop.fs.s3a.secret.key": "s3cr3t"}, private)
+    assert elsewhere.read_text() == "someone else's file\n"  # neither overwritten nor read by Spark
+    assert not os.path.islink(path) and stat.S_IMODE(os.lstat(path).st_mode) == 0o600
+    assert "s3cr3t" in open(path).read()
+
+
+@pytest.mark.parametrize("write, old_name", SECRET_WRITERS)
+def test_each_call_writes_a_file_of_its_own(tmp_path, write, old_name):
+    first = write({"spark.hadoop.fs.s3a.secret.key": "first"}, tmp_path)
+    second = write({"spark.hadoop.fs.s3a.secret.key": "second"}, tmp_path)
+    assert first != second  # two runs sharing a folder never read each other's keys
+    assert "first" in open(first).read() and "second" in open(second).read()
+
+
+@pytest.mark.parametrize("write, old_name", SECRET_WRITERS)
+def test_secrets_are_refused_a_folder_others_can_enter(tmp_path, write, old_name):
+    from lagdoctor.objectstore import ObjectStoreError
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp
+    with pytest.raises(ObjectStoreError) as err:
+        write({"spark.hadoop.fs.s3a.secret.key": "s3cr3t"}, shared)
+    assert str(err.value) == (f"secrets are written only to a private folder (this user's, mode 0700, not a "
+                              f"link): {shared} is not one")
+    assert os.listdir(shared) == []
+
+
 def test_diagnosis_job_reads_and_writes_the_object_store(s3_connection, tmp_path):
     from lagdoctor.lab.sim import write_seeds_incident
     from lagdoctor.metrics import render_metrics
@@ -310,7 +363,8 @@ def test_cluster_mode_ships_the_job_through_the_store(s3_connection, monkeypatch
     py_files = cmd[cmd.index("--py-files") + 1]
     assert op.application.startswith(data_root.replace("s3://", "s3a://") + "/_spark/")
     assert py_files.startswith(data_root.replace("s3://", "s3a://") + "/_spark/")
-    assert not [a for a in cmd if str(tmp_path) in a and not a.endswith("spark-secrets.conf")]  # no worker path
+    props = cmd[cmd.index("--extra-properties-file") + 1]
+    assert not [a for a in cmd if str(tmp_path) in a and a != props]  # no worker path
     assert s3_connection.filesystem().cat(py_files[len("s3a://"):]) == b"PK zip"
     assert not any(a.startswith("spark.driver.extraJavaOptions=") for a in cmd)  # no worker-local log4j path
     assert not any("hadoop-aws" in a for a in cmd)  # provided: baked into the image

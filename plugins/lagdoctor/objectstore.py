@@ -24,6 +24,7 @@ service_config.s3.endpoint_url, config_kwargs.s3.addressing_style.
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,18 +235,41 @@ def is_secret_conf(key: str) -> bool:
     return any(marker in lowered for marker in SECRET_KEY_MARKERS)
 
 
-def write_properties_file(conf: Mapping[str, str], directory: str | os.PathLike) -> str:
-    """`conf` as a spark-submit --properties-file, mode 0600 from its first byte."""
-    path = Path(directory) / "spark-secrets.conf"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def private_folder(directory: str | os.PathLike) -> Path:
+    """`directory`, created 0700 when missing; ObjectStoreError unless it is this user's own
+    folder (not a link) that no one else can enter: the only place a secrets file goes."""
+    path = Path(directory)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise ObjectStoreError(f"secrets are written only to a private folder (this user's, mode 0700, "
+                               f"not a link): {path} is not one")
+    return path
+
+
+def write_private_file(directory: str | os.PathLike, prefix: str, suffix: str, text: str) -> str:
+    """`text` in a new file of a unique name in the private folder `directory`, mode 0600 from
+    its first byte; never an existing file, never through a link planted at its name."""
+    import secrets
+
+    folder = private_folder(directory)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    path = folder / f"{prefix}{secrets.token_hex(8)}{suffix}"
+    fd = os.open(path, flags, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        for key, value in conf.items():
-            # java.util.Properties: backslash escapes; one entry per line
-            escaped = str(value).replace("\\", "\\\\").replace("\n", "\\n")
-            fh.write(f"{key}={escaped}\n")
-    os.chmod(path, 0o600)
+        fh.write(text)
     return str(path)
+
+
+def write_properties_file(conf: Mapping[str, str], directory: str | os.PathLike) -> str:
+    """`conf` as a spark-submit --properties-file: a new 0600 file in the private folder
+    `directory` (write_private_file); its caller removes it once Spark has read it."""
+    lines = []
+    for key, value in conf.items():
+        # java.util.Properties: backslash escapes; one entry per line
+        escaped = str(value).replace("\\", "\\\\").replace("\n", "\\n")
+        lines.append(f"{key}={escaped}\n")
+    return write_private_file(directory, "spark-secrets-", ".conf", "".join(lines))
 
 
 DISTRIBUTED_EXECUTORS = ("Celery", "Kubernetes", "Edge", "Batch", "Ecs")

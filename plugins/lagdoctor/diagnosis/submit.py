@@ -535,14 +535,13 @@ def connect_master(url: str) -> str:
 
 
 def write_session_conf(conf: Mapping[str, str], directory: str | os.PathLike) -> str:
-    """`conf` as the JSON file the job's Connect session reads (SESSION_CONF_ENV), 0600 from its first byte."""
+    """`conf` as the JSON file the job's Connect session reads (SESSION_CONF_ENV): a new 0600
+    file in the private folder `directory` (objectstore.write_private_file)."""
     import json
 
-    path = Path(directory) / "spark-session-conf.json"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(dict(conf), fh)
-    return str(path)
+    from lagdoctor.objectstore import write_private_file
+
+    return write_private_file(directory, "spark-session-conf-", ".json", json.dumps(dict(conf)))
 
 
 def connect_client_env(remote: str, *, py_files: str | None = None, session_conf_file: str | None = None,
