@@ -407,6 +407,23 @@ def _is_format_error(exc: Exception) -> bool:
     return isinstance(exc, (pa.ArrowException, OSError)) and not isinstance(exc, MemoryError)
 
 
+# What Spark's own read error says when the store failed, not the file's bytes (S3A's exception
+# names, S3's codes and statuses, the network's words): Spark wraps both in FAILED_READ_FILE.
+_STORE_FAILURE_MARKERS = (
+    "SlowDown", "Status Code: 5", "Status Code: 403", "Service Unavailable", "Throttled", "InternalError",
+    "RequestTimeout", "SocketTimeoutException", "ConnectTimeoutException", "timed out", "Connection reset",
+    "Connection refused", "NoHttpResponseException", "AWSNoResponseException", "AccessDeniedException",
+    "ExpiredToken", "UnknownHostException",
+)
+
+
+def store_failure_in(spark_error: str) -> str | None:
+    """The first sign in Spark's error text (all of it, the JVM's causes too) that the store
+    failed while Spark read a file (throttled, timed out, refused): worth a retry, not bad
+    input. None when nothing says so."""
+    return next((m for m in _STORE_FAILURE_MARKERS if m in spark_error), None)
+
+
 def store_read_error(f: StoreFile, exc: Exception) -> StoreReadError:
     from lagdoctor.objectstore import s3_error_code
 
