@@ -18,8 +18,9 @@ snapshot_ts in the footers' statistics of the input, and with
 snapshot file (not Parquet, a corrupt footer, a schema that cannot be
 contract 1) is moved to <store>/_quarantine/ (with --quarantine), listed in
 quarantined.jsonl and named once on stderr; the rest is diagnosed. A file
-the store fails to serve (a timeout, a 503 SlowDown, denied access) fails
-the run with exit 1 and moves nothing: the next run reads it.
+the store fails to serve (a timeout, a 503 SlowDown, denied access), during
+the inspection or Spark's own read, fails the run with exit 1 and moves
+nothing: the next run reads it.
 The outputs are written last, after every row is collected, and then
 _SUCCESS (rows and bytes of each output): a folder without it is incomplete.
 --carry-from names the previous run's findings.jsonl (or its folder): a surge
@@ -108,6 +109,7 @@ def main(argv=None) -> int:
         one_line,
         parse_as_of,
         parse_clusters,
+        store_failure_in,
         window_bounds,
     )
 
@@ -182,6 +184,10 @@ def main(argv=None) -> int:
         return fail(EXIT_FAILED, str(exc))
     except Exception as exc:  # Spark surfaces corrupt files only when it reads them
         message = one_line(exc)
+        store = store_failure_in(str(exc))  # the whole text: the JVM's cause is past one_line's cut
+        if store:
+            return fail(EXIT_FAILED, f"cannot diagnose {args.snapshots}: the store failed while Spark read a file "
+                                     f"({store}), not the file: nothing was moved: {message}")
         code = EXIT_BAD_INPUT if _is_input_error(message) else EXIT_FAILED
         return fail(code, f"cannot diagnose {args.snapshots}: {message}")
     finally:

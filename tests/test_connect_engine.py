@@ -46,6 +46,30 @@ def test_a_server_answers_a_new_client_and_stops_with_its_jvm(tmp_path):
     assert server.proc.poll() is not None
 
 
+def test_the_servers_secrets_file_is_gone_once_it_is_up_and_after_stop(tmp_path):
+    from pyspark.sql import SparkSession
+
+    secret = "probe-secret-0b7e"
+    # a setting a session can read back stands in for the store's keys: proof the JVM read the file
+    server = ConnectServer(tmp_path / "secret", master="local[1]",
+                           secret_conf={"spark.sql.shuffle.partitions": "7", "spark.lagdoctor.probe.secret": secret})
+    mode = os.environ.get("SPARK_CONNECT_MODE_ENABLED")
+    with server:
+        spark = SparkSession.builder.remote(server.client_url).create()
+        try:
+            assert spark.conf.get("spark.sql.shuffle.partitions") == "7"
+        finally:
+            spark.stop()
+            if mode is None:
+                os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+        assert not _files_holding(tmp_path, secret)  # removed once the server was up
+    assert not _files_holding(tmp_path, secret)
+
+
+def _files_holding(folder: Path, text: str) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
+
+
 def test_a_server_that_cannot_bind_says_why_in_one_line(tmp_path, connect_server):
     clash = ConnectServer(tmp_path / "clash", port=connect_server.port, master="local[1]")
     with pytest.raises(ConnectServerError) as info:

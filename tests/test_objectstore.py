@@ -134,6 +134,172 @@ def test_secrets_go_to_a_private_properties_file_not_the_argv(s3_connection, tmp
     assert "-Dlog4j2.configurationFile=" in java and java.endswith("-Duser.option=1")
 
 
+def _write_properties(conf, directory):
+    from lagdoctor.objectstore import write_properties_file
+
+    return write_properties_file(conf, directory)
+
+
+def _write_session_conf(conf, directory):
+    from lagdoctor.diagnosis.submit import write_session_conf
+
+    return write_session_conf(conf, directory)
+
+
+# The two files that hold the store's keys, under the fixed names they had before issue 30.
+SECRET_WRITERS = [pytest.param(_write_properties, "spark-secrets.conf", id="properties"),
+                  pytest.param(_write_session_conf, "spark-session-conf.json", id="session-conf")]
+
+
+@pytest.mark.parametrize("write, old_name", SECRET_WRITERS)
+def test_a_link_planted_at_the_secrets_file_name_is_not_followed(tmp_path, write, old_name):
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    elsewhere = tmp_path / "victim.txt"
+    elsewhere.write_text("someone else's file\n")
+    (private / old_name).symlink_to(elsewhere)
+
+    path = write({"spark.hadoop.fs.s3a.secret.key": "s3cr3t"}, private)
+    assert elsewhere.read_text() == "someone else's file\n"  # neither overwritten nor read by Spark
+    assert not os.path.islink(path) and stat.S_IMODE(os.lstat(path).st_mode) == 0o600
+    assert "s3cr3t" in open(path).read()
+
+
+@pytest.mark.parametrize("write, old_name", SECRET_WRITERS)
+def test_each_call_writes_a_file_of_its_own(tmp_path, write, old_name):
+    first = write({"spark.hadoop.fs.s3a.secret.key": "first"}, tmp_path)
+    second = write({"spark.hadoop.fs.s3a.secret.key": "second"}, tmp_path)
+    assert first != second  # two runs sharing a folder never read each other's keys
+    assert "first" in open(first).read() and "second" in open(second).read()
+
+
+@pytest.mark.parametrize("write, old_name", SECRET_WRITERS)
+def test_secrets_are_refused_a_folder_others_can_enter(tmp_path, write, old_name):
+    from lagdoctor.objectstore import ObjectStoreError
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp
+    with pytest.raises(ObjectStoreError) as err:
+        write({"spark.hadoop.fs.s3a.secret.key": "s3cr3t"}, shared)
+    assert str(err.value) == (f"secrets are written only to a private folder (this user's, mode 0700, not a "
+                              f"link): {shared} is not one")
+    assert os.listdir(shared) == []
+
+
+def test_the_connection_is_read_again_after_five_minutes_and_fsspec_builds_a_new_filesystem(monkeypatch):
+    import fsspec
+
+    from lagdoctor.objectstore import CREDENTIALS_TTL_S, configure_for, forget_configured
+
+    def connection(key):
+        return json.dumps({"conn_type": "aws", "login": key, "password": f"secret-of-{key}",
+                           "extra": {"endpoint_url": "http://127.0.0.1:9"}})
+
+    monkeypatch.setenv("AIRFLOW_CONN_LAGDOCTOR_TTL", connection("old-key"))
+    monkeypatch.setenv("LAGDOCTOR_AWS_CONN_ID", "lagdoctor_ttl")
+    forget_configured()
+    try:
+        assert configure_for("s3://lake/lagdoctor", now=1000.0).key == "old-key"
+        old_fs = fsspec.core.url_to_fs("s3://lake/lagdoctor")[0]
+        monkeypatch.setenv("AIRFLOW_CONN_LAGDOCTOR_TTL", connection("new-key"))  # rotated
+        assert configure_for("s3://lake/lagdoctor", now=1000.0 + CREDENTIALS_TTL_S - 1).key == "old-key"
+        assert configure_for("s3://lake/lagdoctor", now=1000.0 + CREDENTIALS_TTL_S).key == "new-key"
+        fs = fsspec.core.url_to_fs("s3://lake/lagdoctor")[0]
+        assert fs is not old_fs and (fs.key, fs.secret) == ("new-key", "secret-of-new-key")
+    finally:
+        forget_configured()
+
+
+def _one_run_on_the_store(s3_store, tmp_path, findings_root: str, group: str) -> None:
+    """A complete run folder holding one warning finding for `group`, put with the store's main key."""
+    from tests.fixtures.web import write_run
+
+    finding = {"cluster": "prod", "group_id": group, "topic": "orders", "partitions": [0],
+               "diagnosis": "slow_consumer", "pattern": "linear_growth", "severity": "warning",
+               "summary": f"slow_consumer in {group}", "evidence": {"lag": 500},
+               "window_start": "2026-11-21T02:40:00Z", "window_end": "2026-11-21T03:00:00Z"}
+    row = {"cluster": "prod", "group_id": group, "topic": "orders", "partition": 0, "status": "LAGGING",
+           "lag": 500, "time_lag_seconds": 60.0, "consume_rate": 1.0, "produce_rate": 2.0,
+           "time_lag_lower_bound": False}
+    folder = write_run(tmp_path / "findings", "run-1", [finding], [row], dag_id="kafka_lag_health_sweep",
+                       run_id="scheduled__1", planned_at=H3)
+    s3_store.filesystem().put(str(folder.parent) + "/", findings_root[len("s3://"):], recursive=True)
+
+
+def test_a_rotated_key_reaches_the_page_and_the_exporter_without_a_restart(
+        s3_store, s3_rotating_connection, monkeypatch, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from lagdoctor.metrics import render_metrics
+    from lagdoctor.settings import Settings
+    from lagdoctor.web.app import create_app
+    from lagdoctor.web.auth import dag_run_reader
+
+    root = s3_store.root("rotate")
+    settings = Settings(data_root=root)  # reads the connection: the rotating identity's first key
+    _one_run_on_the_store(s3_store, tmp_path, settings.findings_root, "billing")
+    app = create_app(lambda: Settings(data_root=root))
+    app.dependency_overrides[dag_run_reader] = lambda: (lambda dag_id: True)
+    page = TestClient(app)
+
+    def page_groups():
+        answer = page.get("/api/findings")
+        assert answer.status_code == 200, answer.text
+        return [f["group_id"] for f in answer.json()["findings"]]
+
+    assert page_groups() == ["billing"]
+    assert 'group="billing"' in render_metrics(settings.findings_root)
+
+    def rotate():
+        key, secret = f"rotated-{os.urandom(4).hex()}", f"secret-{os.urandom(16).hex()}"
+        s3_store.rotate_key(key, secret)  # the old key is refused from now on
+        monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", s3_store.connection_json(secret=secret, key=key))
+
+    rotate()  # within the five minutes: the store's refusal is what makes the page read the connection again
+    assert page_groups() == ["billing"]
+    rotate()
+    assert 'group="billing"' in render_metrics(settings.findings_root)
+
+
+@pytest.mark.spark
+def test_a_connect_session_reads_with_its_own_key_not_an_earlier_sessions(
+        s3_store, s3_rotating_connection, monkeypatch, tmp_path):
+    from pyspark.sql import SparkSession
+
+    from lagdoctor.connectserver import ConnectServer
+    from lagdoctor.diagnosis.submit import plan_connect
+    from lagdoctor.objectstore import forget_configured, s3a_impl_conf
+    from lagdoctor.s3jars import classpath_conf, hadoop_aws_jars
+
+    root = s3_store.root("connect-rotate")
+    s3_store.filesystem().pipe(f"{root[len('s3://'):]}/rows.json", b'{"a": 1}\n{"a": 2}\n')
+    prep = {"python": "python", "application": "diagnose_lag.py", "py_files": "lagdoctor.zip",
+            "args": ["--snapshots", f"{root}/snapshots", "--output", f"{root}/findings/r1"]}
+    mode = os.environ.get("SPARK_CONNECT_MODE_ENABLED")
+
+    def rows_read_by_a_new_session(server) -> int:
+        forget_configured()  # the connection as it is now
+        session_conf = plan_connect(prep, remote=server.client_url).session_conf  # what the operator sends
+        spark = SparkSession.builder.remote(server.client_url).create()
+        try:
+            for key, value in session_conf.items():
+                spark.conf.set(key, value)
+            return spark.read.json(f"{root.replace('s3://', 's3a://')}/rows.json").count()
+        finally:
+            spark.stop()
+            if mode is None:
+                os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+
+    with ConnectServer(tmp_path / "server", master="local[1]",
+                       conf={**classpath_conf(hadoop_aws_jars()), **s3a_impl_conf()}) as server:
+        assert rows_read_by_a_new_session(server) == 2
+        key, secret = f"rotated-{os.urandom(4).hex()}", f"secret-{os.urandom(16).hex()}"
+        s3_store.rotate_key(key, secret)  # the first session's key is refused from now on
+        monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", s3_store.connection_json(secret=secret, key=key))
+        assert rows_read_by_a_new_session(server) == 2  # not Hadoop's cached filesystem with the old key
+
+
 def test_diagnosis_job_reads_and_writes_the_object_store(s3_connection, tmp_path):
     from lagdoctor.lab.sim import write_seeds_incident
     from lagdoctor.metrics import render_metrics
@@ -310,7 +476,8 @@ def test_cluster_mode_ships_the_job_through_the_store(s3_connection, monkeypatch
     py_files = cmd[cmd.index("--py-files") + 1]
     assert op.application.startswith(data_root.replace("s3://", "s3a://") + "/_spark/")
     assert py_files.startswith(data_root.replace("s3://", "s3a://") + "/_spark/")
-    assert not [a for a in cmd if str(tmp_path) in a and not a.endswith("spark-secrets.conf")]  # no worker path
+    props = cmd[cmd.index("--extra-properties-file") + 1]
+    assert not [a for a in cmd if str(tmp_path) in a and a != props]  # no worker path
     assert s3_connection.filesystem().cat(py_files[len("s3a://"):]) == b"PK zip"
     assert not any(a.startswith("spark.driver.extraJavaOptions=") for a in cmd)  # no worker-local log4j path
     assert not any("hadoop-aws" in a for a in cmd)  # provided: baked into the image

@@ -176,3 +176,35 @@ def test_a_value_read_the_store_fails_is_not_a_damaged_column(tmp_path, monkeypa
         inspect_store(str(root))
     monkeypatch.undo()
     assert inspect_store(str(root)).bad == []  # float values that fit int64: a good file
+
+
+FILE = "s3a://lake/lagdoctor/snapshots/cluster=prod/date=2026-11-21/a.parquet"
+READ_FAILED = f"[FAILED_READ_FILE.NO_HINT] Encountered error while reading file {FILE}. SQLSTATE: KD001"
+
+
+@pytest.mark.parametrize("spark_error, store_failure", [
+    # spark-submit (Py4J): the JVM's cause follows Spark's FAILED_READ_FILE, past one_line's 300 characters
+    (f"An error occurred while calling o123.count.\n: org.apache.spark.SparkException: {READ_FAILED}\n"
+     + "\tat org.apache.spark.sql.errors.QueryExecutionErrors$.cannotReadFilesError(Q.scala:1)\n" * 8
+     + "Caused by: org.apache.hadoop.fs.s3a.AWSServiceThrottledException: GET a.parquet: S3Exception: Please "
+       "reduce your request rate. (Service: S3, Status Code: 503, Request ID: X):SlowDown", "SlowDown"),
+    # Spark Connect: the server's stack after "JVM stacktrace:"
+    (f"{READ_FAILED}\n\nJVM stacktrace:\norg.apache.spark.SparkException\nCaused by: "
+     "java.net.SocketTimeoutException: Read timed out", "SocketTimeoutException"),
+    (f"{READ_FAILED}\nCaused by: java.nio.file.AccessDeniedException: {FILE}: S3Exception: The provided token "
+     "has expired. (Service: S3, Status Code: 400, Request ID: X):ExpiredToken", "AccessDeniedException"),
+    (f"{READ_FAILED}\nCaused by: software.amazon.awssdk.core.exception.SdkClientException: Unable to execute "
+     "HTTP request: Connection reset", "Connection reset"),
+    # the bytes are bad: bad input (exit 3), quarantined by the next run's inspection
+    (f"{READ_FAILED}\nCaused by: java.lang.RuntimeException: {FILE} is not a Parquet file. Expected magic "
+     "number at tail, but found [110, 101, 115, 115]", None),
+    (f"[CANNOT_READ_FILE_FOOTER] Could not read footer for file: {FILE}. SQLSTATE: KD001\n"
+     "Caused by: java.io.EOFException: Reached the end of stream with 12 bytes left to read", None),
+    ("[PARQUET_COLUMN_DATA_TYPE_MISMATCH] Data type mismatches when reading Parquet column lag. Expected "
+     "Spark type bigint, actual Parquet type BINARY. SQLSTATE: 42846", None),
+])
+def test_a_read_that_failed_in_the_store_is_retried_not_bad_input(spark_error, store_failure):
+    from lagdoctor.diagnosis.snapshots import store_failure_in
+
+    # diagnose_lag exits 1 (Airflow retries) for a store failure, 3 (no retry) for bad input
+    assert store_failure_in(spark_error) == store_failure

@@ -164,6 +164,7 @@ class ConnectServer:
         self.env[TOKEN_ENV] = self.token
         self.log = self.workdir / "connect-server.log"
         self.proc: subprocess.Popen | None = None
+        self.secrets_dir: Path | None = None  # the store's keys for spark-submit; gone once the JVM is up
 
     @property
     def url(self) -> str:
@@ -183,19 +184,36 @@ class ConnectServer:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self) -> ConnectServer:
+        import tempfile
+
         self.workdir.mkdir(parents=True, exist_ok=True)
         props = None
         if self.secret_conf:
             from lagdoctor.objectstore import write_properties_file
 
-            props = write_properties_file(self.secret_conf, str(self.workdir))  # 0600: never on the argv
+            # a fresh 0700 folder of its own: the workdir may be shared; 0600 file, never on the argv
+            self.secrets_dir = Path(tempfile.mkdtemp(prefix=".secrets-", dir=self.workdir))
+            props = write_properties_file(self.secret_conf, self.secrets_dir)
         cmd = server_command(port=self.port, host=self.host, master=self.master, conf=self.conf,
                              driver_memory=self.driver_memory, properties_file=props)
-        with open(self.log, "ab") as log:
-            # its own working directory: relative paths a client sends must not resolve here silently
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=self.env, cwd=self.workdir, start_new_session=True)
+        try:
+            with open(self.log, "ab") as log:
+                # its own working directory: relative paths a client sends must not resolve here silently
+                self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             env=self.env, cwd=self.workdir, start_new_session=True)
+        except BaseException:
+            self.remove_secrets()
+            raise
         return self
+
+    def remove_secrets(self) -> None:
+        """The properties file's folder removed: spark-submit reads the file before the JVM
+        starts Spark, so it is not needed once the server is ready (nor after a stop)."""
+        import shutil
+
+        if self.secrets_dir is not None:
+            shutil.rmtree(self.secrets_dir, ignore_errors=True)
+            self.secrets_dir = None
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S, progress: Callable[[str], None] | None = None) -> None:
         """Until the server says it started and its port answers; ConnectServerError if it dies or times out."""
@@ -207,6 +225,7 @@ class ConnectServer:
                 raise ConnectServerError(f"the Spark Connect server exited ({code}) before it was ready: "
                                          f"{last_log_line(self.log)} (log: {self.log})")
             if self._said_ready() and port_open(self.host, self.port):
+                self.remove_secrets()
                 return
             now = time.monotonic()
             if now - start > timeout_s:
@@ -226,7 +245,10 @@ class ConnectServer:
             return False
 
     def stop(self) -> None:
-        stop_process_group(self.proc)
+        try:
+            stop_process_group(self.proc)
+        finally:
+            self.remove_secrets()
 
     def __enter__(self) -> ConnectServer:
         self.start()

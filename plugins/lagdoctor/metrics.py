@@ -36,8 +36,8 @@ With no runs at all the output is every family's HELP and TYPE and no samples:
 `lagdoctor_last_diagnosis_timestamp_seconds` is absent, not 0, so a staleness
 alert needs `absent(...)` beside its age test (docs/prometheus/).
 
-Nothing is imported beyond the standard library, lagdoctor.contracts, fsspec and
-lagdoctor.runindex (lazily), so the Airflow plugin can serve `render_metrics` as a route too.
+Nothing is imported beyond the standard library, lagdoctor.contracts, fsspec,
+lagdoctor.objectstore and lagdoctor.runindex (lazily), so the Airflow plugin can serve `render_metrics` as a route too.
 """
 
 from __future__ import annotations
@@ -579,8 +579,16 @@ def render_exposition(samples: Samples) -> str:
 
 
 def render_metrics(findings_root: str, cache: RunCache | None = None) -> str:
-    """The /metrics body for the findings under `findings_root` (a path or URI)."""
-    return render_exposition(collect_samples(*read_indexed(findings_root, cache)))
+    """The /metrics body for the findings under `findings_root` (a path or URI). On an
+    object store, a rotated key or token is picked up without a restart: the connection
+    is read again every few minutes, and at once when the store refuses the old one."""
+    from lagdoctor.objectstore import configure_for, retry_on_stale_credentials
+
+    def render() -> str:
+        configure_for(findings_root)
+        return render_exposition(collect_samples(*read_indexed(findings_root, cache)))
+
+    return retry_on_stale_credentials(render)()
 
 
 # -- serving -----------------------------------------------------------------------------

@@ -24,6 +24,7 @@ service_config.s3.endpoint_url, config_kwargs.s3.addressing_style.
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,8 +144,27 @@ def fsspec_options(access: S3Access) -> dict:
     return options
 
 
+# How long a process trusts the connection it read: a rotated key or a renewed session
+# token reaches a long-lived process (the lag page, the exporter) within this, and at
+# once after the store refuses the old credentials (retry_on_stale_credentials).
+CREDENTIALS_TTL_S = 300.0
+# S3 error codes that say the credentials (not the request) may be wrong or stale. A HEAD's
+# answer has no body, only its status: a refused key is a bare 403, an expired token a bare
+# 400. Reading the connection again costs little; a retry follows only if it changed.
+AUTH_ERROR_CODES = frozenset({
+    "AccessDenied", "ExpiredToken", "ExpiredTokenException", "InvalidAccessKeyId", "InvalidToken",
+    "SignatureDoesNotMatch", "TokenRefreshRequired", "RequestExpired", "403", "400",
+})
+
+
+@dataclass(frozen=True)
+class _Read:
+    access: S3Access | None
+    at: float  # time.monotonic() of the read
+
+
 _lock = threading.Lock()
-_configured: dict[str, S3Access | None] = {}
+_configured: dict[str, _Read] = {}
 
 
 def configure_fsspec(access: S3Access) -> None:
@@ -156,31 +176,106 @@ def configure_fsspec(access: S3Access) -> None:
         fsspec.config.conf[protocol] = dict(options)
 
 
-def configure_for(data_root: str, env: Mapping[str, str] | None = None) -> S3Access | None:
-    """For an s3:// or s3a:// data root: read the connection once per process and
-    configure fsspec with it; returns the S3Access (None: a local root, or the
-    default connection is absent and the SDK's chain applies)."""
+def _use(access: S3Access | None) -> None:
+    """fsspec's defaults set to `access` (dropped for None: the SDK's chain). New options make
+    fsspec build a new s3fs instance; the old ones are dropped from its instance cache so
+    none is kept with stale keys."""
+    import fsspec.config
+
+    if access is not None:
+        configure_fsspec(access)
+    else:
+        for protocol in S3_SCHEMES:
+            fsspec.config.conf.pop(protocol, None)
+    try:
+        from s3fs import S3FileSystem
+    except ImportError:
+        return
+    S3FileSystem.clear_instance_cache()
+
+
+def _reread(conn_id: str, held: _Read | None, now: float) -> S3Access | None:
+    access = access_from_connection(conn_id)
+    if held is None or access != held.access:
+        _use(access)
+    _configured[conn_id] = _Read(access, now)
+    return access
+
+
+def configure_for(data_root: str, env: Mapping[str, str] | None = None, *, now: float | None = None
+                  ) -> S3Access | None:
+    """For an s3:// or s3a:// data root: read the connection (again once CREDENTIALS_TTL_S
+    passed) and configure fsspec with it; returns the S3Access (None: a local root, or the
+    default connection is absent and the SDK's chain applies). `now`: time.monotonic()."""
+    import time
+
     if not is_s3(data_root):
         return None
     conn_id = conn_id_from_env(env)
+    now = time.monotonic() if now is None else now
     with _lock:
-        if conn_id in _configured:
-            return _configured[conn_id]
-        access = access_from_connection(conn_id)
-        if access is not None:
-            configure_fsspec(access)
-        _configured[conn_id] = access
-        return access
+        held = _configured.get(conn_id)
+        if held is not None and now - held.at < CREDENTIALS_TTL_S:
+            return held.access
+        return _reread(conn_id, held, now)
+
+
+def reread_after_auth_error(exc: BaseException, env: Mapping[str, str] | None = None, *,
+                            now: float | None = None) -> bool:
+    """After `exc`: when the store refused the credentials (AUTH_ERROR_CODES), the connection
+    read again at once; True when it now holds other credentials (one retry is worth it)."""
+    import time
+
+    if s3_error_code(exc) not in AUTH_ERROR_CODES:
+        return False
+    conn_id = conn_id_from_env(env)
+    with _lock:
+        held = _configured.get(conn_id)
+        if held is None:
+            return False  # this process never configured the store: nothing stale to replace
+        try:
+            access = _reread(conn_id, held, time.monotonic() if now is None else now)
+        except Exception:  # noqa: BLE001 - the store's refusal is what the caller must see
+            return False
+        return access != held.access
+
+
+def retry_on_stale_credentials(read):
+    """`read` (a function) retried once when the store refused the credentials and the
+    connection now holds others (rotated, a new session token)."""
+    import functools
+
+    @functools.wraps(read)
+    def reading(*args, **kwargs):
+        try:
+            return read(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - only an auth error with new credentials is retried
+            if not reread_after_auth_error(exc):
+                raise
+        return read(*args, **kwargs)
+
+    return reading
+
+
+def s3_error_code(exc: BaseException | None) -> str | None:
+    """The S3 error code (SlowDown, AccessDenied, ExpiredToken) behind an s3fs error, if any."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        response = getattr(exc, "response", None)  # botocore's ClientError: a dict
+        error = response.get("Error") if isinstance(response, dict) else None
+        code = error.get("Code") if isinstance(error, dict) else None
+        if code:
+            return str(code)
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def forget_configured() -> None:
-    """Read the connection again on the next configure_for (tests, a rotated key)."""
-    import fsspec.config
-
+    """Read the connection again on the next configure_for (tests)."""
     with _lock:
         _configured.clear()
-        for protocol in S3_SCHEMES:
-            fsspec.config.conf.pop(protocol, None)
+        _use(None)
 
 
 def s3a_impl_conf() -> dict[str, str]:
@@ -211,6 +306,17 @@ def spark_conf(access: S3Access | None) -> dict[str, str]:
     return conf
 
 
+def session_hadoop_conf(conf: Mapping[str, str]) -> dict[str, str]:
+    """`conf` for a session on a shared (Connect) server. A session's Hadoop conf takes its
+    settings by their own names (fs.s3a.access.key): the spark.hadoop. prefix is read only
+    when the server starts, so each spark.hadoop.* setting is sent under both names. And
+    Hadoop caches one FileSystem per bucket and user, not per conf: the first session's keys
+    would serve every later one, a rotated key never taking over; its cache is off."""
+    session = {**conf, S3A + "impl.disable.cache": "true", "spark.hadoop.fs.s3.impl.disable.cache": "true"}
+    hadoop = {k[len("spark.hadoop."):]: v for k, v in session.items() if k.startswith("spark.hadoop.")}
+    return {**session, **hadoop}
+
+
 def access_from_spark_conf(conf: Mapping[str, str]) -> S3Access | None:
     """The S3Access a Spark session was given (its spark.hadoop.fs.s3a.* conf), None without one."""
     get = lambda name: conf.get(S3A + name) or None  # noqa: E731
@@ -234,18 +340,41 @@ def is_secret_conf(key: str) -> bool:
     return any(marker in lowered for marker in SECRET_KEY_MARKERS)
 
 
-def write_properties_file(conf: Mapping[str, str], directory: str | os.PathLike) -> str:
-    """`conf` as a spark-submit --properties-file, mode 0600 from its first byte."""
-    path = Path(directory) / "spark-secrets.conf"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def private_folder(directory: str | os.PathLike) -> Path:
+    """`directory`, created 0700 when missing; ObjectStoreError unless it is this user's own
+    folder (not a link) that no one else can enter: the only place a secrets file goes."""
+    path = Path(directory)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise ObjectStoreError(f"secrets are written only to a private folder (this user's, mode 0700, "
+                               f"not a link): {path} is not one")
+    return path
+
+
+def write_private_file(directory: str | os.PathLike, prefix: str, suffix: str, text: str) -> str:
+    """`text` in a new file of a unique name in the private folder `directory`, mode 0600 from
+    its first byte; never an existing file, never through a link planted at its name."""
+    import secrets
+
+    folder = private_folder(directory)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    path = folder / f"{prefix}{secrets.token_hex(8)}{suffix}"
+    fd = os.open(path, flags, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        for key, value in conf.items():
-            # java.util.Properties: backslash escapes; one entry per line
-            escaped = str(value).replace("\\", "\\\\").replace("\n", "\\n")
-            fh.write(f"{key}={escaped}\n")
-    os.chmod(path, 0o600)
+        fh.write(text)
     return str(path)
+
+
+def write_properties_file(conf: Mapping[str, str], directory: str | os.PathLike) -> str:
+    """`conf` as a spark-submit --properties-file: a new 0600 file in the private folder
+    `directory` (write_private_file); its caller removes it once Spark has read it."""
+    lines = []
+    for key, value in conf.items():
+        # java.util.Properties: backslash escapes; one entry per line
+        escaped = str(value).replace("\\", "\\\\").replace("\n", "\\n")
+        lines.append(f"{key}={escaped}\n")
+    return write_private_file(directory, "spark-secrets-", ".conf", "".join(lines))
 
 
 DISTRIBUTED_EXECUTORS = ("Celery", "Kubernetes", "Edge", "Batch", "Ecs")

@@ -59,7 +59,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         # An s3:// root: its AWS connection (LAGDOCTOR_AWS_CONN_ID) becomes fsspec's
-        # s3 defaults, once per process, so every store read and write here uses it.
+        # s3 defaults, read again every few minutes, so every store read and write here uses it.
         from lagdoctor.objectstore import configure_for
 
         configure_for(self.data_root)

@@ -407,23 +407,28 @@ def _is_format_error(exc: Exception) -> bool:
     return isinstance(exc, (pa.ArrowException, OSError)) and not isinstance(exc, MemoryError)
 
 
-def _store_error_code(exc: BaseException) -> str | None:
-    """The S3 error code (SlowDown, AccessDenied, ExpiredToken) behind an s3fs error, if any."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        response = getattr(exc, "response", None)  # botocore's ClientError: a dict
-        error = response.get("Error") if isinstance(response, dict) else None
-        code = error.get("Code") if isinstance(error, dict) else None
-        if code:
-            return str(code)
-        exc = exc.__cause__ or exc.__context__
-    return None
+# What Spark's own read error says when the store failed, not the file's bytes (S3A's exception
+# names, S3's codes and statuses, the network's words): Spark wraps both in FAILED_READ_FILE.
+_STORE_FAILURE_MARKERS = (
+    "SlowDown", "Status Code: 5", "Status Code: 403", "Service Unavailable", "Throttled", "InternalError",
+    "RequestTimeout", "SocketTimeoutException", "ConnectTimeoutException", "timed out", "Connection reset",
+    "Connection refused", "NoHttpResponseException", "AWSNoResponseException", "AccessDeniedException",
+    "ExpiredToken", "UnknownHostException",
+)
+
+
+def store_failure_in(spark_error: str) -> str | None:
+    """The first sign in Spark's error text (all of it, the JVM's causes too) that the store
+    failed while Spark read a file (throttled, timed out, refused): worth a retry, not bad
+    input. None when nothing says so."""
+    return next((m for m in _STORE_FAILURE_MARKERS if m in spark_error), None)
 
 
 def store_read_error(f: StoreFile, exc: Exception) -> StoreReadError:
+    from lagdoctor.objectstore import s3_error_code
+
     said = one_line(exc)
-    code = _store_error_code(exc)
+    code = s3_error_code(exc)
     if code and code not in said:
         said = f"{said} ({code})"
     return StoreReadError(f"cannot read snapshot file {f.uri}: {type(exc).__name__}: {said} "

@@ -535,14 +535,13 @@ def connect_master(url: str) -> str:
 
 
 def write_session_conf(conf: Mapping[str, str], directory: str | os.PathLike) -> str:
-    """`conf` as the JSON file the job's Connect session reads (SESSION_CONF_ENV), 0600 from its first byte."""
+    """`conf` as the JSON file the job's Connect session reads (SESSION_CONF_ENV): a new 0600
+    file in the private folder `directory` (objectstore.write_private_file)."""
     import json
 
-    path = Path(directory) / "spark-session-conf.json"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(dict(conf), fh)
-    return str(path)
+    from lagdoctor.objectstore import write_private_file
+
+    return write_private_file(directory, "spark-session-conf-", ".json", json.dumps(dict(conf)))
 
 
 def connect_client_env(remote: str, *, py_files: str | None = None, session_conf_file: str | None = None,
@@ -576,12 +575,16 @@ def plan_connect(prep: Mapping[str, object], *, remote: str, connection_conf: Ma
     (spark.hadoop.fs.s3a.*: the server's own S3A reads, per session), then the connection's
     `conf` extra, then $LAGDOCTOR_SPARK_CONF, then the operator's `conf` (later wins).
     Settings a session cannot change (the server's memory, its class path) are the server's."""
+    from lagdoctor.objectstore import session_hadoop_conf
+
     env = os.environ if environ is None else environ
     args = [str(a) for a in prep["args"]]
     uris = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--snapshots", "--output")]
     store_public, store_secret = object_store_conf(uris, {**env, HADOOP_AWS_ENV: "provided"})
     session = merge_conf(store_public, store_secret, _json_conf(connection_conf, "the Spark connection's conf extra"),
                          _json_conf(env.get(SPARK_CONF_ENV), SPARK_CONF_ENV), operator_conf)
+    if store_public or store_secret:
+        session = session_hadoop_conf(session)
     remote = client_remote(remote)  # before any secret is written
     conf_file = write_session_conf(session, session_conf_dir) if session and session_conf_dir else None
     command = [str(prep["python"]), str(prep["application"]), *args]

@@ -33,6 +33,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Red
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lagdoctor.contracts import NO_PROBLEM_DIAGNOSES
+from lagdoctor.objectstore import retry_on_stale_credentials  # a rotated store key needs no restart
 from lagdoctor.settings import Settings, join
 from lagdoctor.web.auth import DagReadCheck, dag_run_reader
 from lagdoctor.web.links import URL_PREFIX  # one mount point for the app and the links built to it
@@ -118,6 +119,7 @@ def create_app(
         return await http_exception_handler(request, exc)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    @retry_on_stale_credentials
     def lag_page(
         request: Request,
         can_read: DagReadCheck = Depends(dag_run_reader),
@@ -169,6 +171,7 @@ def create_app(
         return cadence, cadence_text(cadence, scheduled_every_seconds=schedule_every_seconds(sweep_schedule()))
 
     @app.get("/api/findings")
+    @retry_on_stale_credentials
     def api_findings(
         request: Request,
         can_read: DagReadCheck = Depends(dag_run_reader),
@@ -231,6 +234,7 @@ def create_app(
         # Any group id a broker accepts (a newline, '/', '?', '#'): links.group_path's other form.
         return group_view_page(request, cluster, group, can_read)
 
+    @retry_on_stale_credentials
     def group_view_page(request: Request, cluster: str, group_id: str, can_read: DagReadCheck) -> HTMLResponse:
         from lagdoctor.web.data import current_index, incomplete_runs, incomplete_text, latest_states, read_shortfalls
         from lagdoctor.web.html import CONTENT_SECURITY_POLICY, render
@@ -264,6 +268,7 @@ def create_app(
         return HTMLResponse(body, headers={**_NO_STORE, "Content-Security-Policy": CONTENT_SECURITY_POLICY})
 
     @app.get("/reports/{run_key}/{name}", response_class=HTMLResponse, include_in_schema=False)
+    @retry_on_stale_credentials
     def report(run_key: str, name: str, can_read: DagReadCheck = Depends(dag_run_reader)) -> HTMLResponse:
         import fsspec
 
