@@ -23,6 +23,8 @@ import pytest
 from tests.fixtures.k8s import FakeKubernetes
 from tests.fixtures.k8s import _handler as k8s_handler
 from tests.fixtures.loopback import serve_loopback
+from tests.fixtures.signals import (HOLDS_ITS_STOP, groups_left, live_in_group, read_until, reap, start_stand_in,
+                                    wait_for_file)
 from tests.fixtures.slack import SLACK_TEST_TOKEN, FakeSlack
 from tests.fixtures.slack import _handler as slack_handler
 
@@ -490,14 +492,63 @@ def test_check_names_a_dead_part_and_stop_ends_every_group_in_reverse_order(tmp_
     assert topology.parts == []
 
 
-def live_in_group(pgid: int) -> list[int]:
-    """Processes of a group that are not zombies (an orphan's zombie waits for init to reap it)."""
-    live = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            live.append(int(stat.parent.name))
-    return live
+# `lagdoctor topology` in a process of its own, its parts stand-in process groups: the first
+# stopped (the last started) says when it gets its TERM and holds the stop until released.
+STAND_IN_TOPOLOGY = r"""
+import sys
+from pathlib import Path
+from lagdoctor.lab import topology
+
+work = Path(sys.argv[1])
+HOLDS = sys.argv[2]
+
+
+class StandIns(topology.Topology):
+    def start(self):
+        for i in range(3):
+            self._spawn(f"part {i}", ["sleep", "600"], "-", work / f"part{i}.log")
+        self._spawn("holds its stop", ["sh", "-c", HOLDS.format(work)], "-", work / "holds.log")
+        (work / "groups").write_text(" ".join(str(p.pid) for p in self.parts))
+        self.started_s = 0.0
+        self.addresses = topology.TopologyAddresses(
+            workdir=work, postgres_admin_url="-", airflow_db_url="-", state_url="-", redis_url="-",
+            s3_endpoint="-", bucket="-", s3_key="-", s3_secret="-")
+        return self.addresses
+
+
+topology.Topology = StandIns
+sys.exit(topology.run(work / "topology"))
+"""
+
+
+def test_a_second_ctrl_c_while_the_topology_stops_does_not_cut_the_stop_short(tmp_path):
+    proc = start_stand_in(tmp_path, STAND_IN_TOPOLOGY, HOLDS_ITS_STOP)
+    try:
+        proc.send_signal(signal.SIGINT)
+        wait_for_file(tmp_path / "term-received", proc)  # the stop is under way, held by a part
+        said = ""
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGINT):  # an impatient user, one at a time
+            proc.send_signal(sig)
+            said += read_until(proc, f"{sig.name}: already stopping", 1)  # handled (or died of it)
+        (tmp_path / "release").touch()
+        proc.wait(120)
+        output = said + proc.stdout.read()
+        assert groups_left(tmp_path) == [], output
+        assert output.count("already stopping") == 3 and output.rstrip().endswith("stopped"), output
+        assert proc.returncode == 0, output
+    finally:
+        reap(tmp_path, proc)
+
+
+def test_a_closed_terminal_stops_every_part_as_ctrl_c_does(tmp_path):
+    proc = start_stand_in(tmp_path, STAND_IN_TOPOLOGY, HOLDS_ITS_STOP)
+    try:
+        proc.stdout.close()  # the terminal is gone: every further line fails to print
+        proc.send_signal(signal.SIGHUP)
+        wait_for_file(tmp_path / "term-received", proc)
+        (tmp_path / "release").touch()
+        proc.wait(120)
+        assert groups_left(tmp_path) == []
+        assert proc.returncode == 0
+    finally:
+        reap(tmp_path, proc)

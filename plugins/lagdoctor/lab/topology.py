@@ -42,13 +42,13 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from lagdoctor import connectserver
 from lagdoctor.connectserver import connection_json
 from lagdoctor.lab import postgres as pg
 from lagdoctor.lab.demo import project_root
 from lagdoctor.lab.standalone import airflow_cli, last_log_line, read_health
+from lagdoctor.lab.stopping import raise_on_stop_signals, restore, stop_shielded, tell
 
 HOST = "127.0.0.1"
 BUCKET = "lagdoctor"
@@ -555,16 +555,22 @@ class Topology:
         return self.addresses
 
     def stop(self) -> None:
-        """Each part's process group, in reverse order: TERM (INT for PostgreSQL), KILL after a grace."""
-        while self.parts:
-            part = self.parts.pop()
-            if part.stopper is not None:
-                part.stopper()
-                continue
-            stop_process_group(part.proc, part.stop_signal)
-        self._broker = None
-        while self._cleanup:
-            shutil.rmtree(self._cleanup.pop(), ignore_errors=True)
+        """Each part's process group, in reverse order: TERM (INT for PostgreSQL), KILL after a grace.
+        A Ctrl-C, TERM or HUP meanwhile does not cut it short; a part that fails to stop is said
+        and the rest are stopped."""
+        with stop_shielded(self.report):
+            while self.parts:
+                part = self.parts.pop()
+                try:
+                    if part.stopper is not None:
+                        part.stopper()
+                    else:
+                        stop_process_group(part.proc, part.stop_signal)
+                except Exception as exc:  # noqa: BLE001 - said; the other parts still stop
+                    tell(self.report, f"stopping {part.name} failed: {type(exc).__name__}: {exc}")
+            self._broker = None
+            while self._cleanup:
+                shutil.rmtree(self._cleanup.pop(), ignore_errors=True)
 
     def table(self) -> str:
         rows = [("part", "pid", "address", "log")]
@@ -623,11 +629,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(workdir: Path, api_port: int | None = None) -> int:
     topology = Topology(workdir, api_port=api_port)
-
-    def on_signal(*_: Any) -> None:
-        raise KeyboardInterrupt  # stop at once, also while waiting for a part
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    # Ctrl-C, TERM and HUP (the terminal closed) stop at once, also while waiting for a part;
+    # once stopping, more of them are ignored until every part is stopped
+    previous = raise_on_stop_signals(say)
     try:
         try:
             a = topology.start()
@@ -652,11 +656,11 @@ def run(workdir: Path, api_port: int | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        say("stopping (reverse order, each process group) ...")
-        topology.stop()
-        say("stopped")
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        with stop_shielded(say):
+            tell(say, "stopping (reverse order, each process group) ...")
+            topology.stop()
+            tell(say, "stopped")
+        restore(previous)
 
 
 if __name__ == "__main__":
