@@ -4,6 +4,7 @@ keeps changing its group's owners (what the rebalance_loop rule counts)."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from datetime import datetime, timezone
@@ -178,3 +179,70 @@ def test_the_demo_shows_the_newest_complete_run_never_one_killed_mid_write(tmp_p
 
     (root / "run-old" / "partition_status.jsonl").unlink()  # killed between its two outputs: nothing complete
     assert latest_complete_findings(str(root))[0] is None
+
+
+class StandInEngine:
+    """The Connect server as the demo drives it: an address, a token, and whether it was stopped."""
+
+    url, token, log = "sc://localhost:1", "t", None
+
+    def __init__(self) -> None:
+        self.stopped_during_sweep = False
+        self.sweep_running = False
+
+    def stop(self) -> None:
+        self.stopped_during_sweep |= self.sweep_running
+
+    def alive(self) -> bool:
+        return True
+
+
+def test_a_warm_up_that_fails_after_the_sweep_started_never_stops_the_engine_under_it(tmp_path, monkeypatch):
+    """The warm-up outlasts its wait (the sampling ended first), then fails while the sweep runs:
+    the engine the sweep's spark_default names must not be stopped under it."""
+    import threading
+    import types
+
+    import lagdoctor.kafka.broker
+    from lagdoctor.connectserver import ConnectServerError
+    from lagdoctor.lab import demo
+
+    engine, fail_now, threads = StandInEngine(), threading.Event(), []
+
+    def warm_engine(server, workdir):
+        fail_now.wait(60)
+        raise ConnectServerError("warming the Spark Connect server failed (1): lost its executors")
+
+    class RecordedThread(threading.Thread):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            threads.append(self)
+
+    def sweep(self):
+        used = json.loads(self.airflow_env()["AIRFLOW_CONN_SPARK_DEFAULT"])["conn_type"] == "spark_connect"
+        engine.sweep_running = True
+        fail_now.set()  # the warm-up fails now, mid-sweep
+        for thread in threads:
+            thread.join(60)
+        engine.sweep_running = False
+        sweeps.append(used)
+        return 0
+
+    sweeps: list[bool] = []
+    broker = types.SimpleNamespace(bootstrap="127.0.0.1:1", stop=lambda: None)
+    monkeypatch.setattr(lagdoctor.kafka.broker, "EmbeddedBroker", lambda **_: types.SimpleNamespace(
+        start=lambda: broker))
+    monkeypatch.setattr(demo, "start_engine", lambda workdir: engine)
+    monkeypatch.setattr(demo, "warm_engine", warm_engine)
+    monkeypatch.setattr(demo, "WARM_UP_TIMEOUT_S", 0.01)  # the sweep stops waiting for the warm-up
+    monkeypatch.setattr(demo.threading, "Thread", RecordedThread)
+    monkeypatch.setattr(demo, "live_incidents", lambda _: [])
+    monkeypatch.setattr(demo, "start_workloads", lambda *_: None)
+    monkeypatch.setattr(demo, "report_shortfalls", lambda *_: {})
+    monkeypatch.setattr(demo.Demo, "sample_history", lambda self: None)
+    monkeypatch.setattr(demo.Demo, "run_sweep", sweep)
+    monkeypatch.setattr(demo.Demo, "show_results", lambda self: 0)
+
+    assert demo.Demo(tmp_path, 0, 1, 0, 0).run() == 0
+    assert len(sweeps) == 1
+    assert not engine.stopped_during_sweep

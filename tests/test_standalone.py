@@ -3,6 +3,8 @@ memory-only broker that no longer exists) and Airflow database are moved aside, 
 
 from __future__ import annotations
 
+import signal
+
 from lagdoctor.lab.standalone import component_commands, is_healthy, open_dags, start_clean, wait_healthy
 
 
@@ -138,3 +140,82 @@ def test_every_airflow_server_listens_on_loopback_only():
     assert commands["API server"][-4:] == ["--host", "127.0.0.1", "--port", "8080"]
     assert "--skip-serve-logs" in commands["scheduler"] and "--skip-serve-logs" in commands["triggerer"]
     assert set(commands) == {"scheduler", "dag processor", "triggerer", "API server"}
+
+
+# `make airflow` in a process of its own: Airflow's four components stand-in processes in one
+# group (the last holds its stop until released), the broker and the Spark engine stand-ins
+# that leave a file when stopped.
+STAND_IN_MAKE_AIRFLOW = r"""
+import sys
+import types
+from pathlib import Path
+
+import lagdoctor.kafka.broker
+from lagdoctor.lab import standalone
+
+work, holds = Path(sys.argv[1]), sys.argv[2]
+
+
+def stopped(what):
+    return lambda: (work / f"{what}-stopped").touch()
+
+
+broker = types.SimpleNamespace(bootstrap="127.0.0.1:1", stop=stopped("broker"))
+lagdoctor.kafka.broker.EmbeddedBroker = lambda **_: types.SimpleNamespace(start=lambda: broker)
+engine = types.SimpleNamespace(url="sc://localhost:1", token="t", log=work / "engine.log", alive=lambda: True,
+                               stop=stopped("engine"))
+standalone.start_engine = lambda workdir: engine
+standalone.warm_engine = lambda server, workdir: 1.0
+standalone.airflow_cli = lambda *args, **kwargs: (True, "")
+standalone.component_commands = lambda bindir, port: {
+    "scheduler": ["sleep", "600"], "dag processor": ["sleep", "600"], "triggerer": ["sleep", "600"],
+    "API server": ["sh", "-c", holds.format(work)]}
+
+
+def healthy(url, procs, logs=None):
+    (work / "groups").write_text(str(next(iter(procs.values())).pid))
+    return None
+
+
+standalone.wait_healthy = healthy
+standalone.open_dags = lambda bindir, env: []
+sys.exit(standalone.main(["--workdir", str(work / "demo"), "--port", "1", "--no-workloads"]))
+"""
+
+
+def test_a_second_ctrl_c_while_make_airflow_stops_does_not_cut_the_stop_short(tmp_path):
+    from tests.fixtures.signals import HOLDS_ITS_STOP, groups_left, read_until, reap, start_stand_in, wait_for_file
+
+    proc = start_stand_in(tmp_path, STAND_IN_MAKE_AIRFLOW, HOLDS_ITS_STOP)
+    try:
+        proc.send_signal(signal.SIGINT)
+        wait_for_file(tmp_path / "term-received", proc)  # Airflow is being stopped, held by one component
+        said = ""
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGINT):  # an impatient user, one at a time
+            proc.send_signal(sig)
+            said += read_until(proc, f"{sig.name}: already stopping", 1)  # handled (or died of it)
+        (tmp_path / "release").touch()
+        proc.wait(120)
+        output = said + proc.stdout.read()
+        assert groups_left(tmp_path) == [], output
+        assert (tmp_path / "engine-stopped").exists() and (tmp_path / "broker-stopped").exists(), output
+        assert proc.returncode == 0, output
+    finally:
+        reap(tmp_path, proc)
+
+
+def test_a_closed_terminal_stops_make_airflow_as_ctrl_c_does(tmp_path):
+    from tests.fixtures.signals import HOLDS_ITS_STOP, groups_left, reap, start_stand_in, wait_for_file
+
+    proc = start_stand_in(tmp_path, STAND_IN_MAKE_AIRFLOW, HOLDS_ITS_STOP)
+    try:
+        proc.stdout.close()  # the terminal is gone: every further line fails to print
+        proc.send_signal(signal.SIGHUP)
+        wait_for_file(tmp_path / "term-received", proc)
+        (tmp_path / "release").touch()
+        proc.wait(120)
+        assert groups_left(tmp_path) == []
+        assert (tmp_path / "engine-stopped").exists() and (tmp_path / "broker-stopped").exists()
+        assert proc.returncode == 0
+    finally:
+        reap(tmp_path, proc)

@@ -23,6 +23,8 @@ import pytest
 from tests.fixtures.k8s import FakeKubernetes
 from tests.fixtures.k8s import _handler as k8s_handler
 from tests.fixtures.loopback import serve_loopback
+from tests.fixtures.signals import (HOLDS_ITS_STOP, groups_left, live_in_group, read_until, reap, start_stand_in,
+                                    wait_for_file)
 from tests.fixtures.slack import SLACK_TEST_TOKEN, FakeSlack
 from tests.fixtures.slack import _handler as slack_handler
 
@@ -211,6 +213,33 @@ def test_every_part_answers_on_loopback(world):
     assert a.airflow_url.startswith("http://127.0.0.1:") and a.s3_endpoint.startswith("http://127.0.0.1:")
 
 
+def test_postgres_redis_and_spark_refuse_a_client_without_their_password(world):
+    """Every local user can reach a loopback port: each server asks for its secret."""
+    import socket
+
+    import psycopg
+
+    a = world["a"]
+    host, port = a.postgres_admin_url.rsplit("@", 1)[1].split("/")[0].split(":")
+    for password, refusal in ((None, "no password supplied"),
+                              ("guess", 'password authentication failed for user "postgres"')):
+        with pytest.raises(psycopg.OperationalError, match=refusal):
+            psycopg.connect(host=host, port=port, user="postgres", dbname="airflow", password=password,
+                            connect_timeout=5, passfile=str(a.workdir / "no-pgpass"))  # no ~/.pgpass
+    host, port = a.redis_url.rsplit("@", 1)[1].split("/")[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as conn:
+        conn.sendall(b"PING\r\n")
+        assert conn.recv(200).startswith(b"-NOAUTH Authentication required")
+    # the secret files: the owner's alone
+    for path in (a.workdir / "postgres-password", a.workdir / "redis" / "redis.conf",
+                 a.spark_conf_dir / "spark-defaults.conf"):
+        assert os.stat(path).st_mode & 0o777 == 0o600, path
+    conf = (a.spark_conf_dir / "spark-defaults.conf").read_text().splitlines()
+    assert "spark.authenticate true" in conf and f"spark.authenticate.secret {a.spark_secret}" in conf
+    assert a.spark_secret and a.postgres_password and a.redis_password
+    assert a.postgres_password not in repr(a) and a.redis_password not in repr(a) and a.spark_secret not in repr(a)
+
+
 def test_two_celery_workers_are_registered_with_homes_of_their_own(world):
     from lagdoctor.lab.topology import celery_workers
 
@@ -315,6 +344,7 @@ def test_the_readme_cluster_example_runs_as_written(world):
     script = readme_cluster_example()
     for placeholder, value in {"http://s3.internal:9000": a.s3_endpoint, "<access key>": a.s3_key,
                                "<secret key>": a.s3_secret,
+                               "/etc/spark/conf": str(a.spark_conf_dir),
                                "spark://spark-master:7077": a.spark_master}.items():
         assert placeholder in script, f"the README's cluster example lost its {placeholder}"
         script = script.replace(placeholder, value)
@@ -322,7 +352,7 @@ def test_the_readme_cluster_example_runs_as_written(world):
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert a.s3_secret not in done.stdout + done.stderr
+    assert a.s3_secret not in done.stdout + done.stderr and a.spark_secret not in done.stdout + done.stderr
     keys = [o["Key"] for page in s3_client(a.s3_endpoint, a.s3_key, a.s3_secret).get_paginator(
         "list_objects_v2").paginate(Bucket=a.bucket, Prefix="lagdoctor/findings/readme-example/")
         for o in page.get("Contents", [])]
@@ -424,6 +454,38 @@ def test_a_worker_killed_mid_task_and_the_task_recovers_on_the_other(world):
     world["runs"]["recovered"] = run_id
 
 
+def test_no_secret_is_on_any_argv_or_in_any_log_of_the_topology(world):
+    """Every process of every part's group (JVMs, executors, Celery workers, their tasks): an argv is
+    readable by every local user. And every log the parts wrote."""
+    a, topology = world["a"], world["topology"]
+    env = a.airflow_env
+    found = {"PostgreSQL's password": a.postgres_password, "Redis's password": a.redis_password,
+             "the Spark cluster's secret": a.spark_secret, "the Connect server's token": a.spark_connect_token,
+             "the S3 secret key": a.s3_secret, "Airflow's admin password": a.airflow_password,
+             "Airflow's fernet key": env["AIRFLOW__CORE__FERNET_KEY"],
+             "Airflow's JWT secret": env["AIRFLOW__API_AUTH__JWT_SECRET"]}
+    assert all(found.values())
+    groups = {p.pid for p in topology.parts if p.exit_code() is None}
+    argvs = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) in groups:
+                argvs[int(stat.parent.name)] = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                    errors="replace")
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+    assert len(argvs) > len(groups)  # the parts' children too (Spark executors, Celery's pool, ...)
+    assert any("CoarseGrainedExecutorBackend" in argv for argv in argvs.values())  # a Spark executor was read
+    leaks = [f"{what} on the argv of pid {pid}: {argv[:120]}" for pid, argv in argvs.items()
+             for what, secret in found.items() if secret in argv]
+    assert leaks == []
+    logs = [p for p in a.workdir.rglob("*") if p.is_file() and (p.suffix == ".log" or p.name in ("stderr", "stdout"))]
+    assert len(logs) > len(topology.parts)
+    leaks = [f"{what} in {path}" for path in logs for what, secret in found.items()
+             if secret in path.read_text(errors="replace")]
+    assert leaks == []
+
+
 def test_nothing_was_written_to_a_local_data_folder(world):
     """No lagdoctor data folder on any Airflow home (the data root is s3://); a local spool
     appears only while the state database is unreachable, which it never was."""
@@ -490,14 +552,63 @@ def test_check_names_a_dead_part_and_stop_ends_every_group_in_reverse_order(tmp_
     assert topology.parts == []
 
 
-def live_in_group(pgid: int) -> list[int]:
-    """Processes of a group that are not zombies (an orphan's zombie waits for init to reap it)."""
-    live = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            live.append(int(stat.parent.name))
-    return live
+# `lagdoctor topology` in a process of its own, its parts stand-in process groups: the first
+# stopped (the last started) says when it gets its TERM and holds the stop until released.
+STAND_IN_TOPOLOGY = r"""
+import sys
+from pathlib import Path
+from lagdoctor.lab import topology
+
+work = Path(sys.argv[1])
+HOLDS = sys.argv[2]
+
+
+class StandIns(topology.Topology):
+    def start(self):
+        for i in range(3):
+            self._spawn(f"part {i}", ["sleep", "600"], "-", work / f"part{i}.log")
+        self._spawn("holds its stop", ["sh", "-c", HOLDS.format(work)], "-", work / "holds.log")
+        (work / "groups").write_text(" ".join(str(p.pid) for p in self.parts))
+        self.started_s = 0.0
+        self.addresses = topology.TopologyAddresses(
+            workdir=work, postgres_admin_url="-", airflow_db_url="-", state_url="-", redis_url="-",
+            s3_endpoint="-", bucket="-", s3_key="-", s3_secret="-")
+        return self.addresses
+
+
+topology.Topology = StandIns
+sys.exit(topology.run(work / "topology"))
+"""
+
+
+def test_a_second_ctrl_c_while_the_topology_stops_does_not_cut_the_stop_short(tmp_path):
+    proc = start_stand_in(tmp_path, STAND_IN_TOPOLOGY, HOLDS_ITS_STOP)
+    try:
+        proc.send_signal(signal.SIGINT)
+        wait_for_file(tmp_path / "term-received", proc)  # the stop is under way, held by a part
+        said = ""
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGINT):  # an impatient user, one at a time
+            proc.send_signal(sig)
+            said += read_until(proc, f"{sig.name}: already stopping", 1)  # handled (or died of it)
+        (tmp_path / "release").touch()
+        proc.wait(120)
+        output = said + proc.stdout.read()
+        assert groups_left(tmp_path) == [], output
+        assert output.count("already stopping") == 3 and output.rstrip().endswith("stopped"), output
+        assert proc.returncode == 0, output
+    finally:
+        reap(tmp_path, proc)
+
+
+def test_a_closed_terminal_stops_every_part_as_ctrl_c_does(tmp_path):
+    proc = start_stand_in(tmp_path, STAND_IN_TOPOLOGY, HOLDS_ITS_STOP)
+    try:
+        proc.stdout.close()  # the terminal is gone: every further line fails to print
+        proc.send_signal(signal.SIGHUP)
+        wait_for_file(tmp_path / "term-received", proc)
+        (tmp_path / "release").touch()
+        proc.wait(120)
+        assert groups_left(tmp_path) == []
+        assert proc.returncode == 0
+    finally:
+        reap(tmp_path, proc)

@@ -226,6 +226,11 @@ class Demo:
         self.shortfalls: dict[str, str] = {}
         self.airflow_proc: subprocess.Popen | None = None
         self.engine = None  # lagdoctor.connectserver.ConnectServer once started
+        # the warm-up's outcome (seconds, or why it failed) and whether the sweep has chosen its
+        # engine: only the sweep's side stops the engine, and only before the sweep starts
+        self._warm_lock = threading.Lock()
+        self._warm_outcome: float | str | None = None
+        self._engine_chosen = False
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -243,13 +248,14 @@ class Demo:
             self.engine = start_engine(self.workdir)
             say(f"starting the warm Spark engine: a Spark Connect server on {self.engine.url}, warmed on a small "
                 "simulated store while the history is sampled")
-            warming = threading.Thread(target=self._warm, daemon=True)
+            warming = threading.Thread(target=self._warm, args=(self.engine,), daemon=True)
             warming.start()
             say("starting the live incidents (topics, producers, one OS process per consumer):")
             self.incidents = live_incidents(self.crash_after_s)
             start_workloads(self.broker.bootstrap, self.incidents)
             self.sample_history()
             warming.join(WARM_UP_TIMEOUT_S)
+            self._choose_engine()
             self.shortfalls = report_shortfalls(self.incidents, str(self.data_root), self.shortfalls)
             code = self.run_sweep()
             # the surge ran during the sweep's own samples: measured again before the workloads stop
@@ -261,15 +267,28 @@ class Demo:
             self.stop()
         return self.show_results()
 
-    def _warm(self) -> None:
-        from lagdoctor.connectserver import ConnectServerError
-
+    def _warm(self, engine) -> None:
+        """Warm the engine and record how it went; never stops it (the sweep may be its client)."""
         try:
-            say(f"  Spark Connect server warm ({warm_engine(self.engine, self.workdir):.0f} s after its start)")
-        except ConnectServerError as exc:
-            say(f"  {exc}: this demo's diagnosis goes through spark-submit instead")
-            self.engine.stop()
-            self.engine = None
+            outcome: float | str = warm_engine(engine, self.workdir)
+        except Exception as exc:  # noqa: BLE001 - a timeout too: the sweep's choice says it
+            outcome = " ".join(str(exc).split()) or type(exc).__name__
+        with self._warm_lock:
+            self._warm_outcome = outcome
+            if isinstance(outcome, float) and not self._engine_chosen:
+                say(f"  Spark Connect server warm ({outcome:.0f} s after its start)")
+
+    def _choose_engine(self) -> None:
+        """Before the sweep starts: the engine if it is warm, else spark-submit, the engine stopped now."""
+        with self._warm_lock:
+            self._engine_chosen = True
+            outcome = self._warm_outcome
+        if self.engine is None or isinstance(outcome, float):
+            return
+        reason = outcome or f"the Spark Connect server was not warm after {WARM_UP_TIMEOUT_S:.0f} s"
+        say(f"  {reason}: this demo's diagnosis goes through spark-submit instead")
+        engine, self.engine = self.engine, None
+        engine.stop()
 
     def stop(self) -> None:
         if self.engine is not None:

@@ -50,8 +50,11 @@ def own_for_server(*paths: Path) -> None:
             shutil.chown(path, "postgres")
 
 
-def initdb_command(bindir: Path, data: Path) -> list[str]:
-    return as_server_user([str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth", "trust",
+def initdb_command(bindir: Path, data: Path, pwfile: Path | None = None) -> list[str]:
+    """initdb for superuser `postgres`: with `pwfile` (its password, a file the server user can read)
+    every connection must give the password (scram-sha-256); without it, trust (throwaway test servers)."""
+    auth = ["--auth", "scram-sha-256", "--pwfile", str(pwfile)] if pwfile else ["--auth", "trust"]
+    return as_server_user([str(bindir / "initdb"), "-D", str(data), "-U", "postgres", *auth,
                            "--no-sync", "-E", "UTF8"])
 
 

@@ -43,6 +43,7 @@ from lagdoctor.connectserver import connection_json
 from lagdoctor.lab.demo import (CLUSTER, CRASHED_GROUP, kill_consumer, live_incidents, project_root,
                                 report_shortfalls, say, start_engine, start_workloads, stop_workloads, surge,
                                 warm_engine)
+from lagdoctor.lab.stopping import raise_on_stop_signals, restore, stop_shielded, tell
 
 DAG_IDS = ("kafka_lag_health_sweep", "kafka_lag_incident")
 CRASH_AFTER_S = 15.0  # invoices-mailer's only consumer process is killed
@@ -188,7 +189,7 @@ def start_clean(workdir: Path) -> list[str]:
 def stop_group(procs: dict[str, subprocess.Popen]) -> None:
     """TERM the components' process group (a TERM to a parent alone orphans its children), KILL after 30 s."""
     pgid = next(iter(procs.values())).pid  # the first started the group: its pid is the group's id
-    say("stopping Airflow (the whole process group) ...")
+    tell(say, "stopping Airflow (the whole process group) ...")
     try:
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:
@@ -243,16 +244,17 @@ def main(argv: list[str] | None = None) -> int:
     def warm() -> None:
         try:
             warmed["seconds"] = warm_engine(engine, workdir)
-            say(f"  Spark Connect server warm ({warmed['seconds']:.0f} s after its start)")
         except Exception as exc:  # noqa: BLE001 (said, and the main loop stops on it)
             warmed["error"] = " ".join(str(exc).split())
+            return
+        # a closed terminal is no engine failure
+        tell(say, f"  Spark Connect server warm ({warmed['seconds']:.0f} s after its start)")
 
     threading.Thread(target=warm, daemon=True).start()
 
-    def on_term(*_):
-        raise KeyboardInterrupt  # stop at once, also while waiting for health
-
-    signal.signal(signal.SIGTERM, on_term)
+    # Ctrl-C, TERM and HUP (the terminal closed) stop at once, also while waiting for health;
+    # once stopping, more of them are ignored until everything is stopped
+    previous = raise_on_stop_signals(say)
     try:
         if incidents:
             say("starting the live incidents (topics, producers, one OS process per consumer):")
@@ -352,14 +354,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        if crash is not None:
-            crash.cancel()
-        if procs:
-            stop_group(procs)
-        stop_workloads(incidents)
-        engine.stop()
-        broker.stop()
-        say("stopped")
+        with stop_shielded(say):
+            if crash is not None:
+                crash.cancel()
+            steps = [("Airflow", lambda: stop_group(procs))] if procs else []
+            steps += [("the workloads", lambda: stop_workloads(incidents)), ("the Spark engine", engine.stop),
+                      ("the broker", broker.stop)]
+            for what, stop in steps:
+                try:
+                    stop()
+                except Exception as exc:  # noqa: BLE001 - said; the rest still stops
+                    tell(say, f"stopping {what} failed: {type(exc).__name__}: {exc}")
+            tell(say, "stopped")
+        restore(previous)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,15 @@
 """`lagdoctor topology` (`make topology`): a cluster on this one machine, each part
 a real server in a process group of its own, on free loopback ports, until Ctrl-C.
 
-    PostgreSQL      one server, two databases: airflow (metadata) and lagdoctor_state
-    Redis           the Celery broker
+    PostgreSQL      one server, two databases: airflow (metadata) and lagdoctor_state;
+                    password auth (scram-sha-256), the password in a 0600 postgres-password
+    Redis           the Celery broker; requirepass, in its 0600 redis.conf
     SeaweedFS       `weed mini`: an S3 endpoint with one bucket (keys in a 0600 s3.json)
-    Spark           a standalone master and two workers, each its own JVM, work and local dir
-    Spark Connect   the warm engine: a Connect server whose executors (one core) run on that cluster
+    Spark           a standalone master and two workers, each its own JVM, work and local dir;
+                    spark.authenticate with a shared secret in a 0600 spark/conf/spark-defaults.conf
+                    (SPARK_CONF_DIR of the master, the workers and every driver)
+    Spark Connect   the warm engine: a Connect server whose executors (one core) run on that cluster;
+                    a client needs its token
     Kafka           the embedded Apache Kafka broker (lagdoctor.kafka.broker)
     Airflow         CeleryExecutor: scheduler, API server, DAG processor and two Celery
                     workers with homes of their own and no shared data folder; one shared
@@ -16,6 +20,10 @@ connection; the state lives in PostgreSQL (the ``lagdoctor_state`` connection);
 the diagnosis runs as a client of the Connect server (``spark_default``, type
 spark_connect); ``spark_submit`` is the same cluster through spark-submit in client mode. Everything lives
 under a fresh work dir (default .topology/), moved aside on the next start.
+
+No secret is on any process's argv (every local user can read it) or in a line
+this prints: servers read theirs from 0600 files, clients from their environment
+or those files.
 
 Parts start in order, each waited for with a health check that says what it is
 waiting for; once all are healthy a table says what runs where. Stopping goes in
@@ -42,13 +50,13 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from lagdoctor import connectserver
 from lagdoctor.connectserver import connection_json
 from lagdoctor.lab import postgres as pg
 from lagdoctor.lab.demo import project_root
 from lagdoctor.lab.standalone import airflow_cli, last_log_line, read_health
+from lagdoctor.lab.stopping import raise_on_stop_signals, restore, stop_shielded, tell
 
 HOST = "127.0.0.1"
 BUCKET = "lagdoctor"
@@ -84,6 +92,15 @@ def _free_port() -> int:
     return pg.free_port()
 
 
+def write_secret_file(path: Path, text: str) -> Path:
+    """`text` in a new file, mode 0600 from its first byte."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
 @dataclass
 class Part:
     name: str
@@ -104,10 +121,11 @@ class Part:
 @dataclass
 class TopologyAddresses:
     workdir: Path
-    postgres_admin_url: str  # SQLAlchemy URLs (trust auth on loopback)
-    airflow_db_url: str
-    state_url: str
-    redis_url: str
+    # SQLAlchemy URLs and the broker URL: each carries its password
+    postgres_admin_url: str = field(repr=False)
+    airflow_db_url: str = field(repr=False)
+    state_url: str = field(repr=False)
+    redis_url: str = field(repr=False)
     s3_endpoint: str
     bucket: str
     s3_key: str
@@ -123,6 +141,10 @@ class TopologyAddresses:
     airflow_password: str = field(default="", repr=False)
     worker_names: tuple[str, ...] = ()
     airflow_env: dict[str, str] = field(default_factory=dict, repr=False)  # what every Airflow part runs with
+    postgres_password: str = field(default="", repr=False)  # superuser postgres's (also in postgres-password)
+    redis_password: str = field(default="", repr=False)
+    spark_secret: str = field(default="", repr=False)  # spark.authenticate.secret of the standalone cluster
+    spark_conf_dir: Path | None = None  # its spark-defaults.conf holds that secret: a driver's SPARK_CONF_DIR
 
 
 class Topology:
@@ -142,6 +164,7 @@ class Topology:
         self._bindir = Path(sys.executable).parent
         self._broker = None
         self._cleanup: list[Path] = []  # folders outside the work dir, removed on stop
+        self.spark_conf_dir: Path | None = None  # its spark-defaults.conf holds the cluster's secret
 
     # -- helpers ---------------------------------------------------------------
 
@@ -200,7 +223,9 @@ class Topology:
 
     # -- the parts ---------------------------------------------------------------
 
-    def _start_postgres(self) -> tuple[str, Part]:
+    def _start_postgres(self) -> tuple[str, str, Part]:
+        """The server, password auth on every connection (scram-sha-256): superuser postgres's
+        password is random, kept in <workdir>/postgres-password (0600). (admin URL, password, part)."""
         bindir = pg.pg_bin()
         if bindir is None:
             raise TopologyError("no PostgreSQL binaries: apt-get install postgresql (make test installs it)")
@@ -215,39 +240,55 @@ class Topology:
         data, sock = base / "data", base / "sock"
         sock.mkdir(parents=True)
         pg.own_for_server(base, sock)
-        done = subprocess.run(pg.initdb_command(bindir, data), capture_output=True, text=True, timeout=180)
+        password = secrets.token_urlsafe(24)
+        write_secret_file(self.workdir / "postgres-password", password + "\n")
+        # initdb reads it from a file (never its argv), one the server user can read, gone after
+        pwfile = write_secret_file(base / "initdb-pwfile", password + "\n")
+        pg.own_for_server(pwfile)
+        try:
+            done = subprocess.run(pg.initdb_command(bindir, data, pwfile), capture_output=True, text=True,
+                                  timeout=180)
+        finally:
+            pwfile.unlink()
         if done.returncode != 0:
             raise TopologyError(f"initdb failed: {' '.join((done.stdout + done.stderr).split())[-300:]}")
         port = _free_port()
         part = self._spawn("PostgreSQL", pg.as_server_user(
             [str(bindir / "postgres"), "-D", str(data), *pg.server_options(port, sock, max_connections=200)]),
             f"{HOST}:{port}", self.workdir / "logs" / "postgres.log", stop_signal=signal.SIGINT)  # INT: fast shutdown
-        admin = f"postgresql+psycopg://postgres@{HOST}:{port}/postgres"
+        admin = f"postgresql+psycopg://postgres:{password}@{HOST}:{port}/postgres"  # token_urlsafe: no escaping
 
-        def ready() -> bool:
+        def connect(**kwargs):
             import psycopg
 
-            with psycopg.connect(f"host={HOST} port={port} user=postgres dbname=postgres", connect_timeout=2):
+            return psycopg.connect(host=HOST, port=port, user="postgres", password=password, dbname="postgres",
+                                   **kwargs)
+
+        def ready() -> bool:
+            with connect(connect_timeout=2):
                 return True
 
         self._wait(f"PostgreSQL on {HOST}:{port}", ready, [part])
-        import psycopg
-
-        with psycopg.connect(f"host={HOST} port={port} user=postgres dbname=postgres", autocommit=True) as conn:
+        with connect(autocommit=True) as conn:
             for db in ("airflow", "lagdoctor_state"):
                 conn.execute(f'CREATE DATABASE "{db}"')
-        return admin, part
+        return admin, password, part
 
-    def _start_redis(self) -> tuple[str, Part]:
+    def _start_redis(self) -> tuple[str, str, Part]:
+        """Redis with a random password (requirepass), in its config file (0600), never its argv.
+        (URL with the password, password, part)."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise TopologyError("no redis-server: apt-get install redis-server (make test installs it)")
         port = _free_port()
         data = self.workdir / "redis"
         data.mkdir(parents=True)
-        part = self._spawn("Redis", [binary, "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no",
-                                     "--dir", str(data)], f"{HOST}:{port}", self.workdir / "logs" / "redis.log")
-        url = f"redis://{HOST}:{port}/0"
+        password = secrets.token_urlsafe(24)
+        config = write_secret_file(data / "redis.conf", "\n".join([
+            f"port {port}", f"bind {HOST}", 'save ""', "appendonly no", f"dir {data}",
+            f"requirepass {password}", ""]))
+        part = self._spawn("Redis", [binary, str(config)], f"{HOST}:{port}", self.workdir / "logs" / "redis.log")
+        url = f"redis://:{password}@{HOST}:{port}/0"
 
         def ready() -> bool:
             import redis
@@ -255,7 +296,7 @@ class Topology:
             return bool(redis.Redis.from_url(url, socket_timeout=2).ping())
 
         self._wait(f"Redis on {HOST}:{port}", ready, [part])
-        return url, part
+        return url, password, part
 
     def _start_s3(self) -> tuple[str, str, str, Part]:
         weed = self._bindir / "weed"
@@ -303,13 +344,23 @@ class Topology:
                 "SPARK_LOCAL_IP": HOST, "SPARK_DAEMON_MEMORY": "256m", "SPARK_CONF_DIR": str(conf_dir),
                 "SPARK_NO_DAEMONIZE": "1"}
 
-    def _start_spark(self) -> tuple[str, str, list[Part]]:
+    def _start_spark(self) -> tuple[str, str, str, list[Part]]:
+        """The master and workers with spark.authenticate on: a random shared secret in
+        spark/conf/spark-defaults.conf (0600), which the master, the workers and every driver given
+        that SPARK_CONF_DIR read (executors get it from their worker's environment). An application
+        without it is refused. (master URL, UI URL, secret, parts)."""
         spark_class = self._bindir / "spark-class"
         if not spark_class.exists():
             raise TopologyError(f"no {spark_class}: pip install pyspark (make install installs it)")
         base = self.workdir / "spark"
         conf_dir = base / "conf"
         conf_dir.mkdir(parents=True)
+        secret = secrets.token_urlsafe(32)
+        write_secret_file(conf_dir / "spark-defaults.conf", "".join(
+            f"{key} {value}\n" for key, value in (("spark.authenticate", "true"), ("spark.authenticate.secret", secret),
+                                                  # the master's UI answers anyone: no kill buttons on it
+                                                  ("spark.ui.killEnabled", "false"))))
+        self.spark_conf_dir = conf_dir
         port, ui = _free_port(), _free_port()
         master_url = f"spark://{HOST}:{port}"
         ui_url = f"http://{HOST}:{ui}"
@@ -336,7 +387,7 @@ class Topology:
             return True if len(alive) >= len(SPARK_WORKERS) else f"{len(alive)} of {len(SPARK_WORKERS)} workers ALIVE"
 
         self._wait(f"the Spark master {master_url} to show {len(SPARK_WORKERS)} ALIVE workers", ready, parts)
-        return master_url, ui_url, parts
+        return master_url, ui_url, secret, parts
 
     def _start_connect(self, spark_master: str, s3: tuple[str, str, str]) -> tuple[str, str, Part]:
         """The warm engine: a Spark Connect server whose executors run on the standalone cluster.
@@ -430,12 +481,14 @@ class Topology:
             f"AIRFLOW_CONN_{S3_CONN_ID.upper()}": json.dumps(aws),
             f"AIRFLOW_CONN_{STATE_CONN_ID.upper()}": json.dumps(
                 {"conn_type": "postgres", "host": state.host, "port": state.port, "login": state.username,
-                 "schema": state.database}),
+                 "password": state.password, "schema": state.database}),
             "LAGDOCTOR_DATA_ROOT": f"s3://{BUCKET}/lagdoctor",
             "LAGDOCTOR_AWS_CONN_ID": S3_CONN_ID,  # lagdoctor.objectstore reads the data root's keys from it
             # the one folder both workers see, standing in for the NFS or EFS mount a Celery spool needs
             "LAGDOCTOR_SPOOL_DIR": str(self.workdir / "spool"),
             "SPARK_LOCAL_IP": HOST,
+            # the cluster's spark-defaults.conf (its spark.authenticate secret) for spark_submit's drivers
+            "SPARK_CONF_DIR": str(self.spark_conf_dir),
         }
         env.pop("LAGDOCTOR_STATE_URL", None)  # the connection is the one state source here
         env.pop("PYSPARK_PYTHON", None)  # no forced Python path: executors run the worker's python3
@@ -510,13 +563,13 @@ class Topology:
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
             self.report("starting PostgreSQL ...")
-            admin_url, _ = self._start_postgres()
+            admin_url, postgres_password, _ = self._start_postgres()
             self.report("starting Redis ...")
-            redis_url, _ = self._start_redis()
+            redis_url, redis_password, _ = self._start_redis()
             self.report("starting SeaweedFS (S3) ...")
             endpoint, key, secret, _ = self._start_s3()
             self.report("starting Spark: a master and two workers ...")
-            master, spark_ui, _ = self._start_spark()
+            master, spark_ui, spark_secret, _ = self._start_spark()
             self.report("starting the Spark Connect server (the warm engine) on that cluster ...")
             connect_url, connect_token, _ = self._start_connect(master, (endpoint, key, secret))
             self.report("starting the Kafka broker ...")
@@ -551,20 +604,28 @@ class Topology:
             data_root=env["LAGDOCTOR_DATA_ROOT"], spark_master=master, spark_ui=spark_ui, spark_connect=connect_url,
             spark_connect_token=connect_token, kafka_bootstrap=kafka,
             airflow_url=url, airflow_password=password, worker_names=WORKERS,
-            airflow_env={**env, "AIRFLOW_HOME": str(self.workdir / "airflow")})
+            airflow_env={**env, "AIRFLOW_HOME": str(self.workdir / "airflow")},
+            postgres_password=postgres_password, redis_password=redis_password, spark_secret=spark_secret,
+            spark_conf_dir=self.spark_conf_dir)
         return self.addresses
 
     def stop(self) -> None:
-        """Each part's process group, in reverse order: TERM (INT for PostgreSQL), KILL after a grace."""
-        while self.parts:
-            part = self.parts.pop()
-            if part.stopper is not None:
-                part.stopper()
-                continue
-            stop_process_group(part.proc, part.stop_signal)
-        self._broker = None
-        while self._cleanup:
-            shutil.rmtree(self._cleanup.pop(), ignore_errors=True)
+        """Each part's process group, in reverse order: TERM (INT for PostgreSQL), KILL after a grace.
+        A Ctrl-C, TERM or HUP meanwhile does not cut it short; a part that fails to stop is said
+        and the rest are stopped."""
+        with stop_shielded(self.report):
+            while self.parts:
+                part = self.parts.pop()
+                try:
+                    if part.stopper is not None:
+                        part.stopper()
+                    else:
+                        stop_process_group(part.proc, part.stop_signal)
+                except Exception as exc:  # noqa: BLE001 - said; the other parts still stop
+                    tell(self.report, f"stopping {part.name} failed: {type(exc).__name__}: {exc}")
+            self._broker = None
+            while self._cleanup:
+                shutil.rmtree(self._cleanup.pop(), ignore_errors=True)
 
     def table(self) -> str:
         rows = [("part", "pid", "address", "log")]
@@ -623,11 +684,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(workdir: Path, api_port: int | None = None) -> int:
     topology = Topology(workdir, api_port=api_port)
-
-    def on_signal(*_: Any) -> None:
-        raise KeyboardInterrupt  # stop at once, also while waiting for a part
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    # Ctrl-C, TERM and HUP (the terminal closed) stop at once, also while waiting for a part;
+    # once stopping, more of them are ignored until every part is stopped
+    previous = raise_on_stop_signals(say)
     try:
         try:
             a = topology.start()
@@ -642,6 +701,10 @@ def run(workdir: Path, api_port: int | None = None) -> int:
         say(f"data root {a.data_root} on {a.s3_endpoint} (S3 keys: {workdir.resolve() / 's3' / 's3.json'}); "
             f"state in PostgreSQL database lagdoctor_state; diagnosis on the Spark Connect server {a.spark_connect} "
             f"(executors on {a.spark_master}; spark_submit: client mode there)")
+        say(f"locked: PostgreSQL's password in {workdir.resolve() / 'postgres-password'}, Redis's in "
+            f"{workdir.resolve() / 'redis' / 'redis.conf'}, the Spark cluster's secret in "
+            f"{workdir.resolve() / 'spark' / 'conf' / 'spark-defaults.conf'} (SPARK_CONF_DIR for a driver), "
+            "the Connect server's token in the spark_default connection (all 0600)")
         say("press Ctrl-C to stop")
         while True:
             dead = topology.check()
@@ -652,11 +715,11 @@ def run(workdir: Path, api_port: int | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        say("stopping (reverse order, each process group) ...")
-        topology.stop()
-        say("stopped")
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        with stop_shielded(say):
+            tell(say, "stopping (reverse order, each process group) ...")
+            topology.stop()
+            tell(say, "stopped")
+        restore(previous)
 
 
 if __name__ == "__main__":

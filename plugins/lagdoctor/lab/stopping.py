@@ -1,0 +1,63 @@
+"""How the lab's long-running commands (`lagdoctor topology`, `make airflow`) stop.
+
+Ctrl-C, SIGTERM and SIGHUP (the terminal closed) all start the stop; once it
+runs, further ones are noted and ignored, so a second Ctrl-C cannot abort it
+half-way and leave JVMs and PostgreSQL behind in process groups of their own.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def tell(print_line: Callable[[str], None], message: str) -> None:
+    """Print a line unless the terminal is gone (closed: EIO; a closed pipe: EPIPE): the stop goes on."""
+    try:
+        print_line(message)
+    except OSError:
+        pass
+
+
+def raise_on_stop_signals(print_line: Callable[[str], None]) -> dict[int, object]:
+    """The first stop signal raises KeyboardInterrupt in the main thread, and from then on every
+    further one is only noted (no window in which a second could cut the stop short).
+    Returns the previous handlers."""
+
+    def interrupt(*_: object) -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, _noting(print_line))
+        raise KeyboardInterrupt
+
+    return {s: signal.signal(s, interrupt) for s in STOP_SIGNALS}
+
+
+def _noting(print_line: Callable[[str], None]) -> Callable[[int, object], None]:
+    def note(signum: int, _frame: object) -> None:
+        tell(print_line, f"{signal.Signals(signum).name}: already stopping; every part is stopped first")
+
+    return note
+
+
+def restore(previous: dict[int, object]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+@contextmanager
+def stop_shielded(print_line: Callable[[str], None]) -> Iterator[None]:
+    """While the block runs, a stop signal only says the stop is under way.
+    Outside the main thread (where no handler can be set) the block runs as is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    previous = {s: signal.signal(s, _noting(print_line)) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        restore(previous)
