@@ -64,3 +64,18 @@ def test_assignments_keep_the_most_important_positions_first():
     # one offset per partition per assignment, at most 2 partitions each, in the order given;
     # the repeated ("a", 0, 10) is read once
     assert rounds == [{("a", 0): 10, ("b", 1): 5}, {("a", 0): 20, ("a", 1): 7}, {("c", 0): 1}]
+
+
+def test_a_position_retention_removed_after_the_offsets_were_read_is_named(kafka_bootstrap, records_topic):
+    """The race the collector's log-start check cannot see: retention passes the committed offset
+    between the offsets' read and the record's. librdkafka says _AUTO_OFFSET_RESET there, not the
+    broker's OFFSET_OUT_OF_RANGE; either is said in the words a person reads."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for fut in admin.delete_records([TopicPartition(records_topic, 0, 3)]).values():
+        fut.result(30)
+    found, errors = read_records_at(client_config(kafka_bootstrap), {(records_topic, 0): 1}, budget_s=10)
+    assert found == {} and errors == {
+        (records_topic, 0): "offset out of range: retention deleted it, or the log restarted"}

@@ -220,7 +220,8 @@ def read_records(
                         key = (*pos, pending.pop(pos))
                         if error.code() == KafkaError._PARTITION_EOF:
                             errors[key] = f"{END_OF_LOG} (nothing to read at the committed offset)"
-                        elif error.code() == KafkaError.OFFSET_OUT_OF_RANGE:
+                        elif error.code() in (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET):
+                            # auto.offset.reset=error: librdkafka says _AUTO_OFFSET_RESET, not the broker's code
                             errors[key] = "offset out of range: retention deleted it, or the log restarted"
                         else:
                             errors[key] = " ".join(str(error.str()).split())
