@@ -309,12 +309,14 @@ def spark_conf(access: S3Access | None) -> dict[str, str]:
 def session_hadoop_conf(conf: Mapping[str, str]) -> dict[str, str]:
     """`conf` for a session on a shared (Connect) server. A session's Hadoop conf takes its
     settings by their own names (fs.s3a.access.key): the spark.hadoop. prefix is read only
-    when the server starts, so each spark.hadoop.* setting is sent under both names. And
-    Hadoop caches one FileSystem per bucket and user, not per conf: the first session's keys
-    would serve every later one, a rotated key never taking over; its cache is off."""
-    session = {**conf, S3A + "impl.disable.cache": "true", "spark.hadoop.fs.s3.impl.disable.cache": "true"}
-    hadoop = {k[len("spark.hadoop."):]: v for k, v in session.items() if k.startswith("spark.hadoop.")}
-    return {**session, **hadoop}
+    when the server starts, so each spark.hadoop.* setting is sent under both names.
+
+    Hadoop's FileSystem cache stays on: a long-lived server keeps one S3A filesystem per
+    bucket, made with the first keys it was given, and a rotated key reaches it at its
+    restart. With the cache off every query builds an S3 client that is never closed: 32
+    threads more per session measured here (622 -> 1,582 over 30 sessions; HBASE-28222)."""
+    hadoop = {k[len("spark.hadoop."):]: v for k, v in conf.items() if k.startswith("spark.hadoop.")}
+    return {**conf, **hadoop}
 
 
 def access_from_spark_conf(conf: Mapping[str, str]) -> S3Access | None:
