@@ -182,6 +182,8 @@ def _deliver_now(db, settings: Any, sender: Sender | None, now: datetime | None)
     failed = _batch_failure.get()
     if failed:
         return {**failed[0], "undelivered": outbox.pending_count(db)}
+    if not outbox.pending_count(db):
+        return {"undelivered": 0, "delivery_error": None}  # no Slack client to resolve (an Airflow lookup)
     try:
         sender = sender or slack_sender(settings=settings)
     except Exception as exc:  # noqa: BLE001 - e.g. a malformed slack_api_default connection
