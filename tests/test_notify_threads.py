@@ -705,3 +705,39 @@ def test_a_young_rise_neither_replies_in_nor_closes_an_open_thread_of_its_group(
     assert held["decision"] == "held" and len(server.messages) == 1
     (state,) = ThreadStore().all()
     assert state.status == "open" and state.key.diagnosis == "slow_consumer" and state.last_run_id == "run-1"
+
+
+def test_a_sweep_of_healthy_groups_without_threads_costs_no_transaction_per_group(settings, slack_connection,
+                                                                                   tmp_path):
+    """Issue 31: at 10,000 groups a transaction (and an outbox delivery) per healthy group was tens of
+    thousands of connects a minute. A healthy group with no thread says nothing and costs nothing; one
+    with an open thread is still recovered, in that thread."""
+    import sqlalchemy as sa
+
+    from lagdoctor.stages.notify import post_findings
+    from lagdoctor.state import state_db
+
+    server = slack_connection
+    assert post_or_update_incident(finding("crashed_consumer", "critical", group_id="g7"), None, run_id="run-1",
+                                   now=T0)["decision"] == "posted"
+    healthy = [finding("healthy", "ok", lag=0, partitions=(), group_id=f"g{i}") for i in range(1000)]
+    healthy[3]["evidence"] = {"lag_total": 0, "data_complete": False}  # rule 6 without a thread: nothing either
+    plans = tmp_path / "run-2" / "plans.json"
+    plans.parent.mkdir()
+    plans.write_text(json.dumps([{"finding": f, "plan": {"actions": [], "next_steps": []}} for f in healthy]))
+    engine = state_db(settings).engine
+    transactions: list[int] = []
+
+    def count(_conn) -> None:
+        transactions.append(1)
+
+    sa.event.listen(engine, "begin", count)
+    try:
+        summary = post_findings(str(plans), "run-2", settings=settings, now=T0 + timedelta(minutes=5))
+    finally:
+        sa.event.remove(engine, "begin", count)
+
+    assert summary == {"healthy": 998, "incomplete": 1, "recovered": 1}
+    assert len(server.messages) == 2 and "recovered" in texts_in_thread(server, 0)[0].lower()
+    assert [s.status for s in ThreadStore().all()] == ["closed"]
+    assert len(transactions) < 50, len(transactions)  # a handful for the task, none per healthy group

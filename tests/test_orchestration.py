@@ -72,6 +72,35 @@ def test_retention_keeps_a_run_still_writing_and_removes_an_abandoned_one(tmp_pa
     assert running.exists() and not abandoned.exists() and not report.exists()
 
 
+def _run_folder(root, run_id: str, age_days: float):
+    folder = root / "findings" / run_key(run_id, "kafka_lag_health_sweep")
+    folder.mkdir(parents=True)
+    (folder / "findings.jsonl").write_text("{}\n")
+    (folder / "partition_status.jsonl").write_text("{}\n")
+    _age(folder, age_days)
+    return folder
+
+
+def test_retention_prunes_at_most_once_an_hour_and_keeps_an_old_run_written_again(tmp_path):
+    """Issue 31: a sweep every minute looked at every run folder every minute. Retention now runs once
+    an hour (the marker in the data root), still removes what expired, and an old run by its id that
+    is being written now (a cleared task of last month's run) keeps its folder."""
+    settings = Settings(data_root=str(tmp_path))
+    now = datetime.now(timezone.utc)  # the files' own times are real
+    month_ago = f"scheduled__{now - timedelta(days=30):%Y-%m-%dT%H:%M:%S}+00:00"
+    expired = _run_folder(tmp_path, month_ago, 30)
+    rewritten = _run_folder(tmp_path, f"scheduled__{now - timedelta(days=29):%Y-%m-%dT%H:%M:%S}+00:00", 0)
+    recent = _run_folder(tmp_path, f"scheduled__{now:%Y-%m-%dT%H:%M:%S}+00:00", 0)
+    assert prune_history(settings=settings, now=now) == 1
+    assert not expired.exists() and rewritten.exists() and recent.exists()
+
+    expired_later = _run_folder(tmp_path, month_ago.replace("scheduled__", "manual__"), 30)
+    assert prune_history(settings=settings, now=now + timedelta(minutes=59)) == 0  # within the hour: nothing
+    assert expired_later.exists()
+    assert prune_history(settings=settings, now=now + timedelta(minutes=61)) == 1
+    assert not expired_later.exists() and rewritten.exists() and recent.exists()
+
+
 @pytest.mark.parametrize("run_id", ["..", ".", "a/../../b", "/etc/passwd", "", "a" * 500,
                                     "scheduled__2026-11-21T03:15:00+00:00"])
 def test_run_key_is_one_safe_folder_name(run_id, tmp_path):

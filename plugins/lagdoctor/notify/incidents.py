@@ -21,6 +21,7 @@ import contextvars
 import logging
 import re
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterator, Mapping
 
@@ -85,20 +86,71 @@ _batch_state_down: contextvars.ContextVar[list[str] | None] = contextvars.Contex
                                                                                      default=None)
 
 
+@dataclass
+class DeliveryBatch:
+    """What one delivery_batch() resolves once and owes at its end.
+
+    ``delivery``: the summary of the one outbox delivery made as the batch ended (None before,
+    and when the state database was found down: its calls' spool summaries say it then)."""
+
+    settings_arg: Any = None
+    settings: Any = None
+    db: Any = None
+    replayed: int | None = None  # spooled calls replayed at the batch's first call (None: not yet)
+    delivery_due: bool = False
+    sender: Sender | None = None
+    now: datetime | None = None
+    finishes: list[tuple[dict[str, Any], Any]] = field(default_factory=list)
+    delivery: dict[str, Any] | None = None
+
+
+_batch: contextvars.ContextVar[DeliveryBatch | None] = contextvars.ContextVar("notify_batch", default=None)
+
+
 @contextmanager
-def delivery_batch() -> Iterator[None]:
-    """A task posting many messages: after the first delivery failure, queue the
-    rest and stop trying until the batch ends (the next run delivers them). Rate
-    limits are waited out within one budget for the whole batch."""
+def delivery_batch(*, sender: Sender | None = None, now: datetime | None = None) -> Iterator[DeliveryBatch]:
+    """A task posting many messages: the state database and the Slack client are resolved once, each
+    call queues in its own transaction, and the outbox is delivered once, as the batch ends (the
+    result in ``DeliveryBatch.delivery``). After a delivery failure nothing is retried until the
+    batch ends (the next run delivers it). Rate limits are waited out within one budget for the
+    whole batch."""
+    batch = DeliveryBatch(sender=sender, now=now)
+    current = _batch.set(batch)
     token = _batch_failure.set([])
     down = _batch_state_down.set([])
     budget = _batch_budget.set(outbox.WaitBudget())
+    failed = True
     try:
-        yield
+        yield batch
+        failed = False
     finally:
-        _batch_budget.reset(budget)
-        _batch_state_down.reset(down)
-        _batch_failure.reset(token)
+        try:
+            _finish_batch(batch)
+        except Exception as exc:
+            if not failed:
+                raise
+            # the body's own error is what the task reports; what was queued waits in the outbox
+            log.error("Slack: delivery after a failed batch: %s", one_line(exc))
+        finally:
+            _batch_budget.reset(budget)
+            _batch_state_down.reset(down)
+            _batch_failure.reset(token)
+            _batch.reset(current)
+
+
+def _finish_batch(batch: DeliveryBatch) -> None:
+    from lagdoctor.state import is_unavailable
+
+    if not batch.delivery_due or _batch_state_down.get():
+        return  # nothing was queued, or it all waits in the spool (its calls said so)
+    batch.delivery = _deliver(batch.db, batch.settings, batch.sender, batch.now)
+    for result, finish in batch.finishes:
+        result.update({k: v for k, v in batch.delivery.items() if k in ("undelivered", "delivery_error")})
+        try:
+            result.update(finish(batch.db))
+        except Exception as exc:
+            if not is_unavailable(exc):
+                raise
 
 
 def note_state_unavailable(line: str) -> None:
@@ -130,6 +182,8 @@ def _deliver_now(db, settings: Any, sender: Sender | None, now: datetime | None)
     failed = _batch_failure.get()
     if failed:
         return {**failed[0], "undelivered": outbox.pending_count(db)}
+    if not outbox.pending_count(db):
+        return {"undelivered": 0, "delivery_error": None}  # no Slack client to resolve (an Airflow lookup)
     try:
         sender = sender or slack_sender(settings=settings)
     except Exception as exc:  # noqa: BLE001 - e.g. a malformed slack_api_default connection
@@ -669,21 +723,105 @@ def deliver_pending(settings: Any = None, *, sender: Sender | None = None,
     return _deliver(db, settings, sender, now)
 
 
+def _batch_db(settings_arg: Any, settings: Any):
+    """The state database: the batch's, resolved once per batch (each resolution may ask Airflow for
+    a connection), else resolved now."""
+    batch = _batch.get()
+    if batch is not None and batch.db is not None and batch.settings_arg is settings_arg:
+        return batch.db
+    db = _state_db(settings)
+    if batch is not None and batch.db is None:
+        batch.settings_arg, batch.settings, batch.db = settings_arg, settings, db
+    return db
+
+
+def batch_state_db(settings: Any = None):
+    """The state database of the running delivery_batch() (resolved once for the batch), else of ``settings``."""
+    return _batch_db(settings, _resolved_settings(settings))
+
+
+def _replay(db, settings: Any) -> int:
+    """Replay the spool: once per batch (a call spooled meanwhile means the database is down and the
+    batch's later calls spool too), at every call outside one."""
+    batch = _batch.get()
+    if batch is None or batch.db is not db:
+        return spool.replay_spool(db, settings, _HANDLERS, _STALE)
+    if batch.replayed is None:
+        batch.replayed = spool.replay_spool(db, settings, _HANDLERS, _STALE)
+        batch.delivery_due = batch.delivery_due or batch.replayed > 0
+        return batch.replayed
+    return 0
+
+
+def _resolved_settings(settings: Any) -> Any:
+    batch = _batch.get()
+    if batch is not None and batch.db is not None and batch.settings_arg is settings:
+        return batch.settings
+    return _settings(settings)
+
+
+def findings_without_news(findings: list[Mapping[str, Any]], *, settings: Any = None) -> dict[int, dict[str, Any]]:
+    """The findings of a sweep that cannot change anything in Slack, found with one query: index ->
+    what post_or_update_incident would return for it, so the caller need not make that call (a
+    transaction, a lock) for each of them. They are a ``collecting_history`` finding (threads
+    rule 11), a held one (rule 12), and a ``healthy`` one, complete or not, of a (cluster, group,
+    topic) with no open thread: nothing to recover (rule 5), nothing to say incomplete (rule 6).
+    An open thread of any kind (decided, provisional, sharing causes, its first message still in
+    the outbox) keeps its key's healthy findings out of this. The spool is replayed first, so a
+    thread a spooled call opens counts. The state database unreachable: only rules 11 and 12
+    (the healthy findings go their own way, to the spool)."""
+    from lagdoctor.state import incident_threads as t, is_unavailable, unavailable_line
+
+    quiet: dict[int, dict[str, Any]] = {}
+    healthy: list[int] = []
+    for i, f in enumerate(findings):
+        if f.get("diagnosis") == COLLECTING_HISTORY:
+            quiet[i] = {"decision": "collecting", "threads": []}
+        elif held_until_decided(f):
+            quiet[i] = {"decision": "held", "threads": []}
+        elif f.get("diagnosis") == HEALTHY:
+            healthy.append(i)
+    if not healthy or _batch_state_down.get():
+        return quiet
+    resolved = _resolved_settings(settings)
+    try:
+        db = _batch_db(settings, resolved)
+        _replay(db, resolved)
+        with db.engine.connect() as conn:
+            open_keys = {tuple(row) for row in conn.execute(
+                sa.select(t.c.cluster, t.c.group_id, t.c.topic).where(t.c.status == "open").distinct())}
+    except Exception as exc:
+        if not is_unavailable(exc):
+            raise
+        note_state_unavailable(unavailable_line(exc))
+        return quiet
+    batch = _batch.get()
+    if batch is not None:
+        batch.delivery_due = True  # what earlier runs left in the outbox goes out with this one
+    for i in healthy:
+        key = IncidentKey.of(findings[i])
+        if (key.cluster, key.group_id, key.topic) not in open_keys:
+            quiet[i] = {"decision": "healthy" if data_complete(findings[i]) else "incomplete", "replied": 0,
+                        "threads": []}
+    return quiet
+
+
 def _call(kind: str, args: dict[str, Any], *, settings: Any, sender: Sender | None, now: datetime | None,
           spooled: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Replay the spool, run one coordinator call in a transaction, deliver.
+    """Replay the spool, run one coordinator call in a transaction, deliver (inside
+    delivery_batch(): once, as the batch ends).
 
     The state database unreachable before the call committed: the call goes to
     the spool (decision "spooled"), replayed once by a later call."""
     from lagdoctor.state import is_unavailable, unavailable_line
 
-    settings = _settings(settings)
+    resolved = _resolved_settings(settings)
     down = _batch_state_down.get()
     if down:
-        return _spool(kind, args, settings, down[0], spooled)
+        return _spool(kind, args, resolved, down[0], spooled)
     try:
-        db = _state_db(settings)
-        replayed = spool.replay_spool(db, settings, _HANDLERS, _STALE)
+        db = _batch_db(settings, resolved)
+        replayed = _replay(db, resolved)
         with db.transaction() as conn:
             result, finish = _HANDLERS[kind](db, conn, **args)
     except Exception as exc:
@@ -692,11 +830,19 @@ def _call(kind: str, args: dict[str, Any], *, settings: Any, sender: Sender | No
         line = unavailable_line(exc)
         if down is not None:
             down.append(line)
-        return _spool(kind, args, settings, line, spooled)
+        return _spool(kind, args, resolved, line, spooled)
     if result.pop("_quiet", False) and not replayed:
         # Nothing new to say (e.g. no failure thread to close): no delivery round.
         return {**result, "undelivered": 0, "delivery_error": None}
-    result.update(_deliver(db, settings, sender, now))
+    batch = _batch.get()
+    if batch is not None and batch.db is db:
+        # Delivered once as the batch ends; this result is completed then.
+        batch.delivery_due = True
+        batch.sender, batch.now = batch.sender or sender, batch.now or now
+        if finish is not None:
+            batch.finishes.append((result, finish))
+        return result
+    result.update(_deliver(db, resolved, sender, now))
     if finish is not None:
         try:
             result.update(finish(db))

@@ -153,6 +153,8 @@ def deliver_pending(db: StateDB, sender: Any, *, now: datetime | None = None,
     fresh RATE_LIMIT_BUDGET_S). Never raises for a delivery failure: the result
     says how many wait and why.
     """
+    if not pending_count(db):
+        return Delivery(0, 0, None)  # one read, not a lease taken and given back, when nothing waits
     budget = budget if budget is not None else WaitBudget()
     holder = _holder()
     deadline = time.monotonic() + wait_s

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import re
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -17,6 +19,14 @@ SNAPSHOT_RETENTION_DAYS = 7
 RETENTION_GRACE_DAYS = 1
 
 
+# Retention runs at most this often: a sweep every minute would otherwise look at a week of
+# run folders (about 10,000: as many S3 LIST calls) every minute, to remove one.
+PRUNE_EVERY = timedelta(hours=1)
+PRUNE_MARKER = "_retention.json"  # in the data root: {"pruned_at": ISO-8601} of the last prune
+# The run id's time in a run key (stages.common.run_key), e.g. `scheduled__2026-11-21T03_15_00_00_00`.
+_RUN_ID_TIME = re.compile(r"__(\d{4}-\d\d-\d\d)T(\d\d)[_:](\d\d)[_:](\d\d)")
+
+
 def prune_history(keep_days: int = SNAPSHOT_RETENTION_DAYS, settings: Settings | None = None,
                   now: datetime | None = None) -> int:
     """Retention: snapshot days and per-run findings/report folders older than `keep_days`.
@@ -25,23 +35,86 @@ def prune_history(keep_days: int = SNAPSHOT_RETENTION_DAYS, settings: Settings |
     a 7-day incident diagnosis running now must not lose its oldest files
     mid-read. A run folder goes only when its newest file is older than that
     too; a job still writing one (its time limit is 30 minutes) is far younger.
+    Only the folders old enough by their run key's time (or the run index's
+    planned_at) have their files listed; a folder neither dates is listed, as
+    before. At most once per PRUNE_EVERY (the marker PRUNE_MARKER in the data
+    root says when it last ran; 0 removed until then).
     """
-    import fsspec
-
-    from lagdoctor.store import prune_snapshots
+    from lagdoctor.runindex import filesystem
 
     settings = settings or Settings.from_env()
     now = now or datetime.now(timezone.utc)
+    marker_fs, marker = filesystem(settings.data_root)
+    marker = f"{marker}/{PRUNE_MARKER}"
+    last = _last_pruned(marker_fs, marker)
+    if last is not None and timedelta(0) <= now - last < PRUNE_EVERY:
+        log.info("retention: last ran at %s, next after %s", last.isoformat(), (last + PRUNE_EVERY).isoformat())
+        return 0
+    removed = _prune(keep_days, settings, now)
+    try:
+        marker_fs.pipe_file(marker, json.dumps({"pruned_at": now.isoformat()}).encode())
+    except OSError as exc:  # the next sweep prunes again: wasteful, not wrong
+        log.warning("retention: marker %s not written: %s", marker, " ".join(str(exc).split()))
+    return removed
+
+
+def _last_pruned(fs, marker: str) -> datetime | None:
+    try:
+        with fs.open(marker, "rt", encoding="utf-8") as fh:
+            at = datetime.fromisoformat(json.load(fh)["pruned_at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # no marker (first run) or an unreadable one: prune now
+    return at if at.tzinfo else at.replace(tzinfo=timezone.utc)
+
+
+def _run_time(name: str, planned: dict[str, datetime]) -> datetime | None:
+    """When a run folder's run began, from its name (the run id's time) or the run index; None: unknown."""
+    found = _RUN_ID_TIME.search(name)
+    if found:
+        try:
+            return datetime.fromisoformat(f"{found[1]}T{found[2]}:{found[3]}:{found[4]}+00:00")
+        except ValueError:
+            pass
+    return planned.get(name)
+
+
+def _planned_times(findings_root: str) -> dict[str, datetime]:
+    """run key -> planned_at of the runs the run index folded (one small read; {} without an index)."""
+    from lagdoctor.runindex import INDEX_FILE, filesystem, parse_time
+
+    fs, base = filesystem(findings_root)
+    try:
+        with fs.open(f"{base}/{INDEX_FILE}", "rt", encoding="utf-8") as fh:
+            runs = json.load(fh).get("runs") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    out = {}
+    for key, run in runs.items():
+        at = parse_time(((run or {}).get("meta") or {}).get("planned_at")) if isinstance(run, dict) else None
+        if at is not None:
+            out[key] = at
+    return out
+
+
+def _prune(keep_days: int, settings: Settings, now: datetime) -> int:
+    from lagdoctor.runindex import filesystem
+    from lagdoctor.store import prune_snapshots
+
     keep_days = max(keep_days, math.ceil(MAX_WINDOW_MINUTES / 1440) + RETENTION_GRACE_DAYS)
     removed = prune_snapshots(settings.snapshots_root, keep_days, now)
     cutoff = now.timestamp() - keep_days * 86400
+    planned = _planned_times(settings.findings_root)
     for root in (settings.findings_root, settings.reports_root):
-        fs, path = fsspec.core.url_to_fs(root)
+        fs, path = filesystem(root)
         if not fs.exists(path):
             continue
         for run_dir in fs.ls(path, detail=True):
             if run_dir["type"] != "directory":
                 continue
+            began = _run_time(run_dir["name"].rstrip("/").rsplit("/", 1)[-1], planned)
+            if began is not None and began.timestamp() >= cutoff:
+                continue  # younger than the cutoff by its run's own time: its files are no older
+            # The files decide: a cleared old run may be writing into its folder again right now.
             stamps = [f.get("mtime") or f.get("LastModified") for f in fs.ls(run_dir["name"], detail=True)]
             newest = max((s.timestamp() if hasattr(s, "timestamp") else float(s) for s in stamps if s), default=None)
             if newest is not None and newest < cutoff:

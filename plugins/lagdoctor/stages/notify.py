@@ -129,7 +129,9 @@ def recent_own_actions(settings: Settings | None, now: datetime) -> list[dict[st
     from lagdoctor.state import is_unavailable, unavailable_line
 
     try:
-        records = ActionLog.from_settings(settings).executed_since(now - timedelta(seconds=ATTRIBUTION_SECONDS))
+        from lagdoctor.notify.incidents import batch_state_db
+
+        records = ActionLog(batch_state_db(settings)).executed_since(now - timedelta(seconds=ATTRIBUTION_SECONDS))
     except Exception as exc:
         if not is_unavailable(exc):
             raise
@@ -196,17 +198,20 @@ def post_findings(
     `executor`: Airflow's; a distributed one with the spool on this worker's disk is refused
     (SpoolNotShared) before anything is posted.
     """
-    from lagdoctor.notify.incidents import delivery_batch, post_incident_run, post_or_update_incident
+    from lagdoctor.notify.incidents import (delivery_batch, findings_without_news, post_incident_run,
+                                            post_or_update_incident)
     from lagdoctor.notify.spool import check_shared
 
-    check_shared(settings or Settings.from_env(), executor=executor)
+    settings = settings or Settings.from_env()  # one object: the batch resolves the state database once for it
+    check_shared(settings, executor=executor)
     if report_error:
         log.warning("%s", report_error)
 
     now = now or datetime.now(timezone.utc)
     items = read_plans(plans_path)
     results: list[Mapping[str, Any]] = []
-    with delivery_batch():  # Slack down: queue everything, retry it once, not once per finding
+    # One delivery as the batch ends; Slack down: queue everything, retry it once, not once per finding.
+    with delivery_batch(now=now) as batch:
         own = recent_own_actions(settings, now) if items else []
         # What lagdoctor itself changed is said beside what it explains, never as a new unexplained problem.
         items = [{**i, "finding": with_own_actions(i["finding"], own, now)} for i in items]
@@ -231,11 +236,16 @@ def post_findings(
             sweeps: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
             for item in items:
                 sweeps.setdefault(_finding_key(item["finding"]), []).append(item["finding"])
-            for item in items:
-                result = post_or_update_incident(item["finding"], item["plan"], run_id=run_id, settings=settings,
-                                                 sweep=sweeps[_finding_key(item["finding"])], now=now)
+            # most findings of a big sweep are healthy groups with no thread: one query says so, no call each
+            quiet = findings_without_news([item["finding"] for item in items], settings=settings)
+            for n, item in enumerate(items):
+                result = quiet.get(n) or post_or_update_incident(
+                    item["finding"], item["plan"], run_id=run_id, settings=settings,
+                    sweep=sweeps[_finding_key(item["finding"])], now=now)
                 results.append(result)
                 summary[result["decision"]] = summary.get(result["decision"], 0) + 1
+    if batch.delivery is not None:
+        results.append(batch.delivery)
     log.info("slack: %s", summary)
     raise_ifundelivered(results)
     return summary

@@ -53,7 +53,7 @@ def remediate(
     posted: list[Mapping[str, Any]] = []
     planned_items = [(item, planned) for item in read_plans(plans_path)
                      for planned in item["plan"]["actions"] if planned["action"] == action]
-    with delivery_batch():
+    with delivery_batch() as batch:
         for item, planned in planned_items:
             target_key = approval_target_key(item["finding"])
             if approved_keys is not None:
@@ -74,6 +74,8 @@ def remediate(
             statuses[record["status"]] = statuses.get(record["status"], 0) + 1
             if record["status"] == "blocked" and not dry_run:
                 blocked.append(f"group {record.get('group_id')} on {record.get('cluster')}: {record.get('message')}")
+    if batch.delivery is not None:
+        posted.append(batch.delivery)
     log.info("%s: %s", action, statuses)
     if failures:
         raise RemediationFailed(f"{action} failed for {len(failures)} group(s); first: {failures[0]}")
