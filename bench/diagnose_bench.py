@@ -21,7 +21,9 @@ default driver memory), which first runs the job once on the smallest shape
 (that run is discarded: it compiles what every later run reuses). The server
 writes Spark's event log under .bench/diagnose-events/ and the stage breakdown
 of each Connect case's last run is printed (bench/eventlog.py reads it).
---engine submit|connect limits it to one engine.
+--engine submit|connect limits it to one engine. With --event-log DIR (any
+--shape) each spark-submit case also writes its own event log, one folder per
+case, and its last run's breakdown is printed the same way.
 
     .venv/bin/python bench/diagnose_bench.py                 # 1M and 10M rows, local[2], spark-submit
     .venv/bin/python bench/diagnose_bench.py --rows 1000000 --master 'local[*]'
@@ -408,6 +410,9 @@ def run_shapes(args, conf_base, env) -> int:
     baselines: dict[str, tuple[float, int]] = {}
     duck: dict[tuple[str, int, int], tuple[float, int] | None] = {}
     profile_dir = None
+    if args.event_log:
+        profile_dir = Path(args.event_log).resolve() / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+        profile_dir.mkdir(parents=True, exist_ok=True)
     try:
         walls = [trivial_submit(args.master, env, out_root) for _ in range(args.baseline_repeat)]
         baselines["submit"] = (median(walls), len(walls))
@@ -422,9 +427,14 @@ def run_shapes(args, conf_base, env) -> int:
                 with PeakRss(server.pid if server else None) as rss:
                     start = time.perf_counter()
                     if server is None:
+                        run_conf = dict(conf)
+                        if profile_dir:  # one folder per case: its newest application is its last run
+                            case_dir = submit_profile_dir(profile_dir, case)
+                            case_dir.mkdir(exist_ok=True)
+                            run_conf.update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": case_dir.as_uri()})
                         # as the DAG does: the cluster folder, --as-of the last sample, the window, --quarantine
                         cmd = build_spark_submit_command(str(store), str(out), as_of=as_of.isoformat(),
-                                                         window_minutes=window, master=args.master, conf=conf,
+                                                         window_minutes=window, master=args.master, conf=run_conf,
                                                          extra_args=["--quarantine"])
                         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
                     else:
@@ -460,9 +470,7 @@ def run_shapes(args, conf_base, env) -> int:
         connect_cases = [c for c in cases if c.engine == "connect"]
         if connect_cases:
             server_conf = {}
-            if args.event_log:
-                profile_dir = Path(args.event_log).resolve() / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-                profile_dir.mkdir(parents=True, exist_ok=True)
+            if profile_dir:
                 server_conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": profile_dir.as_uri()}
             # the server's default driver memory (1g), as `lagdoctor connect-server` and `make airflow` run it
             server = ConnectServer(out_root / "connect-server", master=args.master, conf=server_conf,
@@ -551,21 +559,32 @@ def print_table(cases: list[Case], baselines: dict[str, tuple[float, int]], duck
         print(row)
 
 
+def submit_profile_dir(profile_dir: Path, case: Case) -> Path:
+    return profile_dir / f"submit-{case.shape}-{case.groups}x{case.partitions}"
+
+
 def print_profiles(cases: list[Case], profile_dir: Path) -> None:
-    """The stage breakdown of each Connect case's last run, from the server's event log."""
+    """The stage breakdown of each case's last run: a spark-submit case's own event log
+    (its newest application), a Connect case's span of the server's."""
     from eventlog import breakdown, format_breakdown, read_events
 
-    try:
-        events = list(read_events(profile_dir))
-    except (FileNotFoundError, ImportError) as exc:
-        print(f"\nevent log: {exc}")
-        return
-    print(f"\nStage breakdown from the server's event log ({profile_dir}):")
+    server_events = None
     for case in cases:
-        if case.engine != "connect" or not case.walls:
+        if not case.walls:
             continue
-        executions, stages = breakdown(events, *case.span_ms)
-        print(f"\n{case.label}, its last run ({case.walls[-1]:.1f} s):")
+        source = submit_profile_dir(profile_dir, case) if case.engine == "submit" else profile_dir
+        try:
+            if case.engine == "submit":
+                events, span = list(read_events(source)), None
+            else:
+                if server_events is None:
+                    server_events = list(read_events(source))
+                events, span = server_events, case.span_ms
+        except (FileNotFoundError, ImportError) as exc:
+            print(f"\nevent log: {exc}")
+            continue
+        executions, stages = breakdown(events, *(span or ()))
+        print(f"\n{case.label}, its last run ({case.walls[-1]:.1f} s), from {source}:")
         print("\n".join(format_breakdown(executions, stages, run_span=case.span_ms)))
 
 
@@ -614,8 +633,8 @@ def main(argv=None) -> int:
     parser.add_argument("--baseline-repeat", type=int, default=3,
                         help="runs of each trivial baseline, the median reported")
     parser.add_argument("--event-log", default=None, metavar="DIR",
-                        help="the Connect server's spark.eventLog.dir (a new folder under DIR per run); the stage "
-                             "breakdown of each Connect shape's last run is printed (--shape goals: "
+                        help="spark.eventLog.dir of the Connect server and of each spark-submit case (a new folder "
+                             "under DIR per run); the stage breakdown of each case's last run is printed (--shape goals: "
                              ".bench/diagnose-events unless --no-event-log)")
     parser.add_argument("--no-event-log", action="store_true")
     args = parser.parse_args(argv)

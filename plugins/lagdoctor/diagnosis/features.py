@@ -90,8 +90,8 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         timelag.with_record_columns(_with_stable_offset(_with_read_error(snapshots))))
     # The history is sorted once per partition. The rows that go through that
     # shuffle and sort carry a 64-bit hash of the partition key and numbers
-    # only; names and owners come from a cheap map-side aggregation, joined
-    # back on the hash once the history is down to one row per partition.
+    # only; names and owners come from an aggregation on the same hash, joined
+    # back once the history is down to one row per partition.
     w = Window.partitionBy("pk").orderBy("t")
     wall = w.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
     wprev = w.rowsBetween(Window.unboundedPreceding, -1)
@@ -447,11 +447,14 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     feats = feats.withColumn("slow", ~F.col("stalled") & below & (F.col("lag_end") > F.col("lag_start"))
                              & ~F.coalesce(batch_rhythm, F.lit(False)) & ~F.coalesce(keeps_pace, F.lit(False)))
     feats = feats.withColumns(forecast.partition_columns(th))
-    owners = snapshots.groupBy(*PARTITION_KEY).agg(
+    # Grouped by the hash, not the four names: every row is sorted on one long
+    # (the names' sort prefix is the cluster's, the same on every row).
+    owners = snapshots.groupBy(_partition_hash().alias("pk")).agg(
+        *(F.first(k).alias(k) for k in PARTITION_KEY),
         F.max_by("member_id", "snapshot_ts").alias("member_id"),
         F.max_by("client_id", "snapshot_ts").alias("client_id"),
         F.max_by("host", "snapshot_ts").alias("host"),
-    ).withColumn("pk", _partition_hash())
+    )
     feats = owners.join(feats, "pk").drop("pk")
     return feats.drop("leo_first", "c_first", "tc_first", "tc_last", "late_produced", "late_consumed",
                       "late_seconds", "late_advances", "recent_produced", "recent_consumed", "recent_seconds",
