@@ -526,6 +526,14 @@ def _load(fs, path: str) -> RunIndex:
         return RunIndex()
 
 
+def planned_times(findings_root: str) -> dict[str, datetime]:
+    """run key -> planned_at of each run the stored index folded (one read, no refresh; {}
+    without an index): what retention dates a folder by when its name does not say."""
+    fs, base = filesystem(findings_root)
+    index = _load(fs, f"{base}/{INDEX_FILE}")
+    return {key: at for key in index.runs if (at := parse_time((index.meta(key) or {}).get("planned_at")))}
+
+
 def _save(fs, base: str, index: RunIndex) -> bool:
     """Atomic rewrite (hidden temporary name, then rename); False where the root is read-only."""
     tmp = f"{base}/.{INDEX_FILE}.{uuid.uuid4().hex[:8]}.tmp"

@@ -78,32 +78,14 @@ def _run_time(name: str, planned: dict[str, datetime]) -> datetime | None:
     return planned.get(name)
 
 
-def _planned_times(findings_root: str) -> dict[str, datetime]:
-    """run key -> planned_at of the runs the run index folded (one small read; {} without an index)."""
-    from lagdoctor.runindex import INDEX_FILE, filesystem, parse_time
-
-    fs, base = filesystem(findings_root)
-    try:
-        with fs.open(f"{base}/{INDEX_FILE}", "rt", encoding="utf-8") as fh:
-            runs = json.load(fh).get("runs") or {}
-    except (OSError, ValueError, AttributeError):
-        return {}
-    out = {}
-    for key, run in runs.items():
-        at = parse_time(((run or {}).get("meta") or {}).get("planned_at")) if isinstance(run, dict) else None
-        if at is not None:
-            out[key] = at
-    return out
-
-
 def _prune(keep_days: int, settings: Settings, now: datetime) -> int:
-    from lagdoctor.runindex import filesystem
+    from lagdoctor.runindex import filesystem, planned_times
     from lagdoctor.store import prune_snapshots
 
     keep_days = max(keep_days, math.ceil(MAX_WINDOW_MINUTES / 1440) + RETENTION_GRACE_DAYS)
     removed = prune_snapshots(settings.snapshots_root, keep_days, now)
     cutoff = now.timestamp() - keep_days * 86400
-    planned = _planned_times(settings.findings_root)
+    planned = planned_times(settings.findings_root)
     for root in (settings.findings_root, settings.reports_root):
         fs, path = filesystem(root)
         if not fs.exists(path):
