@@ -287,14 +287,22 @@ def read_or_create_token(path: str | Path) -> str:
         token = ""
     if token:
         return token
-    path.parent.mkdir(parents=True, exist_ok=True)
     token = new_token()
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(token + "\n")
-    os.replace(tmp, path)
+    replace_private_file(path, token + "\n")
     return token
+
+
+def replace_private_file(path: Path, text: str) -> None:
+    """`path` replaced whole by `text`, mode 0600 from its first byte: written to a new file of
+    a unique name (never through a link planted there), then renamed over `path`."""
+    import secrets
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
 
 
 def connection_json(url: str, token: str | None = None) -> str:
@@ -366,10 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         server.wait_ready(progress=print)
         print(f"Spark Connect server on {server.url} (master {args.master}); log {server.log}; Ctrl-C stops it",
               flush=True)
-        # the connection holds the token: to a 0600 file, never the terminal
-        fd = os.open(conn_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(connection_json(server.url, token) + "\n")
+        replace_private_file(conn_file, connection_json(server.url, token) + "\n")  # it holds the token
         print(f"  its connection, token included: export AIRFLOW_CONN_SPARK_DEFAULT=\"$(cat {conn_file})\"",
               flush=True)
         while not stopping and server.alive():
