@@ -205,15 +205,11 @@ def test_a_second_ctrl_c_while_make_airflow_stops_does_not_cut_the_stop_short(tm
 
 
 def test_a_closed_terminal_stops_make_airflow_as_ctrl_c_does(tmp_path):
-    from tests.fixtures.signals import HOLDS_ITS_STOP, groups_left, reap, start_stand_in, wait_for_file
+    from tests.fixtures.signals import HOLDS_ITS_STOP, groups_left, hang_up, reap, start_stand_in
 
     proc = start_stand_in(tmp_path, STAND_IN_MAKE_AIRFLOW, HOLDS_ITS_STOP)
     try:
-        proc.stdout.close()  # the terminal is gone: every further line fails to print
-        proc.send_signal(signal.SIGHUP)
-        wait_for_file(tmp_path / "term-received", proc)
-        (tmp_path / "release").touch()
-        proc.wait(120)
+        hang_up(tmp_path, proc)
         assert groups_left(tmp_path) == []
         assert (tmp_path / "engine-stopped").exists() and (tmp_path / "broker-stopped").exists()
         assert proc.returncode == 0

@@ -23,8 +23,8 @@ import pytest
 from tests.fixtures.k8s import FakeKubernetes
 from tests.fixtures.k8s import _handler as k8s_handler
 from tests.fixtures.loopback import serve_loopback
-from tests.fixtures.signals import (HOLDS_ITS_STOP, groups_left, live_in_group, read_until, reap, start_stand_in,
-                                    wait_for_file)
+from tests.fixtures.signals import (HOLDS_ITS_STOP, groups_left, hang_up, live_in_group, read_until, reap,
+                                    start_stand_in, wait_for_file)
 from tests.fixtures.slack import SLACK_TEST_TOKEN, FakeSlack
 from tests.fixtures.slack import _handler as slack_handler
 
@@ -603,11 +603,7 @@ def test_a_second_ctrl_c_while_the_topology_stops_does_not_cut_the_stop_short(tm
 def test_a_closed_terminal_stops_every_part_as_ctrl_c_does(tmp_path):
     proc = start_stand_in(tmp_path, STAND_IN_TOPOLOGY, HOLDS_ITS_STOP)
     try:
-        proc.stdout.close()  # the terminal is gone: every further line fails to print
-        proc.send_signal(signal.SIGHUP)
-        wait_for_file(tmp_path / "term-received", proc)
-        (tmp_path / "release").touch()
-        proc.wait(120)
+        hang_up(tmp_path, proc)
         assert groups_left(tmp_path) == []
         assert proc.returncode == 0
     finally:
