@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     from lagdoctor.diagnosis.classify import findings
     from lagdoctor.diagnosis.features import group_features, group_series, partition_features
     from lagdoctor.diagnosis.output import print_error_line, write_outputs
-    from lagdoctor.diagnosis.session import is_connect, right_size_shuffle, start_spark
+    from lagdoctor.diagnosis.session import is_connect, right_size_codegen, right_size_shuffle, start_spark
     from lagdoctor.diagnosis.snapshots import (
         StoreReadError,
         read_snapshot_store,
@@ -157,8 +157,10 @@ def main(argv=None) -> int:
                              f"under {args.snapshots}")
         for q in read.quarantined:
             print_error_line(f"diagnose_lag: WARNING: quarantined {q['path']} ({q['reason']}); moved to {q['moved_to']}")
-        # no 200-task stages on kilobytes: shuffle width from the bytes read (unless the user set it)
+        # no 200-task stages on kilobytes: shuffle width from the bytes read, and no Java
+        # compiled for a few thousand rows (unless the user set either)
         right_size_shuffle(spark, read.input_bytes)
+        right_size_codegen(spark, read.input_bytes)
         snapshots = scope_snapshots(read.snapshots, groups, args.topic)
         window = resolve_window(snapshots, as_of, args.window_minutes, ts_range=read.ts_range)
         # (a window from footers is the whole input's: scoped rows may hold nothing in it,

@@ -107,6 +107,20 @@ def test_window_from_as_of_and_minutes(spark, tmp_path):
     assert select_window(df, start, end).count() == 4  # minutes 3, 4, 5, 6
 
 
+def test_the_sweeps_window_is_known_without_a_scan_and_footers_tell_an_empty_one():
+    from lagdoctor.diagnosis.snapshots import parse_as_of, resolve_window
+
+    as_of = parse_as_of("2026-11-21T12:30:00Z")
+    start = as_of - timedelta(minutes=30)
+    # no DataFrame at all: a scan would fail here
+    assert resolve_window(None, as_of, 30) == (start, as_of)
+    assert resolve_window(None, as_of, 30, ts_range=(start - timedelta(hours=1), start + timedelta(minutes=1))) == (
+        start, as_of)
+    # every file read ends before the window, or starts after it: nothing to diagnose
+    assert resolve_window(None, as_of, 30, ts_range=(start - timedelta(hours=1), start - timedelta(seconds=1))) is None
+    assert resolve_window(None, as_of, 30, ts_range=(as_of + timedelta(seconds=1), as_of + timedelta(hours=1))) is None
+
+
 # -- files that differ, and files that cannot be read ------------------------------------------
 
 
@@ -248,6 +262,19 @@ def test_store_read_reports_bytes_and_explicit_shuffle_setting_wins(spark, tmp_p
     assert right_size_shuffle(spark, read.input_bytes) is None
     assert spark.conf.get("spark.sql.shuffle.partitions") == "4"
     assert spark.conf.get("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning") == "true"
+
+
+def test_a_small_input_runs_without_whole_stage_codegen_unless_the_user_set_it(spark):
+    from lagdoctor.diagnosis.session import SMALL_INPUT_BYTES, WHOLE_STAGE_CODEGEN, right_size_codegen
+
+    small, big, mine = spark.newSession(), spark.newSession(), spark.newSession()
+    assert right_size_codegen(small, 800_000) is False  # a sweep window of 200 groups: nothing to compile
+    assert small.conf.get(WHOLE_STAGE_CODEGEN) == "false"
+    assert right_size_codegen(big, SMALL_INPUT_BYTES * 3) is True
+    assert big.conf.get(WHOLE_STAGE_CODEGEN) == "true"
+    mine.conf.set(WHOLE_STAGE_CODEGEN, "true")
+    assert right_size_codegen(mine, 1_000) is None
+    assert mine.conf.get(WHOLE_STAGE_CODEGEN) == "true"
 
 
 # -- hour folders, window pruning, compaction, --clusters (issue 9) -----------------------------

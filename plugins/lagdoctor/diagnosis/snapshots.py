@@ -1000,13 +1000,21 @@ def resolve_window(
     --window-minutes, or the earliest snapshot_ts (up to end). Without
     --as-of, `ts_range` (StoreRead.ts_range: the footers' statistics of the
     files read) gives them without a Spark scan of everything read; only
-    without it does Spark aggregate.
+    without it does Spark aggregate. With both --as-of and --window-minutes
+    (every sweep) the window is known without a scan: the footers (when
+    known) only tell an empty window apart, and an empty window that they
+    cannot tell gives empty outputs through the transforms just the same.
     """
     from pyspark.sql import functions as F
 
     if as_of is None and ts_range is not None:
         lo, hi = ts_range
         return (hi - timedelta(minutes=window_minutes) if window_minutes is not None else lo), hi
+    if as_of is not None and window_minutes is not None:
+        start = as_of - timedelta(minutes=window_minutes)
+        if ts_range is not None and (ts_range[1] < start or ts_range[0] > as_of):
+            return None
+        return start, as_of
     scoped = df if as_of is None else df.where(F.col("snapshot_ts") <= F.lit(as_of))
     if window_minutes is not None and as_of is not None:
         scoped = scoped.where(F.col("snapshot_ts") >= F.lit(as_of - timedelta(minutes=window_minutes)))
