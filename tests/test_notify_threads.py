@@ -741,3 +741,18 @@ def test_a_sweep_of_healthy_groups_without_threads_costs_no_transaction_per_grou
     assert len(server.messages) == 2 and "recovered" in texts_in_thread(server, 0)[0].lower()
     assert [s.status for s in ThreadStore().all()] == ["closed"]
     assert len(transactions) < 50, len(transactions)  # a handful for the task, none per healthy group
+
+
+def test_with_an_object_store_root_the_outbox_is_a_local_file_on_the_worker(tmp_path, monkeypatch):
+    """An s3:// data root once made the outbox `s3:/bucket/...` relative to the task's working directory."""
+    from lagdoctor.notify.slack import OutboxSender, slack_sender
+    from lagdoctor.settings import Settings
+
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "airflow"))
+    monkeypatch.chdir(tmp_path)
+    sender = slack_sender("no_such_slack_connection", settings=Settings(data_root="s3://bucket/lagdoctor"))
+    assert isinstance(sender, OutboxSender)
+    sender.post(text="hello", blocks=[])
+    outbox = tmp_path / "airflow" / "lagdoctor" / "outbox" / "slack.jsonl"
+    assert [json.loads(line)["text"] for line in outbox.read_text().splitlines()] == ["hello"]
+    assert not (tmp_path / "s3:").exists()

@@ -12,6 +12,10 @@ Layout under the data root (contract 6):
     <root>/reports/                                                    HTML incident reports
     <root>/state/spool/                                                Slack notifications kept while the state
                                                                        database is unreachable (lagdoctor.notify.spool)
+    <root>/outbox/slack.jsonl                                          messages, when no Slack connection is set
+
+The spool and the outbox are appended to or renamed in place: with an object-store
+root (s3://) they live under $AIRFLOW_HOME/lagdoctor on the worker instead.
 """
 
 from __future__ import annotations
@@ -94,9 +98,13 @@ class Settings:
         the last is refused under a distributed executor (spool.check_shared)."""
         if self.spool_dir:
             return self.spool_dir
+        return join(self.local_root, "state", "spool")
+
+    @property
+    def local_root(self) -> str:
+        """The data root when it is a local folder; for an object store, $AIRFLOW_HOME/lagdoctor
+        on this worker: what needs appends or a rename (the spool, the Slack outbox) lives there."""
         root = self.data_root
         if root.startswith("file://"):
-            root = root[len("file://"):]
-        elif "://" in root:
-            root = _default_data_root()
-        return join(root, "state", "spool")
+            return root[len("file://"):]
+        return _default_data_root() if "://" in root else root

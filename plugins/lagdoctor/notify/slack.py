@@ -178,9 +178,11 @@ class OutboxSender:
 
 
 def outbox_path(settings: Any) -> str:
+    """<data root>/outbox/slack.jsonl; with an object-store root, under $AIRFLOW_HOME/lagdoctor
+    on this worker (a file appended to under a lock: an object store has neither)."""
     from lagdoctor.settings import join
 
-    return join(settings.data_root, "outbox", "slack.jsonl")
+    return join(settings.local_root, "outbox", "slack.jsonl")
 
 
 def slack_sender(conn_id: str = DEFAULT_CONN_ID, *, channel: str | None = None, settings: Any = None) -> Sender:
