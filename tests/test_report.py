@@ -251,3 +251,31 @@ def test_reports_list_the_store_once_per_cluster_not_once_per_group(sweep, lag_d
     paths = write_incident_report(run_dir, settings=settings, base_url="")
     assert len(paths) == 3
     assert sorted(p.rsplit("/", 1)[-1] for p in listed) == ["cluster=prod", "cluster=staging"]
+
+
+def test_reports_read_the_store_once_per_cluster_and_each_shows_its_own_group(sweep, lag_data_root, monkeypatch):
+    """2,000 problems once meant 2,000 reads of every file in the window (the report task timed
+    out at 10 minutes): the run's problems now share one read per cluster."""
+    import pyarrow.dataset as ds
+
+    opened: list[int] = []
+    dataset = ds.dataset
+
+    def counting_dataset(files, *args, **kwargs):
+        opened.append(len(files))
+        return dataset(files, *args, **kwargs)
+
+    monkeypatch.setattr(ds, "dataset", counting_dataset)
+    settings, run_dir = sweep
+    # as the job writes them: every finding of a run carries the run's window
+    path = os.path.join(run_dir, "findings.jsonl")
+    findings = [json.loads(line) for line in open(path, encoding="utf-8")]
+    start, end = min(f["window_start"] for f in findings), max(f["window_end"] for f in findings)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps({**f, "window_start": start, "window_end": end}) + "\n" for f in findings)
+    paths = write_incident_report(run_dir, settings=settings, base_url="")
+    assert len(paths) == 3 and len(opened) == 2  # prod (two problems) and staging
+    html = _report(paths, "orders-processor")
+    assert re.search(r'<tr class="involved"><td>orders-processor</td><td>orders</td>', html)
+    # the shared read's other groups stay out of this group's evidence table
+    assert set(re.findall(r'<tr[^>]*><td>([^<]+)</td><td>[^<]+</td><td class="num">', html)) == {"orders-processor"}

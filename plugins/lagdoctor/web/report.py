@@ -112,9 +112,17 @@ def write_incident_report(run_dir: str, *, settings: Settings | None = None, bas
     paths: list[str] = []
     urls: dict[tuple[str, str, str, str], str] = {}
     listings: dict[str, list[str]] = {}  # one store listing per cluster for the whole run, not one per group
+    # one read of the store per window (a run's findings share theirs), not one per problem:
+    # 2,000 problems once took 2,000 reads of every file in the window
+    by_window: dict[tuple, list] = {}
     for state in states:
-        start, end = state.window
-        history = read_history(settings.snapshots_root, [state.key], start, end, listings=listings)[state.key]
+        by_window.setdefault(tuple(state.window), []).append(state.key)
+    histories = {}
+    for (start, end), keys in by_window.items():
+        for key, history in read_history(settings.snapshots_root, keys, start, end, listings=listings).items():
+            histories[(start, end, key)] = history
+    for state in states:
+        history = histories[(*state.window, state.key)]
         view = group_view(state, history, with_rates=True)
         for finding in state.findings:
             if finding.get("diagnosis") in NO_PROBLEM_DIAGNOSES:
