@@ -73,6 +73,16 @@ def setup(bootstrap: str, groups: int, partitions: int, groups_per_topic: int, r
                                       request_timeout=60)
         for _, fut in futures.items():
             fut.result()
+    # created is not yet known to the broker that serves the commits: wait until its metadata lists them all
+    deadline = time.monotonic() + 300
+    while True:
+        known = set(admin.list_topics(timeout=60).topics)
+        missing = [name for name in topics if name not in known]
+        if not missing:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{len(missing)} of {len(topics)} bench topics still unknown to the broker after 300 s")
+        time.sleep(1)
     took["create topics"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -89,19 +99,37 @@ def setup(bootstrap: str, groups: int, partitions: int, groups_per_topic: int, r
     took["produce"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    pending = []
-    for g in range(groups):
-        # Commits spread over 0..records so lag differs between groups.
-        offsets = [TopicPartition(topic_of(g, groups_per_topic), p, (g + p) % (records + 1))
-                   for p in range(partitions)]
-        request = ConsumerGroupTopicPartitions(f"{GROUP_PREFIX}{g:05d}", offsets)
-        pending.extend(admin.alter_consumer_group_offsets([request], request_timeout=60).values())
-        if len(pending) >= in_flight:
-            for fut in pending:
-                fut.result()
-            pending = []
-    for fut in pending:
-        fut.result()
+
+    def commit(group_numbers: list[int]) -> list[int]:
+        """The groups whose commit failed on some partition (a whole group is retried)."""
+        failed, pending = [], []
+
+        def settle() -> None:
+            for g, fut in pending:
+                if any(tp.error is not None for tp in fut.result().topic_partitions):
+                    failed.append(g)
+            pending.clear()
+
+        for g in group_numbers:
+            # Commits spread over 0..records so lag differs between groups.
+            offsets = [TopicPartition(topic_of(g, groups_per_topic), p, (g + p) % (records + 1))
+                       for p in range(partitions)]
+            request = ConsumerGroupTopicPartitions(f"{GROUP_PREFIX}{g:05d}", offsets)
+            pending.extend((g, fut) for fut in admin.alter_consumer_group_offsets([request], request_timeout=60).values())
+            if len(pending) >= in_flight:
+                settle()
+        settle()
+        return failed
+
+    failed = commit(list(range(groups)))
+    for _ in range(5):  # a partition the coordinator does not know yet: again, a little later
+        if not failed:
+            break
+        time.sleep(2)
+        failed = commit(failed)
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {groups} bench groups could not commit their offsets "
+                           f"(first: {GROUP_PREFIX}{failed[0]:05d})")
     took["commit offsets"] = time.perf_counter() - t
     return took
 
