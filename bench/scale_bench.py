@@ -94,8 +94,10 @@ def setup(bootstrap: str, groups: int, partitions: int, groups_per_topic: int, r
                 for _ in range(records):
                     producer.produce(name, b"x", partition=p)
             producer.poll(0)
-        if producer.flush(120):
-            raise RuntimeError("producing the bench records did not finish in 120 s")
+        # a fresh broker elects 20,000 partitions' leaders slowly: give it time in proportion
+        budget = max(120, len(topics) * partitions // 20)
+        if producer.flush(budget):
+            raise RuntimeError(f"producing the bench records did not finish in {budget} s")
     took["produce"] = time.perf_counter() - t
 
     t = time.perf_counter()
