@@ -159,7 +159,23 @@ def dataframe_records(df, order_by: Iterable[str] = ()) -> list[dict]:
     200k rows at 10,000 groups x 20 partitions, and Row objects cost seconds there.
     """
     ordered = df.orderBy(*order_by) if order_by else df
-    return ordered.toArrow().to_pylist()
+    return _arrow_table(ordered).to_pylist()
+
+
+def _arrow_table(df):
+    """df.toArrow(); on Spark Connect in one round trip: its toArrow asks the server for the
+    schema before it executes, a second analysis of the whole plan (1-3 s for the findings')."""
+    from lagdoctor.diagnosis.session import is_connect
+
+    to_table = getattr(df, "_to_table", None)
+    if is_connect(df.sparkSession) and to_table is not None:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        table, schema = to_table()  # the schema comes with the result
+        if schema is not None:
+            return table.cast(to_arrow_schema(schema, error_on_duplicated_field_names_in_struct=True,
+                                              timezone="UTC"))
+    return df.toArrow()
 
 
 def findings_records(findings_df) -> list[dict]:
