@@ -98,6 +98,30 @@ def test_failed_end_offset_read_keeps_the_row_with_the_offsets_unknown(kafka_boo
         assert p1["read_error"] == "log end offset: Local: Timed out (_TIMED_OUT)"
 
 
+def test_a_leader_that_moved_is_asked_again_and_the_row_is_complete(kafka_bootstrap, lagging):
+    """A rolling restart: the partition's old leader answers NOT_LEADER_FOR_PARTITION to its three
+    ListOffsets reads. Seen at 10,000 groups x 20 partitions: 1,120 rows read as failed and 990
+    groups said "incomplete data". Asked once more, the new leader answers."""
+    topic, hit, calm, pattern = lagging
+    admin = FailingAdmin(admin_client(kafka_bootstrap), leader_moves={(topic, 1): 3})
+    groups = by_group(collect_snapshot(admin, "prod", pattern, NOW, bootstrap=kafka_bootstrap))
+    for group, committed in ((hit, 5), (calm, 1)):
+        p0, p1 = groups[group]
+        assert (p1["log_start_offset"], p1["log_end_offset"], p1["committed_offset"], p1["read_error"]) == (
+            0, 5, committed, None)
+
+
+def test_a_leader_still_moving_after_the_retry_is_a_read_error_that_says_so(kafka_bootstrap, lagging):
+    topic, hit, calm, pattern = lagging
+    admin = FailingAdmin(admin_client(kafka_bootstrap), leader_moves={(topic, 1): 6})
+    p0, p1 = by_group(collect_snapshot(admin, "prod", pattern, NOW, bootstrap=kafka_bootstrap))[hit]
+    assert p0["read_error"] is None and p0["log_end_offset"] == 5
+    assert (p1["log_end_offset"], p1["lag"]) == (None, None)  # unknown, never 0
+    assert p1["read_error"] == ("log start offset: Broker: Not leader for partition (NOT_LEADER_FOR_PARTITION) "
+                                "(and again after a retry); log end offset: Broker: Not leader for partition "
+                                "(NOT_LEADER_FOR_PARTITION) (and again after a retry)")
+
+
 def test_failed_describe_is_state_unknown_with_offsets_still_read(kafka_bootstrap, lagging):
     topic, hit, calm, pattern = lagging
     admin = FailingAdmin(admin_client(kafka_bootstrap), describe={hit})

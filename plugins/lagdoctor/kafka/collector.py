@@ -765,30 +765,54 @@ def log_offsets(
         (OffsetSpec.latest(), IsolationLevel.READ_UNCOMMITTED, ends, "log end offset"),
         (OffsetSpec.latest(), IsolationLevel.READ_COMMITTED, stables, "last stable offset"),
     )
-    answers: list[dict[tuple[str, int], Future]] = [{} for _ in specs]
-    for begin in range(0, len(parts), LIST_OFFSETS_BATCH):
-        batch = [TopicPartition(t, p) for t, p in parts[begin:begin + LIST_OFFSETS_BATCH]]
-        for (spec, isolation, _, _), answered in zip(specs, answers):
-            request = {tp: spec for tp in batch}
-            futures = window.call(batch, lambda r=request, i=isolation: admin.list_offsets(
-                r, isolation_level=i, request_timeout=timeout_s))
-            answered.update(((tp.topic, tp.partition), fut) for tp, fut in futures.items())
-    for (_, _, found, what), answered in zip(specs, answers):
-        for key in parts:
-            fut = answered.get(key)
-            try:
-                if fut is None:
-                    raise RuntimeError("no answer for this partition")
-                offset = fut.result().offset
-                if offset is None or offset < 0:
-                    # Seen while a killed leader's partitions move: an answer without an error
-                    # whose offset is OFFSET_INVALID (-1001). Not an offset: unknown, never lag 0.
-                    raise RuntimeError(f"no offset in the answer ({offset}), the partition's leader may be moving")
-                found[key] = offset
-            except Exception as exc:  # leader moving, a timeout, the partition vanished between reads
-                reason = _reason(exc)
-                log.warning("%s of %s[%d] unknown: %s", what, key[0], key[1], reason)
-                errors.setdefault(key, []).append(f"{what}: {reason}")
+
+    def ask(keys_per_spec: list[list[tuple[str, int]]]) -> list[dict[tuple[str, int], Future]]:
+        answers: list[dict[tuple[str, int], Future]] = [{} for _ in specs]
+        wanted = [set(keys) for keys in keys_per_spec]
+        every = sorted(set().union(*wanted))
+        # batch by batch, the three reads of a batch together: a budget that runs out leaves
+        # whole partitions unread, not every partition's end offset
+        for begin in range(0, len(every), LIST_OFFSETS_BATCH):
+            for (spec, isolation, _, _), keys, answered in zip(specs, wanted, answers):
+                batch = [TopicPartition(t, p) for t, p in every[begin:begin + LIST_OFFSETS_BATCH] if (t, p) in keys]
+                if not batch:
+                    continue
+                request = {tp: spec for tp in batch}
+                futures = window.call(batch, lambda r=request, i=isolation: admin.list_offsets(
+                    r, isolation_level=i, request_timeout=timeout_s))
+                answered.update(((tp.topic, tp.partition), fut) for tp, fut in futures.items())
+        return answers
+
+    def settle(keys_per_spec, answers, last: bool) -> list[list[tuple[str, int]]]:
+        """Record each answer; return the keys to ask again (a leader that moved), unless `last`."""
+        again: list[list[tuple[str, int]]] = [[] for _ in specs]
+        for (_, _, found, what), keys, answered, retry in zip(specs, keys_per_spec, answers, again):
+            for key in keys:
+                fut = answered.get(key)
+                try:
+                    if fut is None:
+                        raise RuntimeError("no answer for this partition")
+                    offset = fut.result().offset
+                    if offset is None or offset < 0:
+                        # Seen while a killed leader's partitions move: an answer without an error
+                        # whose offset is OFFSET_INVALID (-1001). Not an offset: unknown, never lag 0.
+                        raise LeaderMoving(f"no offset in the answer ({offset}), the partition's leader may be moving")
+                    found[key] = offset
+                except Exception as exc:  # leader moving, a timeout, the partition vanished between reads
+                    if not last and _leader_moved(exc):
+                        retry.append(key)
+                        continue
+                    reason = _reason(exc) + (" (and again after a retry)" if _leader_moved(exc) else "")
+                    log.warning("%s of %s[%d] unknown: %s", what, key[0], key[1], reason)
+                    errors.setdefault(key, []).append(f"{what}: {reason}")
+        return again
+
+    # A leader that moved (a rolling restart, a broker coming up) answers NOT_LEADER: the client
+    # learns the new leader from fresh metadata, so those partitions are asked once more.
+    again = settle([parts] * len(specs), ask([parts] * len(specs)), last=False)
+    if any(again):  # past the read budget, the window fails these calls as "not read"
+        time.sleep(min(LEADER_MOVE_PAUSE_S, max(0.0, window.remaining())))
+        settle(again, ask(again), last=True)
     for key, lines in errors.items():
         # A failed end offset read says it all: the stable offset comes from the same
         # request kind to the same leader, and one reason per row is enough to act on.
@@ -800,6 +824,24 @@ def log_offsets(
         if key in ends and stable > ends[key]:
             stables[key] = ends[key]
     return starts, ends, stables, errors
+
+
+# partition errors that mean "ask the new leader": librdkafka refreshes its metadata on them
+LEADER_MOVED_ERRORS = frozenset({"NOT_LEADER_FOR_PARTITION", "NOT_LEADER_OR_FOLLOWER", "LEADER_NOT_AVAILABLE",
+                                 "REPLICA_NOT_AVAILABLE", "UNKNOWN_LEADER_EPOCH", "FENCED_LEADER_EPOCH",
+                                 "OFFSET_NOT_AVAILABLE"})
+LEADER_MOVE_PAUSE_S = 0.5
+
+
+class LeaderMoving(RuntimeError):
+    """An answer without an offset and without an error: seen while a partition's leader moves."""
+
+
+def _leader_moved(exc: BaseException) -> bool:
+    if isinstance(exc, LeaderMoving):
+        return True
+    first = exc.args[0] if exc.args else None
+    return hasattr(first, "name") and first.name() in LEADER_MOVED_ERRORS
 
 
 def read_budget(timeout_s: float) -> float:
