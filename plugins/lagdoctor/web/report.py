@@ -56,7 +56,15 @@ def report_url(path: str, base_url: str | None) -> str | None:
 def _write_atomic(path: str, text: str) -> None:
     import fsspec
 
+    from lagdoctor.objectstore import is_s3
+
     fs, target = fsspec.core.url_to_fs(path)
+    if is_s3(path):
+        # an object's PUT is atomic: a reader sees the old report or the new one. A temporary
+        # object and a move would be a copy and a delete more, per report
+        with fs.open(target, "wt", encoding="utf-8") as fh:
+            fh.write(text)
+        return
     directory, name = target.rsplit("/", 1)
     tmp = f"{directory}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
     fs.makedirs(directory, exist_ok=True)
