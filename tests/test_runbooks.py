@@ -300,3 +300,22 @@ def test_a_hot_partition_whose_owner_keeps_up_elsewhere_points_at_the_key_not_th
     steps = choose_actions(spread, load_runbooks()).next_steps
     assert "different owners: look for a hot key" in " ".join(steps)
     assert all(s.strip() for s in steps)
+
+
+def test_a_sweep_of_many_findings_compiles_each_runbook_text_once(monkeypatch):
+    """Compiling a runbook's templates for every finding took 12 of the plan task's 22 s at
+    10,000 groups; each text is compiled once, and each finding still gets its own names."""
+    from jinja2 import Environment
+
+    compiled: list[str] = []
+    compile_ = Environment.compile
+
+    def counting(self, source, *args, **kwargs):
+        compiled.append(source)
+        return compile_(self, source, *args, **kwargs)
+
+    monkeypatch.setattr(Environment, "compile", counting)
+    runbooks = load_runbooks(RUNBOOKS_DIR)
+    plans = [choose_actions(finding(group_id=f"orders-{i}"), runbooks) for i in range(200)]
+    assert len(compiled) == len(set(compiled)) < 20
+    assert "orders-7" in " ".join(plans[7].next_steps) and "orders-8" not in " ".join(plans[7].next_steps)

@@ -244,17 +244,29 @@ def plain_env():
     return Environment(autoescape=False, undefined=StrictUndefined)
 
 
+# Compiled once per text: a sweep plans every finding, and compiling a runbook's three
+# templates for each of 10,000 findings took 12 of the plan task's 22 s.
+@lru_cache(maxsize=512)
+def _mrkdwn_template(source: str):
+    return mrkdwn_env().from_string(source)
+
+
+@lru_cache(maxsize=512)
+def _plain_template(source: str):
+    return plain_env().from_string(source)
+
+
 def render(name: str, **values: object) -> str:
-    return mrkdwn_env().from_string(TEMPLATES[name]).render(**values)
+    return _mrkdwn_template(TEMPLATES[name]).render(**values)
 
 
 def render_mrkdwn_source(source: str, **values: object) -> str:
     """Render a template held as data (a runbook's Slack text) with the same escaping."""
-    return mrkdwn_env().from_string(source).render(**values)
+    return _mrkdwn_template(source).render(**values)
 
 
 def render_plain(source: str, **values: object) -> str:
-    return plain_env().from_string(source).render(**values)
+    return _plain_template(source).render(**values)
 
 
 def shared_by_text(target: Mapping[str, Any], limit: int = 5) -> str | None:
