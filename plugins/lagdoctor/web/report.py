@@ -125,13 +125,10 @@ def write_incident_report(run_dir: str, *, settings: Settings | None = None, bas
     by_window: dict[tuple, list] = {}
     for state in states:
         by_window.setdefault(tuple(state.window), []).append(state.key)
-    histories = {}
-    for (start, end), keys in by_window.items():
-        for key, history in read_history(settings.snapshots_root, keys, start, end, listings=listings).items():
-            histories[(start, end, key)] = history
+    histories = {window: read_history(settings.snapshots_root, keys, *window, listings=listings)
+                 for window, keys in by_window.items()}
     for state in states:
-        history = histories[(*state.window, state.key)]
-        view = group_view(state, history, with_rates=True)
+        view = group_view(state, histories[tuple(state.window)][state.key], with_rates=True)
         for finding in state.findings:
             if finding.get("diagnosis") in NO_PROBLEM_DIAGNOSES:
                 continue
