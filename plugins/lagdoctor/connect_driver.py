@@ -6,7 +6,8 @@ session gets a class loader of its own, and Spark keys its compiled-code cache b
 class loader: each warm diagnosis compiled its ~205 generated classes again
 (measured: 2,000 x 10 warm in 17-18 s against 10-11 s here, the same findings).
 The sessions here share the application's class loader; they send plans, never
-classes or artifacts (lagdoctor's job has no UDF).
+classes or artifacts (the job's one Python function, series.py's aggregates, travels
+pickled by value inside the plan).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Features of the offset history, per partition and per (cluster, group, topic).
 
-Pure DataFrame -> DataFrame transforms built from Spark SQL window functions
-and aggregations (no Python UDFs): one window sort per partition series, one
-shuffle for the group series. Rates are offsets per second over the actual
+Pure DataFrame -> DataFrame transforms: each partition series is sorted once
+and aggregated in one vectorised pass over Arrow batches (series.py; the Spark
+SQL windows of partition_aggregates_sql are the reference it equals), then
+Spark SQL aggregations; one shuffle for the group series. Rates are offsets per second over the actual
 time between snapshots, so gaps and jitter change nothing but precision.
 Early/late are the first and last thirds of each series' own time span.
 
@@ -20,6 +21,20 @@ from lagdoctor.diagnosis import forecast, timelag
 from lagdoctor.diagnosis.thresholds import Thresholds
 
 PARTITION_KEY = ("cluster", "group_id", "topic", "partition")
+# Which code computes the per-partition aggregates: "arrow" (lagdoctor.diagnosis.series,
+# vectorised over Arrow batches) or "sql" (Spark SQL windows, the reference).
+FEATURES_ENGINE_ENV = "LAGDOCTOR_FEATURES_ENGINE"
+FEATURES_ENGINES = ("arrow", "sql")
+
+
+def features_engine() -> str:
+    """The engine LAGDOCTOR_FEATURES_ENGINE names (default arrow); ValueError (one line) for another."""
+    import os
+
+    name = os.environ.get(FEATURES_ENGINE_ENV, "").strip().lower() or "arrow"
+    if name not in FEATURES_ENGINES:
+        raise ValueError(f"{FEATURES_ENGINE_ENV}={name!r}: expected one of {', '.join(FEATURES_ENGINES)}")
+    return name
 GROUP_KEY = ("cluster", "group_id", "topic")
 
 
@@ -55,7 +70,7 @@ def _partition_hash():
     return F.xxhash64(*PARTITION_KEY)
 
 
-def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
+def partition_features(snapshots, thresholds: Thresholds = Thresholds(), *, engine: str | None = None):
     """One row per partition over the window.
 
     Columns: the key, snapshots, t_first/t_last (epoch s), lag_start, lag_end,
@@ -82,25 +97,29 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
     the log end: more than reset_commit_slack and reset_race_seconds of
     production, which the read race cannot explain), offset_reset (either).
     """
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     th = thresholds
     snapshots = forecast.with_input_columns(
         timelag.with_record_columns(_with_stable_offset(_with_read_error(snapshots))))
+    rows = _series_rows(snapshots)
+    if (engine or features_engine()) == "arrow":
+        from lagdoctor.diagnosis import series
+
+        agg = series.partition_aggregates(rows, th)
+    else:
+        agg = partition_aggregates_sql(rows, th)
+    return _partition_columns(snapshots, agg, th)
+
+
+def _series_rows(snapshots):
+    """The history rows the per-partition aggregates read: a 64-bit hash of the key, and numbers."""
+    from pyspark.sql import functions as F
+
     # The history is sorted once per partition. The rows that go through that
     # shuffle and sort carry a 64-bit hash of the partition key and numbers
     # only; names and owners come from an aggregation on the same hash, joined
     # back once the history is down to one row per partition.
-    w = Window.partitionBy("pk").orderBy("t")
-    wall = w.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
-    wprev = w.rowsBetween(Window.unboundedPreceding, -1)
-
-    # Two window layers over one sort. Layer 1 reads only input columns (each
-    # window expression once: Spark does not deduplicate them); layer 2 needs
-    # layer 1's outputs. No "following" frames: Spark recomputes those for
-    # every row (O(n^2) per partition).
-    committed = F.col("committed_offset")
     # A row that cannot show a stuck consumer: the group is rebalancing, nobody owns the
     # partition while members are live, or nothing waits (lag 0 or unknown).
     unsettled = (
@@ -108,7 +127,7 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         | (F.col("member_id").isNull() & (F.coalesce(F.col("group_members"), F.lit(0)) > 0))
         | ~F.coalesce(F.col("lag") > 0, F.lit(False))
     )
-    rows = snapshots.select(
+    return snapshots.select(
         _partition_hash().alias("pk"),
         F.col("snapshot_ts").cast("double").alias("t"),
         "snapshot_ts",
@@ -122,6 +141,21 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         "read_error",
         unsettled.cast("int").alias("unsettled"),
     )
+
+
+def partition_aggregates_sql(rows, th: Thresholds):
+    """The per-partition aggregates as Spark SQL windows (the reference for series.py)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    w = Window.partitionBy("pk").orderBy("t")
+    wall = w.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    wprev = w.rowsBetween(Window.unboundedPreceding, -1)
+    # Two window layers over one sort. Layer 1 reads only input columns (each
+    # window expression once: Spark does not deduplicate them); layer 2 needs
+    # layer 1's outputs. No "following" frames: Spark recomputes those for
+    # every row (O(n^2) per partition).
+    committed = F.col("committed_offset")
     # The series restarts where the log end offset last fell below the last
     # known one (same window spec: the sort below is shared, not repeated).
     rows = rows.withColumn(
@@ -310,6 +344,13 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds()):
         *timelag.aggregate_columns(),
         *forecast.aggregate_columns(),
     )
+    return agg
+
+
+def _partition_columns(snapshots, agg, th: Thresholds):
+    """Features of each partition from its aggregates, joined to its names and owner."""
+    from pyspark.sql import functions as F
+
     # Unknown at the end: the last row's lag is missing because a read failed.
     # Never known and no failure: the group has no commit there (lag 0, as before).
     agg = agg.withColumn("lag_end_unknown", F.col("lag_null_at_end") & F.col("read_error").isNotNull())

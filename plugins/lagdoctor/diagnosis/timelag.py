@@ -70,6 +70,22 @@ def aggregate_columns():
     when none was fetched; its `error` says why a fetch gave none)."""
     from pyspark.sql import functions as F
 
+    return [
+        F.max("tl_t_at").alias("tl_t_at"),
+        F.max_by("committed_record_ts", "t").cast("double").alias("tl_record_t"),
+        F.max_by(F.col("committed_record_offset") > F.col("committed_offset"), "t").alias("tl_record_after"),
+        F.coalesce(F.max_by(F.col("committed_record_error").startswith(NOTHING_TO_READ), "t"), F.lit(False)).alias(
+            "nothing_to_read"),
+        F.max_by(committed_record(), "t").alias("committed_record"),
+    ]
+
+
+def committed_record(committed_offset: str = "committed_offset"):
+    """The record at the committed offset as the findings show it, from a row's
+    committed_record_* columns; null when none was fetched (its `error` says why a
+    fetch gave none)."""
+    from pyspark.sql import functions as F
+
     record = F.struct(
         F.col("committed_record_offset").alias("offset"),
         F.date_format(F.col("committed_record_ts"), "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'").alias("timestamp"),
@@ -81,17 +97,10 @@ def aggregate_columns():
         F.col("committed_record_error").alias("error"),
         # the offset read from; a record above it means the offsets between hold no
         # data the group will see (transaction markers, aborted or compacted records)
-        F.col("committed_offset").alias("committed_offset"),
+        F.col(committed_offset).alias("committed_offset"),
     )
     fetched = F.col("committed_record_offset").isNotNull() | F.col("committed_record_error").isNotNull()
-    return [
-        F.max("tl_t_at").alias("tl_t_at"),
-        F.max_by("committed_record_ts", "t").cast("double").alias("tl_record_t"),
-        F.max_by(F.col("committed_record_offset") > F.col("committed_offset"), "t").alias("tl_record_after"),
-        F.coalesce(F.max_by(F.col("committed_record_error").startswith(NOTHING_TO_READ), "t"), F.lit(False)).alias(
-            "nothing_to_read"),
-        F.max_by(F.when(fetched, record), "t").alias("committed_record"),
-    ]
+    return F.when(fetched, record)
 
 
 def time_lag_expr(t_first, t_last, leo_first, committed_end, lag_end):

@@ -1,0 +1,160 @@
+"""The per-partition aggregates over Arrow batches (series.py) against the Spark SQL reference.
+
+The diagnosis reads its partition features from series.py; the SQL windows in
+features.partition_aggregates_sql are the reference. Both run here on random
+histories made to hold what a real store holds now and then: failed reads
+(null offsets, a read_error), a log end offset that falls (a recreated topic),
+transactions holding the last stable offset, records read at the commit,
+rebalances, owners that leave, commits above the log end. The two must agree
+on every column of every partition, to the last bit, and so must the features
+and the findings built on them.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+T0 = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
+KEY = ("cluster", "group_id", "topic", "partition")
+
+
+def _history(seed: int, partitions: int, longest: int) -> list[dict]:
+    """Rows of `partitions` series, each of 1..longest snapshots at jittered times."""
+    rng = random.Random(seed)
+    rows = []
+    for p in range(partitions):
+        group, topic = f"g{p % 7}", f"t{p % 3}"
+        n = rng.choice([1, 2, 3, rng.randint(4, longest)])
+        t = rng.uniform(0, 30)
+        leo, committed, lso = rng.randint(0, 10_000), None, None
+        committed = leo - rng.randint(0, 50)
+        shape = rng.choice(["steady", "stall", "surge", "batch", "reset", "txn", "errors"])
+        for i in range(n):
+            t += rng.choice([1.0, 5.0, 30.0, 60.0, rng.uniform(0.5, 90)])
+            leo += rng.randint(0, 40) * (3 if shape == "surge" and i > n // 2 else 1)
+            if shape == "reset" and i == n // 2:
+                leo = rng.randint(0, 20)  # the topic was recreated: the log end falls
+                committed = min(committed, leo)
+            if shape == "stall" and i > n // 3:
+                pass  # the commit stands still
+            elif shape == "batch" and i % 4:
+                pass
+            else:
+                committed = min(leo, committed + rng.randint(0, 45))
+            if rng.random() < 0.03:
+                committed = leo + rng.randint(1, 5_000)  # a commit above the log end
+            lso = leo - rng.randint(1, 10) if shape == "txn" and i % 5 else leo
+            failed = shape == "errors" and rng.random() < 0.3
+            member = None if rng.random() < 0.05 else f"consumer-{p % 3}-abc"
+            row = dict(
+                snapshot_ts=T0 + timedelta(seconds=round(t, 6)), cluster="c", group_id=group,
+                group_state=rng.choice(["STABLE"] * 8 + ["PREPARING_REBALANCE", None]),
+                topic=topic, partition=p, log_start_offset=None if failed else max(0, leo - 20_000 + i * 10),
+                log_end_offset=None if failed and rng.random() < 0.7 else leo,
+                committed_offset=None if failed and rng.random() < 0.5 else committed,
+                member_id=member, client_id=member and member.rsplit("-", 1)[0], host=member and "10.0.0.1",
+                group_members=rng.choice([1, 1, 1, 0, None]),
+                read_error="offsets: timed out" if failed else None,
+                last_stable_offset=None if failed else lso,
+                retention_ms=rng.choice([None, 604_800_000, -1]),
+                cleanup_policy=rng.choice([None, "delete", "compact", "compact,delete"]),
+            )
+            row["lag"] = (None if row["log_end_offset"] is None or row["committed_offset"] is None
+                          else max(0, row["log_end_offset"] - row["committed_offset"]))
+            if rng.random() < 0.2 and row["committed_offset"] is not None:
+                nothing = rng.random() < 0.3
+                row.update(committed_record_offset=None if nothing else row["committed_offset"] + rng.randint(0, 2),
+                           committed_record_ts=None if nothing else T0 + timedelta(seconds=t - rng.uniform(0, 600)),
+                           committed_record_key_sha256=None if nothing else "ab" * 32,
+                           committed_record_size=None if nothing else rng.randint(1, 900),
+                           committed_record_headers=rng.choice(["", "trace-id,retries", None]),
+                           committed_record_error="nothing to read: end of log" if nothing else None)
+            rows.append(row)
+    rng.shuffle(rows)  # the store's order is not the series' order
+    return rows
+
+
+@pytest.fixture(scope="module")
+def frame(spark):
+    from pyspark.sql import types as T
+
+    from lagdoctor.diagnosis.snapshots import snapshot_schema_with_optional
+
+    schema = T.StructType([T.StructField(f.name, f.dataType, True) for f in snapshot_schema_with_optional()])
+
+    def build(rows):
+        return spark.createDataFrame([tuple(r.get(f.name) for f in schema) for r in rows], schema)
+
+    return build
+
+
+def _by_key(df, key):
+    return sorted((r.asDict(recursive=True) for r in df.collect()), key=lambda r: [str(r[k]) for k in key])
+
+
+def _aggregates(df, engine):
+    from lagdoctor.diagnosis import features as fz
+    from lagdoctor.diagnosis import forecast, series, timelag
+    from lagdoctor.diagnosis.thresholds import Thresholds
+
+    df = forecast.with_input_columns(timelag.with_record_columns(fz._with_stable_offset(fz._with_read_error(df))))
+    rows = fz._series_rows(df)
+    agg = series.partition_aggregates(rows, Thresholds()) if engine == "arrow" else fz.partition_aggregates_sql(
+        rows, Thresholds())
+    return agg
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_arrow_aggregates_equal_the_sql_reference_on_every_column(frame, seed):
+    df = frame(_history(seed, partitions=120, longest=40))
+    sql, arrow = _aggregates(df, "sql"), _aggregates(df, "arrow")
+    assert arrow.schema.simpleString() == sql.schema.simpleString()
+    want, got = _by_key(sql, ["pk"]), _by_key(arrow, ["pk"])
+    assert len(got) == len(want) == 120
+    for w, g in zip(want, got):
+        assert g == w, {k: (w[k], g[k]) for k in w if w[k] != g[k]}
+
+
+def test_series_longer_than_a_batch_and_split_across_batches_agree(spark, frame):
+    # batches of 7 rows: most series span two or more, and a few long ones take
+    # the sequential-sum path for few long series
+    df = frame(_history(11, partitions=9, longest=400))
+    previous = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "7")
+    try:
+        got = _by_key(_aggregates(df, "arrow"), ["pk"])
+    finally:
+        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", previous)
+    assert got == _by_key(_aggregates(df, "sql"), ["pk"])
+
+
+def test_features_and_findings_are_the_same_from_either_engine(frame):
+    from lagdoctor.diagnosis.classify import findings
+    from lagdoctor.diagnosis.features import group_features, group_series, partition_features
+    from lagdoctor.diagnosis.thresholds import Thresholds
+
+    df = frame(_history(5, partitions=60, longest=30))
+    th = Thresholds()
+    out = {}
+    for engine in ("sql", "arrow"):
+        pf = partition_features(df, th, engine=engine)
+        gf = group_features(group_series(df, pf), th)
+        out[engine] = (_by_key(pf, KEY), _by_key(findings(pf, gf, th), ["cluster", "group_id", "topic", "diagnosis"]))
+    assert out["arrow"][0] == out["sql"][0]
+    assert out["arrow"][1] == out["sql"][1]
+    assert any(f["diagnosis"] != "healthy" for f in out["arrow"][1])  # the histories hold problems to find
+
+
+def test_an_unknown_engine_is_a_one_line_error(monkeypatch):
+    from lagdoctor.diagnosis.features import FEATURES_ENGINE_ENV, features_engine
+
+    monkeypatch.setenv(FEATURES_ENGINE_ENV, "pandas")
+    with pytest.raises(ValueError, match="LAGDOCTOR_FEATURES_ENGINE='pandas': expected one of arrow, sql"):
+        features_engine()
+    monkeypatch.delenv(FEATURES_ENGINE_ENV)
+    assert features_engine() == "arrow"
