@@ -103,10 +103,10 @@ def _aggregates(df, engine):
     from lagdoctor.diagnosis.thresholds import Thresholds
 
     df = forecast.with_input_columns(timelag.with_record_columns(fz._with_stable_offset(fz._with_read_error(df))))
-    rows = fz._series_rows(df)
-    agg = series.partition_aggregates(rows, Thresholds()) if engine == "arrow" else fz.partition_aggregates_sql(
-        rows, Thresholds())
-    return agg
+    if engine == "sql":
+        return fz.partition_aggregates_sql(fz._series_rows(df), Thresholds())
+    agg = series.partition_aggregates(fz._series_rows(df, fz.OWNER_COLUMNS), Thresholds())
+    return agg.drop(*fz.OWNER_COLUMNS)  # compared with the owners join in the features test below
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -102,24 +102,37 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds(), *, engi
     th = thresholds
     snapshots = forecast.with_input_columns(
         timelag.with_record_columns(_with_stable_offset(_with_read_error(snapshots))))
-    rows = _series_rows(snapshots)
     if (engine or features_engine()) == "arrow":
         from lagdoctor.diagnosis import series
 
-        agg = series.partition_aggregates(rows, th)
-    else:
-        agg = partition_aggregates_sql(rows, th)
-    return _partition_columns(snapshots, agg, th)
+        # one pass: the names and the owner at the last row come out of it too
+        agg = series.partition_aggregates(_series_rows(snapshots, OWNER_COLUMNS), th)
+        feats = _partition_columns(agg, th)
+        return feats.select(*OWNER_COLUMNS, *(c for c in feats.columns if c not in OWNER_COLUMNS and c != "pk"))
+    # The SQL windows sort rows that carry a 64-bit hash of the partition key and
+    # numbers only; names and owners come from an aggregation on the same hash,
+    # joined back once the history is down to one row per partition.
+    feats = _partition_columns(partition_aggregates_sql(_series_rows(snapshots), th), th)
+    # Grouped by the hash, not the four names: every row is sorted on one long
+    # (the names' sort prefix is the cluster's, the same on every row).
+    owners = snapshots.groupBy(_partition_hash().alias("pk")).agg(
+        *(F.first(k).alias(k) for k in PARTITION_KEY),
+        F.max_by("member_id", "snapshot_ts").alias("member_id"),
+        F.max_by("client_id", "snapshot_ts").alias("client_id"),
+        F.max_by("host", "snapshot_ts").alias("host"),
+    )
+    return owners.join(feats, "pk").drop("pk")
 
 
-def _series_rows(snapshots):
-    """The history rows the per-partition aggregates read: a 64-bit hash of the key, and numbers."""
+# The partition's names and its owner at the last snapshot, first in partition_features' rows.
+OWNER_COLUMNS = (*PARTITION_KEY, "member_id", "client_id", "host")
+
+
+def _series_rows(snapshots, carried: tuple[str, ...] = ()):
+    """The history rows the per-partition aggregates read: a 64-bit hash of the key,
+    the numbers, and the `carried` columns as they are."""
     from pyspark.sql import functions as F
 
-    # The history is sorted once per partition. The rows that go through that
-    # shuffle and sort carry a 64-bit hash of the partition key and numbers
-    # only; names and owners come from an aggregation on the same hash, joined
-    # back once the history is down to one row per partition.
     # A row that cannot show a stuck consumer: the group is rebalancing, nobody owns the
     # partition while members are live, or nothing waits (lag 0 or unknown).
     unsettled = (
@@ -140,6 +153,7 @@ def _series_rows(snapshots):
         *(name for name, _ in forecast.INPUT_COLUMNS),
         "read_error",
         unsettled.cast("int").alias("unsettled"),
+        *carried,
     )
 
 
@@ -347,8 +361,8 @@ def partition_aggregates_sql(rows, th: Thresholds):
     return agg
 
 
-def _partition_columns(snapshots, agg, th: Thresholds):
-    """Features of each partition from its aggregates, joined to its names and owner."""
+def _partition_columns(agg, th: Thresholds):
+    """Features of each partition from its aggregates (keyed by the partition hash `pk`)."""
     from pyspark.sql import functions as F
 
     # Unknown at the end: the last row's lag is missing because a read failed.
@@ -488,15 +502,6 @@ def _partition_columns(snapshots, agg, th: Thresholds):
     feats = feats.withColumn("slow", ~F.col("stalled") & below & (F.col("lag_end") > F.col("lag_start"))
                              & ~F.coalesce(batch_rhythm, F.lit(False)) & ~F.coalesce(keeps_pace, F.lit(False)))
     feats = feats.withColumns(forecast.partition_columns(th))
-    # Grouped by the hash, not the four names: every row is sorted on one long
-    # (the names' sort prefix is the cluster's, the same on every row).
-    owners = snapshots.groupBy(_partition_hash().alias("pk")).agg(
-        *(F.first(k).alias(k) for k in PARTITION_KEY),
-        F.max_by("member_id", "snapshot_ts").alias("member_id"),
-        F.max_by("client_id", "snapshot_ts").alias("client_id"),
-        F.max_by("host", "snapshot_ts").alias("host"),
-    )
-    feats = owners.join(feats, "pk").drop("pk")
     return feats.drop("leo_first", "c_first", "tc_first", "tc_last", "late_produced", "late_consumed",
                       "late_seconds", "late_advances", "recent_produced", "recent_consumed", "recent_seconds",
                       "recent_advances", "recent_unsettled", "last_adv_t",

@@ -57,10 +57,13 @@ OUTPUT = (
     ("committed_record_headers", "string"), ("committed_record_error", "string"),
     ("committed_offset_last", "bigint"),
 )
+# The names and the owner at the last row (features.OWNER_COLUMNS), carried in the rows as they are.
+OWNERS = (("cluster", "string"), ("group_id", "string"), ("topic", "string"), ("partition", "int"),
+          ("member_id", "string"), ("client_id", "string"), ("host", "string"))
 
 
 def output_ddl() -> str:
-    return ", ".join(f"{name} {kind}" for name, kind in OUTPUT)
+    return ", ".join(f"{name} {kind}" for name, kind in (*OUTPUT, *OWNERS))
 
 
 def thresholds_params(th) -> dict:
@@ -87,7 +90,7 @@ def partition_aggregates(rows, th):
     names = [name for name, _ in OUTPUT]
     cut, last = names.index("nothing_to_read") + 1, names.index("cleanup_policy") + 1
     return agg.select(*names[:cut], committed_record("committed_offset_last").alias("committed_record"),
-                      *names[cut:last])
+                      *names[cut:last], *(name for name, _ in OWNERS))
 
 
 def aggregate_batches(batches: Iterator, params: dict) -> Iterator:
@@ -441,6 +444,8 @@ def aggregate_table(table, params: dict):
     for name in RECORD_FIELDS:
         out[name] = table.column(name).take(last)
     out["committed_offset_last"] = com_last
+    for name, _ in OWNERS:
+        out[name] = table.column(name).take(last)
     return pa.RecordBatch.from_arrays([_chunk(v) for v in out.values()], names=list(out))
 
 
