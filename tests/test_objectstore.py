@@ -101,6 +101,43 @@ def test_store_operations_on_s3(s3_connection, tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []  # nothing on the local disk
 
 
+def test_retention_on_s3_removes_old_run_folders_listing_each_hour_once(s3_connection, monkeypatch):
+    import s3fs
+
+    from lagdoctor.settings import Settings
+    from lagdoctor.stages.common import run_key
+    from lagdoctor.stages.housekeeping import prune_history
+
+    settings = Settings(data_root=s3_connection.root("retention"))
+    fs = s3_connection.filesystem()
+    uploaded = datetime.now(timezone.utc)  # S3 dates each file at its upload: now
+    now = uploaded + timedelta(days=10)  # so "now" is 10 days later, and the files are old
+    hour = uploaded.replace(minute=0, second=0, microsecond=0) - timedelta(days=1)
+    old = [run_key(f"scheduled__{(h + timedelta(minutes=m)).isoformat()}", "kafka_lag_health_sweep")
+           for h in (hour, hour - timedelta(hours=1)) for m in range(0, 60, 5)]  # two whole hours of runs
+    young = run_key(f"scheduled__{(now - timedelta(hours=1)).replace(microsecond=0).isoformat()}",
+                    "kafka_lag_health_sweep")
+    base = settings.findings_root[len("s3://"):]
+    fs.pipe({f"{base}/{name}/{leaf}": b"{}\n" for name in [*old, young]
+             for leaf in ("findings.jsonl", "partition_status.jsonl")})
+    lists = []
+    real_call = s3fs.S3FileSystem._call_s3
+
+    async def call_s3(self, method, *args, **kwargs):
+        if method == "list_objects_v2":
+            lists.append(kwargs.get("Prefix"))
+        return await real_call(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", call_s3)
+    assert prune_history(settings=settings, now=now) == len(old)
+    left = {k.split("/")[1] for k in bucket_keys(s3_connection, settings.data_root) if k.startswith("findings/")}
+    assert left == {young}  # the old runs went, files and all; the young one stayed whole
+    # deciding lists each hour of old runs once (two requests), not each of the 24
+    # folders; removing a folder lists it, as fs.rm does
+    run_lists = [p for p in lists if p and "kafka_lag_health_sweep__scheduled__" in p]
+    assert len(run_lists) == 2 + len(old), run_lists
+
+
 def test_a_scheme_fsspec_cannot_open_is_one_line_not_a_blind_spark_read(monkeypatch):
     import importlib
 

@@ -36,8 +36,8 @@ def prune_history(keep_days: int = SNAPSHOT_RETENTION_DAYS, settings: Settings |
     mid-read. A run folder goes only when its newest file is older than that
     too; a job still writing one (its time limit is 30 minutes) is far younger.
     Only the folders old enough by their run key's time (or the run index's
-    planned_at) have their files listed; a folder neither dates is listed, as
-    before. At most once per PRUNE_EVERY (the marker PRUNE_MARKER in the data
+    planned_at) have their files listed (on an object store, an hour of runs
+    in one request); a folder neither dates is listed, as before. At most once per PRUNE_EVERY (the marker PRUNE_MARKER in the data
     root says when it last ran; 0 removed until then).
     """
     from lagdoctor.runindex import filesystem
@@ -78,6 +78,48 @@ def _run_time(name: str, planned: dict[str, datetime]) -> datetime | None:
     return planned.get(name)
 
 
+def _newest_file_times(fs, path: str, folders: list[str]) -> dict[str, float | None]:
+    """{folder: epoch s of its newest file, None when it holds none} for run folders under `path`.
+
+    On an object store the folders of one hour (their run ids' time) are listed in one
+    request by their common name prefix: about one LIST an hour of runs, not one per
+    folder. A local root, and a folder whose name has no run time, is listed on its own.
+    """
+    newest: dict[str, float | None] = {f: None for f in folders}
+    by_hour: dict[str, list[str]] = {}
+    object_store = "file" not in _protocols(fs)
+    for folder in folders:
+        name = folder.rsplit("/", 1)[-1]
+        found = _RUN_ID_TIME.search(name)
+        if object_store and found:
+            by_hour.setdefault(name[:found.start(2) + 2], []).append(folder)
+        else:
+            newest[folder] = _newest(fs.ls(folder, detail=True))
+    for prefix, group in by_hour.items():
+        try:
+            files = fs.find(path, prefix=prefix, detail=True)
+        except TypeError:  # a filesystem whose find takes no prefix: one listing per folder
+            newest.update({f: _newest(fs.ls(f, detail=True)) for f in group})
+            continue
+        base = path.rstrip("/") + "/"
+        per_folder: dict[str, list[dict]] = {}
+        for name, info in files.items():
+            folder = base + name[len(base):].split("/", 1)[0] if name.startswith(base) else None
+            per_folder.setdefault(folder, []).append(info)
+        newest.update({f: _newest(per_folder.get(f, [])) for f in group})
+    return newest
+
+
+def _protocols(fs) -> tuple[str, ...]:
+    protocol = getattr(fs, "protocol", ())
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+def _newest(entries: list[dict]) -> float | None:
+    stamps = [e.get("mtime") or e.get("LastModified") for e in entries]
+    return max((s.timestamp() if hasattr(s, "timestamp") else float(s) for s in stamps if s), default=None)
+
+
 def _prune(keep_days: int, settings: Settings, now: datetime) -> int:
     from lagdoctor.runindex import filesystem, planned_times
     from lagdoctor.store import prune_snapshots
@@ -90,18 +132,19 @@ def _prune(keep_days: int, settings: Settings, now: datetime) -> int:
         fs, path = filesystem(root)
         if not fs.exists(path):
             continue
+        old = []
         for run_dir in fs.ls(path, detail=True):
             if run_dir["type"] != "directory":
                 continue
             began = _run_time(run_dir["name"].rstrip("/").rsplit("/", 1)[-1], planned)
             if began is not None and began.timestamp() >= cutoff:
                 continue  # younger than the cutoff by its run's own time: its files are no older
-            # The files decide: a cleared old run may be writing into its folder again right now.
-            stamps = [f.get("mtime") or f.get("LastModified") for f in fs.ls(run_dir["name"], detail=True)]
-            newest = max((s.timestamp() if hasattr(s, "timestamp") else float(s) for s in stamps if s), default=None)
+            old.append(run_dir["name"].rstrip("/"))
+        # The files decide: a cleared old run may be writing into its folder again right now.
+        for folder, newest in _newest_file_times(fs, path, old).items():
             if newest is not None and newest < cutoff:
-                fs.rm(run_dir["name"], recursive=True)
-                removed.append(run_dir["name"])
+                fs.rm(folder, recursive=True)
+                removed.append(folder)
     for path in removed:
         log.info("retention: removed %s", path)
     from lagdoctor.state import StateConfigError
