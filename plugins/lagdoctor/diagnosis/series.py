@@ -81,8 +81,6 @@ def partition_aggregates(rows, th):
 
     # by value: the workers of a Connect server or a cluster need no lagdoctor installed
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    from pyspark.sql import functions as F
-
     from lagdoctor.diagnosis.timelag import committed_record
 
     clustered = rows.repartition("pk").sortWithinPartitions("pk", "t")
