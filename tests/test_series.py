@@ -150,6 +150,49 @@ def test_features_and_findings_are_the_same_from_either_engine(frame):
     assert any(f["diagnosis"] != "healthy" for f in out["arrow"][1])  # the histories hold problems to find
 
 
+def test_the_workers_run_the_aggregates_without_lagdoctor_installed(frame, tmp_path):
+    """The function Spark ships to its Python workers carries its own code: a Connect
+    server or a cluster needs numpy and pyarrow, not lagdoctor."""
+    import functools
+    import subprocess
+    import sys
+    import sysconfig
+
+    import pyarrow as pa
+    from pyspark import cloudpickle
+
+    from lagdoctor.diagnosis import features as fz
+    from lagdoctor.diagnosis import forecast, series, timelag
+    from lagdoctor.diagnosis.thresholds import Thresholds
+
+    df = forecast.with_input_columns(timelag.with_record_columns(fz._with_stable_offset(fz._with_read_error(
+        frame(_history(4, partitions=30, longest=20))))))
+    rows = fz._series_rows(df, fz.OWNER_COLUMNS).orderBy("pk", "t").toArrow()
+    series.partition_aggregates(fz._series_rows(df, fz.OWNER_COLUMNS), Thresholds())  # registers by-value pickling
+    task = functools.partial(series.aggregate_batches, params=series.thresholds_params(Thresholds()))
+    (tmp_path / "task.pickle").write_bytes(cloudpickle.dumps(task))
+    with pa.OSFile(str(tmp_path / "rows.arrow"), "wb") as sink, pa.ipc.new_file(sink, rows.schema) as writer:
+        writer.write_table(rows, max_chunksize=7)
+    worker = (
+        "import pickle, sys\n"
+        "import pyarrow as pa\n"
+        "task = pickle.load(open('task.pickle', 'rb'))\n"
+        "rows = pa.ipc.open_file('rows.arrow').read_all()\n"
+        "out = pa.Table.from_batches(list(task(iter(rows.to_batches()))))\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'lagdoctor'], 'lagdoctor imported'\n"
+        "with pa.OSFile('out.arrow', 'wb') as sink, pa.ipc.new_file(sink, out.schema) as writer:\n"
+        "    writer.write_table(out)\n"
+    )
+    # -S: no site, so no .pth file puts lagdoctor's editable install on the path; only the
+    # packages a worker's Python has (numpy, pyarrow, pyspark)
+    done = subprocess.run([sys.executable, "-S", "-c", f"import sys; sys.path.append({sysconfig.get_path('purelib')!r}); "
+                           + "exec(" + repr(worker) + ")"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = pa.ipc.open_file(str(tmp_path / "out.arrow")).read_all()
+    want = pa.Table.from_batches(list(task(iter(rows.to_batches(max_chunksize=7)))))
+    assert got.num_rows == 30 and got.equals(want)
+
+
 def test_an_unknown_engine_is_a_one_line_error(monkeypatch):
     from lagdoctor.diagnosis.features import FEATURES_ENGINE_ENV, features_engine
 

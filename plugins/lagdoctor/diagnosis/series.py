@@ -8,9 +8,9 @@ no window expression per feature; a series that spans two batches is carried
 to the next one whole.
 
 This module is pickled by value into the Python workers (see
-`partition_aggregates`): it needs numpy and pyarrow there, not lagdoctor. So
-it imports nothing from lagdoctor at module level, and the thresholds travel
-as plain numbers.
+`partition_aggregates`): the functions travel with the values of the globals
+they use (constants, the thresholds as plain numbers), so the workers need
+numpy and pyarrow, not lagdoctor (tests/test_series.py runs them without it).
 
 Exactness: integers are exact in any order; sums of doubles are added in time
 order, one row after another, as Spark's aggregate adds them, so the results
@@ -19,14 +19,16 @@ are the reference's to the last bit (tests/test_series.py compares the two).
 
 from __future__ import annotations
 
+import functools
+import sys
 from typing import Iterator
 
-NOTHING_TO_READ = "nothing to read:"  # lagdoctor.contracts.NOTHING_TO_READ (not imported: see above)
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-# The committed record's fields at the partition's last row, under their input names;
-# features builds the committed_record struct from them as the reference does.
-RECORD_FIELDS = ("committed_record_offset", "committed_record_ts", "committed_record_key_sha256",
-                 "committed_record_size", "committed_record_headers", "committed_record_error")
+from lagdoctor.contracts import NOTHING_TO_READ
+from lagdoctor.diagnosis.timelag import RECORD_COLUMNS, committed_record
 
 # Output columns and Spark types, in the reference's order (committed_record aside).
 OUTPUT = (
@@ -74,15 +76,10 @@ def thresholds_params(th) -> dict:
 
 def partition_aggregates(rows, th):
     """features._series_rows' rows -> one row per partition hash (OUTPUT's columns)."""
-    import functools
-    import sys
-
     from pyspark import cloudpickle
 
     # by value: the workers of a Connect server or a cluster need no lagdoctor installed
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    from lagdoctor.diagnosis.timelag import committed_record
-
     clustered = rows.repartition("pk").sortWithinPartitions("pk", "t")
     agg = clustered.mapInArrow(functools.partial(aggregate_batches, params=thresholds_params(th)), output_ddl())
     names = [name for name, _ in OUTPUT]
@@ -93,8 +90,6 @@ def partition_aggregates(rows, th):
 
 def aggregate_batches(batches: Iterator, params: dict) -> Iterator:
     """Record batches sorted by (pk, t) -> one aggregate batch per batch of whole series."""
-    import pyarrow as pa
-
     carry = None
     for batch in batches:
         if batch.num_rows == 0:
@@ -113,8 +108,6 @@ def aggregate_batches(batches: Iterator, params: dict) -> Iterator:
 
 
 def _last_series_start(pk) -> int:
-    import numpy as np
-
     other = np.flatnonzero(pk != pk[-1])
     return int(other[-1]) + 1 if len(other) else 0
 
@@ -123,8 +116,6 @@ class _Segments:
     """Rows sorted by (pk, t) seen as segments, one per partition series."""
 
     def __init__(self, pk):
-        import numpy as np
-
         n = len(pk)
         self.n = n
         self.first = np.ones(n, bool)
@@ -142,8 +133,6 @@ class _Segments:
     # -- rows: window functions ------------------------------------------------------
     def prev(self, values, valid):
         """lag(1): the previous row's value in the series (invalid at a series' first row)."""
-        import numpy as np
-
         pv = np.empty_like(values)
         pv[1:] = values[:-1]
         pv[:1] = values[:1]
@@ -154,8 +143,6 @@ class _Segments:
 
     def next(self, values, valid):
         """lead(1)."""
-        import numpy as np
-
         nv = np.empty_like(values)
         nv[:-1] = values[1:]
         nv[-1:] = values[-1:]
@@ -166,8 +153,6 @@ class _Segments:
 
     def last_before(self, valid):
         """(index, found): the last row before each row in its series where `valid` (last ignorenulls, -1 frame)."""
-        import numpy as np
-
         at = np.maximum.accumulate(np.where(valid, np.arange(self.n), -1))
         before = np.empty_like(at)
         before[0] = -1
@@ -177,8 +162,6 @@ class _Segments:
 
     def cumsum(self, values):
         """Sum from the series' first row to this one, inclusive (integers: exact)."""
-        import numpy as np
-
         total = np.cumsum(values)
         before = np.r_[0, total][self.row_start]
         return total - before
@@ -186,59 +169,60 @@ class _Segments:
     # -- series: aggregates ----------------------------------------------------------
     def first_index(self, valid):
         """(index, found) per series: its first row where `valid`."""
-        import numpy as np
-
         at = np.minimum.accumulate(np.where(valid, np.arange(self.n), self.n)[::-1])[::-1]
         idx = at[self.starts]
         found = idx <= self.ends
         return np.where(found, idx, 0), found
 
     def last_index(self, valid):
-        import numpy as np
-
         at = np.maximum.accumulate(np.where(valid, np.arange(self.n), -1))
         idx = at[self.ends]
         found = idx >= self.starts
         return np.where(found, idx, 0), found
 
     def count(self, mask):
-        import numpy as np
-
         return np.add.reduceat(mask.astype(np.int64), self.starts)
 
     def sum_int(self, values, mask):
         """(sum, valid): Spark's sum of the rows where `mask` (null when none)."""
-        import numpy as np
-
         return np.add.reduceat(np.where(mask, values, 0).astype(np.int64), self.starts), self.count(mask) > 0
 
     def max_of(self, values, mask, fill):
-        import numpy as np
-
         return np.maximum.reduceat(np.where(mask, values, fill), self.starts), self.count(mask) > 0
 
     def sum_double(self, values, mask):
         """(sum, valid) of doubles, added in row order (as Spark's aggregate adds them)."""
-        import numpy as np
-
         vals = np.where(mask, values, 0.0)
         out = np.zeros(len(self.starts))
-        longest = int(self.length.max()) if len(self.length) else 0
-        if longest <= len(self.starts):
-            for p in range(longest):  # one step per position: all series at once
-                sel = np.flatnonzero(self.length > p)
-                out[sel] += vals[self.starts[sel] + p]
+        positions = self._positions()
+        if positions is not None:
+            for sel, rows in positions:  # one step per position: all series at once
+                out[sel] += vals[rows]
         else:  # few long series: one sequential accumulate each
             for s, (a, b) in enumerate(zip(self.starts, self.ends)):
                 out[s] = np.add.accumulate(vals[a:b + 1])[-1]
         return out, self.count(mask) > 0
 
+    def _positions(self):
+        """[(series that reach position p, their rows at p)] for each p, computed once and
+        shared by every sum_double of the table; None when the series are fewer than the
+        longest is long. (Not functools.cached_property: its lock does not pickle.)"""
+        if hasattr(self, "_positions_cache"):
+            return self._positions_cache
+        longest = int(self.length.max()) if len(self.length) else 0
+        if longest > len(self.starts):
+            self._positions_cache = None
+            return None
+        positions = []
+        for p in range(longest):
+            sel = np.flatnonzero(self.length > p)
+            positions.append((sel, self.starts[sel] + p))
+        self._positions_cache = positions
+        return positions
+
 
 def _column(table, name, dtype):
     """(values, valid) numpy arrays of a nullable numeric column."""
-    import numpy as np
-    import pyarrow.compute as pc
-
     col = table.column(name)
     valid = col.is_valid().to_numpy(zero_copy_only=False) if col.null_count else np.ones(len(col), bool)
     values = pc.fill_null(col, 0).to_numpy(zero_copy_only=False) if col.null_count else col.to_numpy(
@@ -248,10 +232,6 @@ def _column(table, name, dtype):
 
 def aggregate_table(table, params: dict):
     """One table of whole series sorted by (pk, t) -> its aggregates (one RecordBatch)."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     i64, f64 = np.int64, np.float64
     # The series restarts where the log end offset last fell below the last known one:
     # the rows before are not read. Each series keeps that row at least, so the series
@@ -439,17 +419,17 @@ def aggregate_table(table, params: dict):
         col = table.column(name)
         i, ok = s.last_index(col.is_valid().to_numpy(zero_copy_only=False))
         out[name] = col.take(pa.array(i, mask=~ok))
-    for name in RECORD_FIELDS:
+    for name, _ in RECORD_COLUMNS:  # features builds the committed_record struct from them
         out[name] = table.column(name).take(last)
     out["committed_offset_last"] = com_last
     for name, _ in OWNERS:
         out[name] = table.column(name).take(last)
-    return pa.RecordBatch.from_arrays([_chunk(v) for v in out.values()], names=list(out))
+    # in the declared schema's order: mapInArrow matches columns by position
+    names = [name for name, _ in (*OUTPUT, *OWNERS)]
+    return pa.RecordBatch.from_arrays([_chunk(out[name]) for name in names], names=names)
 
 
 def _chunk(values):
-    import pyarrow as pa
-
     if isinstance(values, pa.ChunkedArray):
         return values.combine_chunks()
     return values if isinstance(values, pa.Array) else pa.array(values)
@@ -457,10 +437,6 @@ def _chunk(values):
 
 def _status_window(table, s, keep):
     """collect_list of (snapshot_ts_us, committed, log end, log start, lag) over the kept rows, in order."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     rows = pa.array(np.flatnonzero(keep))
     ts_us = pc.cast(table.column("snapshot_ts").take(rows), pa.int64())
     fields = [ts_us] + [table.column(name).take(rows) for name in
