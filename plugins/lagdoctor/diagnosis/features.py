@@ -3,8 +3,8 @@
 Pure DataFrame -> DataFrame transforms: each partition series is sorted once
 and aggregated in one vectorised pass over Arrow batches (series.py; the Spark
 SQL windows of partition_aggregates_sql are the reference it equals), then
-Spark SQL aggregations; one shuffle for the group series. Rates are offsets per second over the actual
-time between snapshots, so gaps and jitter change nothing but precision.
+Spark SQL aggregations; one shuffle for the group series. Rates are offsets
+per second over the actual time between snapshots, so gaps and jitter change nothing but precision.
 Early/late are the first and last thirds of each series' own time span.
 
 Unknown is never zero: a row whose read failed (`read_error` set) has null
@@ -21,6 +21,7 @@ from lagdoctor.diagnosis import forecast, timelag
 from lagdoctor.diagnosis.thresholds import Thresholds
 
 PARTITION_KEY = ("cluster", "group_id", "topic", "partition")
+GROUP_KEY = ("cluster", "group_id", "topic")
 # Which code computes the per-partition aggregates: "arrow" (lagdoctor.diagnosis.series,
 # vectorised over Arrow batches) or "sql" (Spark SQL windows, the reference).
 FEATURES_ENGINE_ENV = "LAGDOCTOR_FEATURES_ENGINE"
@@ -35,7 +36,6 @@ def features_engine() -> str:
     if name not in FEATURES_ENGINES:
         raise ValueError(f"{FEATURES_ENGINE_ENV}={name!r}: expected one of {', '.join(FEATURES_ENGINES)}")
     return name
-GROUP_KEY = ("cluster", "group_id", "topic")
 
 
 def _ratio(num, den):
