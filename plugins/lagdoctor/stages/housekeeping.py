@@ -37,8 +37,9 @@ def prune_history(keep_days: int = SNAPSHOT_RETENTION_DAYS, settings: Settings |
     too; a job still writing one (its time limit is 30 minutes) is far younger.
     Only the folders old enough by their run key's time (or the run index's
     planned_at) have their files listed (on an object store, an hour of runs
-    in one request); a folder neither dates is listed, as before. At most once per PRUNE_EVERY (the marker PRUNE_MARKER in the data
-    root says when it last ran; 0 removed until then).
+    in one request); a folder neither dates is listed, as before. At most once
+    per PRUNE_EVERY (the marker PRUNE_MARKER in the data root says when it
+    last ran; 0 removed until then).
     """
     from lagdoctor.runindex import filesystem
 
@@ -85,9 +86,11 @@ def _newest_file_times(fs, path: str, folders: list[str]) -> dict[str, float | N
     request by their common name prefix: about one LIST an hour of runs, not one per
     folder. A local root, and a folder whose name has no run time, is listed on its own.
     """
+    from lagdoctor.store import _is_local
+
     newest: dict[str, float | None] = {f: None for f in folders}
     by_hour: dict[str, list[str]] = {}
-    object_store = "file" not in _protocols(fs)
+    object_store = not _is_local(fs)
     for folder in folders:
         name = folder.rsplit("/", 1)[-1]
         found = _RUN_ID_TIME.search(name)
@@ -104,15 +107,10 @@ def _newest_file_times(fs, path: str, folders: list[str]) -> dict[str, float | N
         base = path.rstrip("/") + "/"
         per_folder: dict[str, list[dict]] = {}
         for name, info in files.items():
-            folder = base + name[len(base):].split("/", 1)[0] if name.startswith(base) else None
-            per_folder.setdefault(folder, []).append(info)
+            if name.startswith(base):
+                per_folder.setdefault(base + name[len(base):].split("/", 1)[0], []).append(info)
         newest.update({f: _newest(per_folder.get(f, [])) for f in group})
     return newest
-
-
-def _protocols(fs) -> tuple[str, ...]:
-    protocol = getattr(fs, "protocol", ())
-    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
 def _newest(entries: list[dict]) -> float | None:
