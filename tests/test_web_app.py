@@ -176,6 +176,23 @@ def test_reports_route(lag_data_root):
         assert client.get(url).status_code == 404  # not even confirmed to exist
 
 
+def test_each_problem_gets_one_report_of_its_own_group_and_healthy_groups_none(lag_data_root):
+    """Reports are written for the three problems only, and each carries its own group's plan and
+    evidence, never another group's (the run's files are grouped by key once, not per group)."""
+    from lagdoctor.web.report import write_incident_report
+
+    paths = write_incident_report(str(lag_data_root.findings_root / lag_data_root.sweep_run_key),
+                                  settings=Settings(data_root=str(lag_data_root.root)), base_url="")
+    pages = {p.rsplit("/", 1)[-1]: open(p, encoding="utf-8").read() for p in paths}
+    assert len(pages) == 3 and sum("stalled_consumer" in n for n in pages) == 1  # the third: XSS_GROUP's
+    by_group = {g: [t for n, t in pages.items() if g in n] for g in ("orders-processor", "payments-ledger")}
+    assert all(len(v) == 1 for v in by_group.values()), sorted(pages)
+    orders, ledger = by_group["orders-processor"][0], by_group["payments-ledger"][0]
+    assert "partition_imbalance" in orders and "partition_imbalance" not in ledger
+    assert "payments-ledger" not in orders and "orders-processor" not in ledger
+    assert not any(g in n for n in pages for g in ("billing", "search-indexer"))
+
+
 def test_a_run_with_threshold_overrides_is_shown_but_never_replaces_the_sweeps_verdict(lag_data_root):
     """An incident run with {"warning_lag": 1} after the sweep turns nothing red: every card reads as before,
     and the run is listed, labelled."""

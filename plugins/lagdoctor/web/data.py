@@ -30,7 +30,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping
+from typing import Any, Collection, Iterable, Mapping
 
 from lagdoctor.settings import join
 
@@ -350,20 +350,29 @@ def read_run(run: Run) -> RunData:
     return data
 
 
-def states_of_run(data: RunData) -> list[GroupState]:
-    """Each (cluster, group, topic) of one run, its findings worst first."""
+def states_of_run(data: RunData, keys: Collection[Key] | None = None) -> list[GroupState]:
+    """Each (cluster, group, topic) of one run, or of those in `keys`, its findings worst first."""
     from lagdoctor.notify.render import with_partition_status
 
+    # each file grouped by key once: matching every key against every row took
+    # 100M comparisons (157 s) at 10,000 groups x 20 partitions
     status_by_key: dict[Key, list[dict[str, Any]]] = {}
     for row in data.status_rows:
         status_by_key.setdefault(finding_key(row), []).append(row)
+    findings_by_key: dict[Key, list[dict[str, Any]]] = {}
+    for f in data.findings:
+        key = finding_key(f)
+        if keys is None or key in keys:
+            findings_by_key.setdefault(key, []).append(f)
+    plans_by_key: dict[Key, dict[str, dict[str, Any]]] = {}
+    for (k, d), p in data.plans.items():
+        plans_by_key.setdefault(k, {})[d] = p
     states = []
-    for key in data.keys():
+    for key, key_findings in findings_by_key.items():
         rows = sorted(status_by_key.get(key, []), key=lambda r: r.get("partition", 0))
-        findings = [with_partition_status(f, rows) for f in data.findings if finding_key(f) == key]
+        findings = [with_partition_status(f, rows) for f in key_findings]
         findings.sort(key=lambda f: (-SEVERITY_RANK.get(f.get("severity", "ok"), 0), str(f.get("diagnosis"))))
-        plans = {d: p for (k, d), p in data.plans.items() if k == key}
-        states.append(GroupState(key, data.run, findings, rows, plans))
+        states.append(GroupState(key, data.run, findings, rows, plans_by_key.get(key, {})))
     return states
 
 

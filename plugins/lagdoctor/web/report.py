@@ -108,15 +108,16 @@ def write_incident_report(run_dir: str, *, settings: Settings | None = None, bas
     same ``now``, the same bytes: ``now`` is the "generated" stamp, default the clock).
     ``base_url`` "" links nothing; None takes links.report_base_url(environ).
     """
-    from lagdoctor.web.data import read_history, read_run, run_of, states_of_run
+    from lagdoctor.web.data import finding_key, read_history, read_run, run_of, states_of_run
     from lagdoctor.web.views import group_view
 
     settings = settings or Settings.from_env()
     base_url = base_url if base_url is not None else (links.report_base_url(environ) or "")
     run = run_of(run_dir)
     # a problem to report: not healthy, and not still collecting history (issue 29: no verdict)
-    states = [s for s in states_of_run(read_run(run))
-              if any(f.get("diagnosis") not in NO_PROBLEM_DIAGNOSES for f in s.findings)]
+    data = read_run(run)
+    states = states_of_run(data, {finding_key(f) for f in data.findings
+                                  if f.get("diagnosis") not in NO_PROBLEM_DIAGNOSES})
     paths: list[str] = []
     urls: dict[tuple[str, str, str, str], str] = {}
     listings: dict[str, list[str]] = {}  # one store listing per cluster for the whole run, not one per group
