@@ -122,7 +122,7 @@ def test_the_arrow_aggregates_equal_the_sql_reference_on_every_column(frame, see
 
 def test_series_longer_than_a_batch_and_split_across_batches_agree(spark, frame):
     # batches of 7 rows: most series span two or more, and a few long ones take
-    # the sequential-sum path for few long series
+    # the sequential-sum path for few long series (through Spark's shuffle)
     df = frame(_history(11, partitions=9, longest=400))
     previous = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "7")
@@ -131,6 +131,48 @@ def test_series_longer_than_a_batch_and_split_across_batches_agree(spark, frame)
     finally:
         spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", previous)
     assert got == _by_key(_aggregates(df, "sql"), ["pk"])
+
+
+def test_rows_in_any_order_and_any_slicing_give_the_same_aggregates(frame):
+    """A task's rows come from the shuffle in no order and are cut into slices of whole
+    series: shuffled rows in batches of 5, and slices of 1, 9 or 10,000 rows, all agree."""
+    import functools
+
+    import numpy as np
+    import pyarrow as pa
+
+    from lagdoctor.diagnosis import features as fz
+    from lagdoctor.diagnosis import forecast, series, timelag
+    from lagdoctor.diagnosis.thresholds import Thresholds
+
+    df = forecast.with_input_columns(timelag.with_record_columns(fz._with_stable_offset(fz._with_read_error(
+        frame(_history(6, partitions=25, longest=60))))))
+    rows = fz._series_rows(df, fz.OWNER_COLUMNS).orderBy("pk", "t").toArrow()
+    params = series.thresholds_params(Thresholds())
+
+    def run(table, chunk_rows, batch_rows):
+        task = functools.partial(series.aggregate_batches, params=params, chunk_rows=chunk_rows)
+        return pa.Table.from_batches(list(task(iter(table.to_batches(max_chunksize=batch_rows))))).sort_by("pk")
+
+    want = run(rows, series.CHUNK_ROWS, rows.num_rows)
+    shuffled = rows.take(pa.array(np.random.default_rng(6).permutation(rows.num_rows)))
+    assert want.num_rows == 25
+    for chunk_rows in (1, 9, 10_000):
+        assert run(shuffled, chunk_rows, 5).equals(want), chunk_rows
+
+
+@pytest.mark.parametrize("pk, size, want", [
+    ([1, 1, 2, 2, 2, 3], 3, [(0, 2), (2, 5), (5, 6)]),  # a slice ends where a series starts
+    ([1, 1, 1, 1, 2], 2, [(0, 4), (4, 5)]),  # a series longer than the size goes whole
+    ([1, 2, 3, 4], 2, [(0, 2), (2, 4)]),
+    ([7], 5, [(0, 1)]),
+])
+def test_slices_hold_whole_series(pk, size, want):
+    import numpy as np
+
+    from lagdoctor.diagnosis.series import _slices
+
+    assert list(_slices(np.array(pk), size)) == want
 
 
 def test_features_and_findings_are_the_same_from_either_engine(frame):

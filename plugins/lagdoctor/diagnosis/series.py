@@ -1,11 +1,13 @@
 """Per-partition aggregates of the offset history, vectorised over Arrow batches.
 
 The same aggregates as features.partition_aggregates_sql (the Spark SQL
-reference), in one pass: Spark clusters the rows by the partition's hash and
-sorts them by time, then each Arrow batch is worked on as whole columns, numpy
-over segments of one partition each. There is no Python loop per partition and
-no window expression per feature; a series that spans two batches is carried
-to the next one whole.
+reference), in one pass: Spark clusters the rows by the partition's hash; each
+task sorts its rows by (hash, time) and works on them in slices of whole
+series, as whole columns, numpy over segments of one partition each. There is
+no Python loop per partition and no window expression per feature.
+
+A task holds its rows in memory while it sorts them: one shuffle partition's,
+about 16 MiB of Parquet input (session.BYTES_PER_SHUFFLE_PARTITION).
 
 This module is pickled by value into the Python workers (see
 `partition_aggregates`): the functions travel with the values of the globals
@@ -80,36 +82,49 @@ def partition_aggregates(rows, th):
 
     # by value: the workers of a Connect server or a cluster need no lagdoctor installed
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    clustered = rows.repartition("pk").sortWithinPartitions("pk", "t")
-    agg = clustered.mapInArrow(functools.partial(aggregate_batches, params=thresholds_params(th)), output_ddl())
+    # No sortWithinPartitions: each task sorts its rows on the two numbers in numpy,
+    # which costs a fraction of Spark sorting the wide rows (the series pass at
+    # 10,000 x 20 partitions, 3.6M rows, local[2]: 14.9 -> 10.7 s)
+    agg = rows.repartition("pk").mapInArrow(
+        functools.partial(aggregate_batches, params=thresholds_params(th)), output_ddl())
     names = [name for name, _ in OUTPUT]
     cut, last = names.index("nothing_to_read") + 1, names.index("cleanup_policy") + 1
     return agg.select(*names[:cut], committed_record("committed_offset_last").alias("committed_record"),
                       *names[cut:last], *(name for name, _ in OWNERS))
 
 
-def aggregate_batches(batches: Iterator, params: dict) -> Iterator:
-    """Record batches sorted by (pk, t) -> one aggregate batch per batch of whole series."""
-    carry = None
-    for batch in batches:
-        if batch.num_rows == 0:
-            continue
-        table = pa.Table.from_batches([batch])
-        if carry is not None:
-            table = pa.concat_tables([carry, table])
-        pk = table.column("pk").to_numpy()
-        # the last series may go on in the next batch: keep it back
-        cut = _last_series_start(pk)
-        if cut > 0:
-            yield aggregate_table(table.slice(0, cut), params)
-        carry = table.slice(cut)
-    if carry is not None and carry.num_rows:
-        yield aggregate_table(carry, params)
+# Rows per aggregate_table call (whole series: a longer one goes whole): bounds the
+# working arrays, which are several times the rows' size.
+CHUNK_ROWS = 65_536
 
 
-def _last_series_start(pk) -> int:
-    other = np.flatnonzero(pk != pk[-1])
-    return int(other[-1]) + 1 if len(other) else 0
+def aggregate_batches(batches: Iterator, params: dict, chunk_rows: int = CHUNK_ROWS) -> Iterator:
+    """One task's record batches, in any order -> aggregate batches of whole series."""
+    tables = [pa.Table.from_batches([batch]) for batch in batches if batch.num_rows]
+    if not tables:
+        return
+    table = pa.concat_tables(tables)
+    # stable, like the order the rows came in for rows of one time (as Spark's sort left them)
+    order = np.lexsort((table.column("t").to_numpy(), table.column("pk").to_numpy()))
+    table = table.take(pa.array(order))
+    for start, stop in _slices(table.column("pk").to_numpy(), chunk_rows):
+        yield aggregate_table(table.slice(start, stop - start), params)
+
+
+def _slices(pk, size: int) -> Iterator[tuple[int, int]]:
+    """[start, stop) ranges of sorted `pk` of at most `size` rows, each of whole series;
+    a series longer than `size` is a range of its own."""
+    n = len(pk)
+    starts = np.flatnonzero(np.r_[True, pk[1:] != pk[:-1]])
+    start = 0
+    while start < n:
+        if start + size >= n:
+            stop = n
+        else:
+            k = int(np.searchsorted(starts, start + size, side="right")) - 1  # last series start within size
+            stop = int(starts[k]) if starts[k] > start else (int(starts[k + 1]) if k + 1 < len(starts) else n)
+        yield start, stop
+        start = stop
 
 
 class _Segments:
