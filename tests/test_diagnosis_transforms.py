@@ -426,6 +426,58 @@ def test_rebalances_count_state_changes_and_member_churn(spark, frame):
     assertDataFrameEqual(got, expected)
 
 
+def test_group_series_totals_equal_one_aggregation_over_every_row(frame):
+    """The group series folds rows in two levels (by group state first, so Spark hashes instead
+    of sorting); its totals equal one aggregation over every row, also where the rows of one
+    snapshot disagree on the state, some reads failed, a commit or an owner is missing."""
+    import random
+
+    from pyspark.sql import functions as F
+
+    from lagdoctor.diagnosis.features import GROUP_KEY, _with_read_error, group_series
+
+    rng = random.Random(31)
+    rows = []
+    for g in range(12):
+        for k in range(8):
+            for p in range(rng.randint(1, 5)):
+                failed = rng.random() < 0.1
+                leo = None if failed else 1000 * k + p
+                committed = None if failed or rng.random() < 0.1 else max(0, (leo or 0) - rng.randint(0, 500))
+                rows.append(snap(60 * k, p, leo, committed, group=f"g{g}",
+                                 state=rng.choice(["STABLE", "STABLE", "PREPARING_REBALANCE", None]),
+                                 members=rng.choice([0, 1, 2, None]),
+                                 member=rng.choice([None, "c-1-a", "c-2-b", "c-3-c"]),
+                                 read_error="timed out" if failed else None))
+    df = frame(rows)
+    got = group_series(df)
+    one = _with_read_error(df)
+    owned = F.col("member_id").isNotNull()
+    h = F.xxhash64("member_id")
+    want = one.groupBy(*GROUP_KEY, "snapshot_ts").agg(
+        F.when(F.count(F.when(F.col("lag").isNull() & F.col("read_error").isNotNull(), 1)) == 0,
+               F.sum(F.coalesce(F.col("lag"), F.lit(0)))).alias("total_lag"),
+        F.when(F.count("log_end_offset") == F.count(F.lit(1)), F.sum("log_end_offset")).alias("total_leo"),
+        F.when(F.count("committed_offset") == F.count(F.lit(1)), F.sum("committed_offset")).alias("total_committed"),
+        F.max("group_state").alias("group_state"),
+        F.max("group_members").alias("group_members"),
+        F.when(F.count(F.when(owned, 1)) > 0, F.xxhash64(
+            F.min(F.when(owned, h)), F.max(F.when(owned, h)),
+            F.bit_or(F.when(owned, F.expr("shiftleft(1L, cast(pmod(xxhash64(member_id), 64) as int))"))))
+        ).alias("member_set"),
+        F.count(F.when(~owned, 1)).alias("unowned_partitions"),
+    )
+    cols = [*GROUP_KEY, "snapshot_ts", "total_lag", "total_leo", "total_committed", "group_state", "group_members",
+            "member_set", "unowned_partitions"]
+    order = [*GROUP_KEY, "snapshot_ts"]
+    got_rows = [r.asDict() for r in got.select(*cols).orderBy(*order).collect()]
+    want_rows = [r.asDict() for r in want.select(*cols).orderBy(*order).collect()]
+    assert len(got_rows) == 12 * 8 and got_rows == want_rows
+    # the histories hold what the two levels must get right
+    assert any(r["total_lag"] is None for r in got_rows) and any(r["total_committed"] is None for r in got_rows)
+    assert any(r["member_set"] is None for r in got_rows)
+
+
 def test_an_incremental_rebalance_counts_once(spark, frame):
     """Rule case 20: a group with live members and a partition nobody owns is still in the
     rebalance it entered, and an UNKNOWN state (a failed read) neither starts nor ends one."""

@@ -593,21 +593,38 @@ def group_series(snapshots, partition_feats=None):
     h = F.xxhash64(identity)
     bloom = F.expr(f"shiftleft(1L, cast(pmod(xxhash64({identity_sql}), 64) as int))")
     owned = F.col("member_id").isNotNull()
-    agg = snapshots.groupBy(*GROUP_KEY, "snapshot_ts").agg(
-        F.when(
-            F.count(F.when(F.col("lag").isNull() & F.col("read_error").isNotNull(), 1)) == 0,
-            F.sum(F.coalesce(F.col("lag"), F.lit(0))),
-        ).alias("total_lag"),
-        F.when(F.count("log_end_offset") == F.count(F.lit(1)), F.sum("log_end_offset")).alias("total_leo"),
-        # null unless every partition's commit is known: a partial sum would read as a move
-        F.when(F.count("committed_offset") == F.count(F.lit(1)), F.sum("committed_offset")).alias("total_committed"),
-        F.max("group_state").alias("group_state"),
+    # Two levels, so the big one hashes: a string's max (group_state) makes Spark sort
+    # every row for a SortAggregate. Grouped by the state too, the rows fold by hash,
+    # map-side, into one row per (group, snapshot, state), nearly always one per
+    # (group, snapshot); the second level takes the state's max over those few.
+    keys = (*GROUP_KEY, "snapshot_ts")
+    part = snapshots.groupBy(*keys, "group_state").agg(
+        F.count(F.when(F.col("lag").isNull() & F.col("read_error").isNotNull(), 1)).alias("_unknown"),
+        F.sum(F.coalesce(F.col("lag"), F.lit(0))).alias("_lag"),
+        F.count(F.lit(1)).alias("_rows"),
+        F.count("log_end_offset").alias("_leo_known"),
+        F.sum("log_end_offset").alias("_leo"),
+        F.count("committed_offset").alias("_committed_known"),
+        F.sum("committed_offset").alias("_committed"),
         F.max("group_members").alias("group_members"),
         F.count(F.when(owned, 1)).alias("_owned"),
-        F.count(F.when(~owned, 1)).alias("unowned_partitions"),
+        F.count(F.when(~owned, 1)).alias("_unowned"),
         F.min(F.when(owned, h)).alias("_hmin"),
         F.max(F.when(owned, h)).alias("_hmax"),
         F.bit_or(F.when(owned, bloom)).alias("_bloom"),
+    )
+    agg = part.groupBy(*keys).agg(
+        F.when(F.sum("_unknown") == 0, F.sum("_lag")).alias("total_lag"),
+        # null unless every partition's offset is known: a partial sum would read as a drop, or a move
+        F.when(F.sum("_leo_known") == F.sum("_rows"), F.sum("_leo")).alias("total_leo"),
+        F.when(F.sum("_committed_known") == F.sum("_rows"), F.sum("_committed")).alias("total_committed"),
+        F.max("group_state").alias("group_state"),
+        F.max("group_members").alias("group_members"),
+        F.sum("_owned").alias("_owned"),
+        F.sum("_unowned").alias("unowned_partitions"),
+        F.min("_hmin").alias("_hmin"),
+        F.max("_hmax").alias("_hmax"),
+        F.bit_or("_bloom").alias("_bloom"),
     )
     return agg.select(
         *GROUP_KEY,
