@@ -104,6 +104,7 @@ def aggregate_batches(batches: Iterator, params: dict, chunk_rows: int = CHUNK_R
     if not tables:
         return
     table = pa.concat_tables(tables)
+    del tables  # the sorted copy below replaces these rows: one copy held, not two
     # stable, like the order the rows came in for rows of one time (as Spark's sort left them)
     order = np.lexsort((table.column("t").to_numpy(), table.column("pk").to_numpy()))
     table = table.take(pa.array(order))
