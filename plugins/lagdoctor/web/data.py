@@ -88,12 +88,6 @@ class RunData:
     status_rows: list[dict[str, Any]]
     plans: dict[tuple[Key, str], dict[str, Any]] = field(default_factory=dict)  # (key, diagnosis) -> plan
 
-    def keys(self) -> list[Key]:
-        seen: dict[Key, None] = {}
-        for f in self.findings:
-            seen.setdefault(finding_key(f), None)
-        return list(seen)
-
 
 @dataclass
 class GroupState:
@@ -428,9 +422,10 @@ def latest_states(
         except (OSError, ValueError) as exc:
             log.warning("ignoring unreadable run %s: %s", run.path, exc)
             continue
-        for state in states_of_run(data):
-            if (cluster and state.cluster != cluster) or (group and state.group_id != group):
-                continue
+        # a group's view builds that group's state only, not every group's of the run
+        wanted = None if not (cluster or group) else {
+            k for k in map(finding_key, data.findings) if (not cluster or k[0] == cluster) and (not group or k[1] == group)}
+        for state in states_of_run(data, wanted):
             if run.has_overrides:
                 override_runs[run.run_key] = run
             held.setdefault(state.key, state)
