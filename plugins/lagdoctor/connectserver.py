@@ -63,6 +63,9 @@ SERVER_CONF: dict[str, str] = {
     # static here: a client reads it to decide whether to record a call site for every
     # Column it builds (0.5 s of a sweep's client CPU); sessions cannot change it
     "spark.python.sql.dataFrameDebugging.enabled": "false",
+    # each run's local checkpoints are freed when the JVM collects their RDDs; Spark forces
+    # a collection every 30 min by default, which at one run a minute holds 30 runs' rows
+    "spark.cleaner.periodicGC.interval": "5min",
 }
 
 
