@@ -15,7 +15,7 @@ export PATH := $(BIN):$(PATH)
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 
-.PHONY: demo test install clean bench airflow browser postgres kafka redis topology s3jars
+.PHONY: demo test check install clean bench airflow browser postgres kafka redis topology s3jars
 
 install: $(STAMP)
 
@@ -40,6 +40,10 @@ demo: $(STAMP) kafka
 
 test: $(STAMP) browser postgres kafka redis s3jars
 	@$(BIN)/python -m pytest
+
+# The tier without a broker, Spark, Airflow or the topology: what to run while working.
+check: $(STAMP) browser postgres
+	@$(BIN)/python -m pytest -q -m "not broker and not spark and not airflow and not topology"
 
 # Headless Chromium for the lag page's browser test (Debian's package, ~25 s once).
 browser:

@@ -44,3 +44,9 @@ pytest_plugins = [
     "tests.fixtures.spark",
     "tests.fixtures.web",
 ]
+
+
+def pytest_runtest_setup(item):
+    from tests.fixtures import spark as spark_fixtures
+
+    spark_fixtures.CURRENT_MARKS = {mark.name for mark in item.iter_markers()}

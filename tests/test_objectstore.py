@@ -364,6 +364,7 @@ def test_a_connect_server_reads_with_the_sessions_keys_and_does_not_grow_a_clien
         assert rows_read_by_a_new_session(restarted) == 2
 
 
+@pytest.mark.spark
 def test_diagnosis_job_reads_and_writes_the_object_store(s3_connection, tmp_path):
     from lagdoctor.lab.sim import write_seeds_incident
     from lagdoctor.metrics import render_metrics
@@ -405,6 +406,7 @@ def test_diagnosis_job_reads_and_writes_the_object_store(s3_connection, tmp_path
     assert 'group="orders-processor"' in render_metrics(settings.findings_root)
 
 
+@pytest.mark.spark
 def test_a_wrong_secret_is_one_line_without_the_secret(s3_connection, monkeypatch, tmp_path):
     from lagdoctor import store
     from lagdoctor.objectstore import forget_configured
