@@ -322,11 +322,12 @@ def test_the_sweeps_found_the_crashed_group_posted_it_and_kept_state_in_postgres
 
 
 README_EXAMPLE = "<!-- run by tests/test_topology.py: the README's cluster example -->"
+CLUSTER_EXAMPLE_PAGE = Path(__file__).resolve().parents[1] / "docs" / "deploying.md"
 
 
 def readme_cluster_example() -> str:
-    """The README's cluster example: the bash block after its marker."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    """The deploying page's cluster example: the bash block after its marker."""
+    text = CLUSTER_EXAMPLE_PAGE.read_text()
     after = text[text.index(README_EXAMPLE):]
     return after[after.index("```bash\n") + len("```bash\n"):after.index("\n```", after.index("```bash"))]
 
