@@ -13,6 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 _airflow_home = Path(tempfile.mkdtemp(prefix="lagdoctor-airflow-"))
@@ -44,6 +46,25 @@ pytest_plugins = [
     "tests.fixtures.spark",
     "tests.fixtures.web",
 ]
+
+
+# A test that takes one of these fixtures needs what the marker names, whether or not its
+# module says so: `make check` (-m "not broker and not spark ...") must never start them.
+MARKER_OF_FIXTURE = {
+    "kafka_bootstrap": "broker",
+    "spark": "spark", "connect_server": "spark", "connect_job": "spark", "job_runner": "spark",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        have = {mark.name for mark in item.iter_markers()}
+        for fixture, marker in MARKER_OF_FIXTURE.items():
+            if fixture in names and marker not in have:
+                item.add_marker(marker)
+                have.add(marker)
 
 
 def pytest_runtest_setup(item):

@@ -40,6 +40,7 @@ def is_kafka_jvm(pid: int) -> bool:
         return False
 
 
+@pytest.mark.broker
 def test_broker_prints_ready_and_stops_cleanly_on_sigterm():
     proc = subprocess.Popen([LAGDOCTOR, "broker"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     jvms: list[int] = []
