@@ -42,8 +42,9 @@ test: $(STAMP) browser postgres kafka redis s3jars
 	@$(BIN)/python -m pytest
 
 # The tier without a broker, Spark, Airflow or the topology: what to run while working.
+CHECK_WORKERS ?= 2
 check: $(STAMP) browser postgres
-	@$(BIN)/python -m pytest -q -m "not broker and not spark and not airflow and not topology"
+	@$(BIN)/python -m pytest -q -n $(CHECK_WORKERS) -m "not broker and not spark and not airflow and not topology"
 
 # Headless Chromium for the lag page's browser test (Debian's package, ~25 s once).
 browser:
