@@ -178,7 +178,8 @@ def main(argv=None) -> int:
         partitions = partition_features(in_window, thresholds).localCheckpoint()
         group_feats = group_features(group_series(in_window, partitions), thresholds).localCheckpoint()
         carried = read_carried(spark, absolute(args.carry_from)) if args.carry_from else None
-        persisted += [df for df in (carried,) if df is not None]
+        if carried is not None:
+            persisted.append(carried)
         found = findings(partitions, group_feats, thresholds, start, end, carried=carried)
         status = partition_status(partitions, group_feats, int(end.timestamp() * 1000), thresholds)
         # load: the outputs, then _SUCCESS last (a reader skips the folder until then)

@@ -321,19 +321,19 @@ def test_the_sweeps_found_the_crashed_group_posted_it_and_kept_state_in_postgres
     assert state_rows(world, "slack_messages"), "no Slack message was recorded in the PostgreSQL state"
 
 
-README_EXAMPLE = "<!-- run by tests/test_topology.py: the README's cluster example -->"
+CLUSTER_EXAMPLE = "<!-- run by tests/test_topology.py: the cluster example -->"
 CLUSTER_EXAMPLE_PAGE = Path(__file__).resolve().parents[1] / "docs" / "deploying.md"
 
 
-def readme_cluster_example() -> str:
+def cluster_example() -> str:
     """The deploying page's cluster example: the bash block after its marker."""
     text = CLUSTER_EXAMPLE_PAGE.read_text()
-    after = text[text.index(README_EXAMPLE):]
+    after = text[text.index(CLUSTER_EXAMPLE):]
     return after[after.index("```bash\n") + len("```bash\n"):after.index("\n```", after.index("```bash"))]
 
 
 @needs_s3_root
-def test_the_readme_cluster_example_runs_as_written(world):
+def test_the_deploying_pages_cluster_example_runs_as_written(world):
     """Its placeholders (the store's address and keys, the master) become this topology's;
     the rest runs as printed, on the snapshots the sweeps wrote."""
     import subprocess
@@ -342,12 +342,12 @@ def test_the_readme_cluster_example_runs_as_written(world):
     from lagdoctor.lab.topology import s3_client
 
     a = world["a"]
-    script = readme_cluster_example()
+    script = cluster_example()
     for placeholder, value in {"http://s3.internal:9000": a.s3_endpoint, "<access key>": a.s3_key,
                                "<secret key>": a.s3_secret,
                                "/etc/spark/conf": str(a.spark_conf_dir),
                                "spark://spark-master:7077": a.spark_master}.items():
-        assert placeholder in script, f"the README's cluster example lost its {placeholder}"
+        assert placeholder in script, f"the deploying page's cluster example lost its {placeholder}"
         script = script.replace(placeholder, value)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], env=env, capture_output=True, text=True,

@@ -391,7 +391,7 @@ class Topology:
 
     def _start_connect(self, spark_master: str, s3: tuple[str, str, str]) -> tuple[str, str, Part]:
         """The warm engine: a Spark Connect server whose executors run on the standalone cluster.
-        One core of the two (spark.cores.max), so a spark-submit (the README's cluster example,
+        One core of the two (spark.cores.max), so a spark-submit (the deploying page's cluster example,
         the fallback) still gets the other; S3A and its keys as every job has them."""
         from lagdoctor.connectserver import ConnectServer, ConnectServerError
         from lagdoctor.objectstore import S3Access, is_secret_conf, spark_conf
