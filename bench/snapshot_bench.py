@@ -51,7 +51,7 @@ def setup(bootstrap: str, groups: int, partitions: int, records: int = 0) -> Non
     # the broker has made itself their leader. Wait until every partition answers ListOffsets.
     # The collector's own batched ListOffsets (one request for all 10,000 partitions
     # never answered here: librdkafka left its future pending for minutes).
-    from lagdoctor.kafka.collector import log_offsets
+    from lagdoctor.kafka.log_offsets import log_offsets
 
     deadline = time.monotonic() + 900
     wanted = [(t, p) for t in topics for p in range(partitions)]

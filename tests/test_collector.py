@@ -14,6 +14,7 @@ from confluent_kafka import ConsumerGroupState
 from lagdoctor.kafka.collector import collect_snapshot, compile_group_pattern, group_state_name
 from lagdoctor.contracts import GROUP_STATES
 from lagdoctor.kafka.clients import admin_client
+from lagdoctor.kafka.request_window import RequestWindow
 from lagdoctor.lab.workload import commit_offsets, create_topic, live_consumer_config, produce_counts
 
 broker = pytest.mark.broker
@@ -237,7 +238,7 @@ def _kip848_description(state, type_name, members):
     ],
 )
 def test_a_kip848_group_without_a_state_name_is_assigning_or_reconciling(state, type_name, members, expected):
-    from lagdoctor.kafka.collector import _description
+    from lagdoctor.kafka.group_reads import _description
 
     assert _description("g", _kip848_description(state, type_name, members)).state == expected
 
@@ -280,19 +281,19 @@ def test_group_pattern_matches_the_whole_id(pattern, group, matches):
 # -- group reads in a child process (librdkafka crashes during broker restarts) --
 
 def test_group_reads_run_apart_for_a_client_built_here_and_in_process_for_any_other():
-    from lagdoctor.kafka import collector
+    from lagdoctor.kafka import group_reads
 
-    reader = collector.group_reader(admin_client("127.0.0.1:1"))
-    assert isinstance(reader, collector.IsolatedReader)
+    reader = group_reads.group_reader(admin_client("127.0.0.1:1"))
+    assert isinstance(reader, group_reads.IsolatedReader)
     other = object()
-    assert collector.group_reader(other) is other
+    assert group_reads.group_reader(other) is other
     # A config a child cannot be sent (a closure callback) keeps the reads here, on a new client.
     closure = admin_client("127.0.0.1:1", {"oauth_cb": lambda config: ("token", 2e9), "security.protocol":
                                            "SASL_PLAINTEXT", "sasl.mechanisms": "OAUTHBEARER"})
-    assert not isinstance(collector.group_reader(closure), collector.IsolatedReader)
+    assert not isinstance(group_reads.group_reader(closure), group_reads.IsolatedReader)
     # The parent's statistics hook is its own: not sent, so the reads still run apart.
     counted = admin_client("127.0.0.1:1", {"stats_cb": lambda stats: None, "statistics.interval.ms": 1000})
-    assert isinstance(collector.group_reader(counted), collector.IsolatedReader)
+    assert isinstance(group_reads.group_reader(counted), group_reads.IsolatedReader)
 
 
 def _refresh_token(config):
@@ -304,23 +305,23 @@ def test_a_callback_a_script_defines_keeps_the_group_reads_in_its_process(monkey
     but the child, another __main__, cannot load it: every group read would fail."""
     import sys
 
-    from lagdoctor.kafka import collector
+    from lagdoctor.kafka import group_reads
 
     config = {"bootstrap.servers": "127.0.0.1:1", "oauth_cb": _refresh_token}
-    assert collector.IsolatedReader.of(config) is not None  # importable from its module: sent
+    assert group_reads.IsolatedReader.of(config) is not None  # importable from its module: sent
     monkeypatch.setattr(_refresh_token, "__module__", "__main__")
     monkeypatch.setattr(sys.modules["__main__"], "_refresh_token", _refresh_token, raising=False)
-    assert collector.IsolatedReader.of(config) is None
+    assert group_reads.IsolatedReader.of(config) is None
 
 
 def test_a_group_reader_that_crashes_gives_read_errors_not_a_dead_process(monkeypatch):
     """The child's Kafka client dies of SIGSEGV (librdkafka issue 5040), twice: every group's
     reads are read errors saying so, the snapshot's process lives on."""
-    from lagdoctor.kafka import collector
+    from lagdoctor.kafka import group_reads
 
-    monkeypatch.setattr(collector, "_CHILD_MAIN", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
-    reader = collector.group_reader(admin_client("127.0.0.1:1"))
-    described, commits = collector.read_groups(reader, ["a", "b"], 1.0, collector.RequestWindow(8, 30))
+    monkeypatch.setattr(group_reads, "_CHILD_MAIN", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    reader = group_reads.group_reader(admin_client("127.0.0.1:1"))
+    described, commits = group_reads.read_groups(reader, ["a", "b"], 1.0, RequestWindow(8, 30))
     assert set(described) == set(commits) == {"a", "b"}
     for group in ("a", "b"):
         assert described[group].state == "UNKNOWN" and described[group].members is None
@@ -333,12 +334,12 @@ def test_a_group_reader_answers_through_the_child(monkeypatch):
     """No groups: no child; a child's KafkaException comes back as one (collect_snapshot's CollectionError)."""
     from confluent_kafka import KafkaException
 
-    from lagdoctor.kafka import collector
+    from lagdoctor.kafka import group_reads
 
-    reader = collector.group_reader(admin_client("127.0.0.1:1"))
-    assert collector.read_groups(reader, [], 1.0, collector.RequestWindow(8, 30)) == ({}, {})
-    monkeypatch.setattr(collector, "_CHILD_MAIN", (
+    reader = group_reads.group_reader(admin_client("127.0.0.1:1"))
+    assert group_reads.read_groups(reader, [], 1.0, RequestWindow(8, 30)) == ({}, {})
+    monkeypatch.setattr(group_reads, "_CHILD_MAIN", (
         "import pickle, sys; sys.stdin.buffer.read(); "
         "sys.stdout.buffer.write(pickle.dumps(('kafka', 'Local: Broker transport failure')))"))
     with pytest.raises(KafkaException, match="Broker transport failure"):
-        collector.read_groups(reader, ["a"], 1.0, collector.RequestWindow(8, 30))
+        group_reads.read_groups(reader, ["a"], 1.0, RequestWindow(8, 30))

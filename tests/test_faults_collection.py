@@ -382,11 +382,11 @@ def six_groups(kafka_bootstrap, unique):
 
 
 def test_one_failed_request_among_many_in_flight_marks_exactly_its_group(kafka_bootstrap, six_groups, monkeypatch):
-    import lagdoctor.kafka.collector as collector
+    from lagdoctor.kafka import log_offsets
 
     topic, groups, pattern = six_groups
     # ListOffsets in calls of 2 partitions: a topic's partitions span three calls.
-    monkeypatch.setattr(collector, "LIST_OFFSETS_BATCH", 2)
+    monkeypatch.setattr(log_offsets, "LIST_OFFSETS_BATCH", 2)
     admin = FailingAdmin(admin_client(kafka_bootstrap), offset_fetch={groups[1], groups[4]}, describe={groups[2]},
                          end_offsets={(topic, 3)})
     table = collect_snapshot(admin, "prod", pattern, NOW, bootstrap=kafka_bootstrap, max_in_flight=2)

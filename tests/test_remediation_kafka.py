@@ -392,7 +392,7 @@ def test_skip_poison_pill_is_blocked_in_one_line_when_the_group_reader_crashes(
         settings, kafka_bootstrap, kafka_cluster, unique, monkeypatch, tmp_path, crash_from_read, audited):
     """librdkafka's OffsetFetch SIGSEGV during a broker restart (issue 5040) kills the child
     that reads the group, not the task: the action is blocked saying so, never "no commit"."""
-    from lagdoctor.kafka import collector
+    from lagdoctor.kafka import group_reads
     from lagdoctor.remediation.audit import ActionLog
 
     topic, group = unique("orders"), unique("orders-group")
@@ -400,11 +400,11 @@ def test_skip_poison_pill_is_blocked_in_one_line_when_the_group_reader_crashes(
     create_topics(kafka_bootstrap, f"{topic}.dlq", partitions=1)
     produce(kafka_bootstrap, topic, [f"v{i}".encode() for i in range(8)])
     commit(kafka_bootstrap, group, topic, 0, 4)
-    # The collector's fault hook: the child dies of SIGSEGV from its Nth start on (a retry included).
+    # The group reader's fault hook: the child dies of SIGSEGV from its Nth start on (a retry included).
     starts = tmp_path / "child-starts"
-    monkeypatch.setattr(collector, "_CHILD_MAIN", (
+    monkeypatch.setattr(group_reads, "_CHILD_MAIN", (
         f"import os, signal; f = open({str(starts)!r}, 'a+'); f.write('.'); f.seek(0); n = len(f.read()); "
-        f"f.close(); n >= {crash_from_read} and os.kill(os.getpid(), signal.SIGSEGV); " + collector._CHILD_MAIN))
+        f"f.close(); n >= {crash_from_read} and os.kill(os.getpid(), signal.SIGSEGV); " + group_reads._CHILD_MAIN))
 
     rec = run_action("skip_poison_pill", stalled(kafka_cluster, group, topic, 4), run_id="r1", dry_run=False,
                      approved=True, now=T0)

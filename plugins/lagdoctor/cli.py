@@ -73,7 +73,8 @@ def _admin(args: argparse.Namespace):
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    from lagdoctor.kafka.collector import collect_snapshot, compile_group_pattern
+    from lagdoctor.kafka.collector import collect_snapshot
+    from lagdoctor.kafka.group_listing import compile_group_pattern
     from lagdoctor.settings import Settings
     from lagdoctor.store import write_snapshot
 

@@ -928,7 +928,7 @@ def scope_snapshots(df, group_pattern=None, topic: str | None = None):
 def compile_groups(pattern: str):
     """`--groups` as RE2, full match; ValueError (one line) when it does not compile."""
     try:
-        from lagdoctor.kafka.collector import compile_group_pattern
+        from lagdoctor.kafka.group_listing import compile_group_pattern
 
         return compile_group_pattern(pattern, what="--groups")
     except (ImportError, TypeError):  # an older collector: compile here, the same way

@@ -1,2 +1,3 @@
 """Everything that talks to Kafka: clients from configuration, the snapshot
-collector, the record reader, `describe`, and the embedded Apache Kafka broker."""
+collector and the reads it is made of (group listing, group reads, log offsets,
+records), `describe`, and the embedded Apache Kafka broker."""

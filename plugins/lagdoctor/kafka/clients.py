@@ -76,6 +76,14 @@ def error_text(error: Any) -> str:
     return " ".join(text.split())
 
 
+def failure_reason(exc: BaseException) -> str:
+    """One line for a failed future: librdkafka's text and, when it has one, the error name."""
+    first = exc.args[0] if exc.args else None
+    text = error_text(exc) or type(exc).__name__
+    name = first.name() if hasattr(first, "name") else None
+    return f"{text} ({name})" if name and name not in text else text
+
+
 class ClientErrors:
     """The client's `error_cb`: remembers the last error and the last authentication error.
 

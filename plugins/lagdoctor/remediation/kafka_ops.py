@@ -105,13 +105,14 @@ class GroupRead:
 def read_group(config: Mapping[str, Any], group_id: str, topic: str, partitions: list[int]) -> GroupRead:
     """The group's state, members and committed offsets on ``partitions``.
 
-    Read in a child process by the collector's reader (collector.group_reader):
+    Read in a child process by the collector's reader (lagdoctor.kafka.group_reads):
     librdkafka's OffsetFetch SIGSEGVs the reading process when a broker restart
     moves the coordinator (issue 5040), which here would kill the task mid-action.
     Any failed read, the child's crash included, raises ActionBlocked before
     anything is changed: unknown is never "no commit".
     """
-    from lagdoctor.kafka.collector import IsolatedReader, RequestWindow, read_groups
+    from lagdoctor.kafka.group_reads import IsolatedReader, read_groups
+    from lagdoctor.kafka.request_window import RequestWindow
 
     with contextlib.ExitStack() as stack:
         reader: Any = IsolatedReader.of(config)

@@ -218,7 +218,7 @@ def no_topic_message(topic: str | None, pattern: str | None, cluster: str, table
 def _raise_no_match(admin: Any, cluster: str, pattern: str | None) -> None:
     """Raise NoGroupMatched when no group id on the cluster matches `pattern` in full.
     An empty sample whose groups do match (read errors, say) is left to the diagnosis."""
-    from lagdoctor.kafka.collector import compile_group_pattern, list_group_ids
+    from lagdoctor.kafka.group_listing import compile_group_pattern, list_group_ids
 
     everything = list_group_ids(admin, compile_group_pattern(None), 30.0)
     compiled = compile_group_pattern(pattern)

@@ -212,7 +212,7 @@ def validate_params(params: Mapping[str, Any], environ: Mapping[str, str] | None
     a dict, empty pattern/topic as None, `clusters` the checked connection ids
     (see `resolve_clusters`; `conf` is the run's own conf) and `cluster` the first.
     """
-    from lagdoctor.kafka.collector import compile_group_pattern
+    from lagdoctor.kafka.group_listing import compile_group_pattern
 
     field, ids = resolve_clusters(params, conf)
     clusters = [check_cluster(c, environ, field=field) for c in ids]

@@ -46,7 +46,7 @@ def plan_findings(
     """
     import fsspec
 
-    from lagdoctor.kafka.collector import compile_group_pattern
+    from lagdoctor.kafka.group_listing import compile_group_pattern
     from lagdoctor.runbooks import choose_actions, load_runbooks
 
     if kind not in KINDS:
