@@ -323,7 +323,7 @@ def choose_actions(finding: Mapping[str, Any], runbooks: Iterable[Runbook]) -> P
 
 def waiting_step(finding: Mapping[str, Any]) -> str:
     """The plan's first step for a provisional finding (mrkdwn, values escaped)."""
-    from lagdoctor.notify.render import deciding_between_text, decided_by_text
+    from lagdoctor.notify.provisional import deciding_between_text, decided_by_text
     from lagdoctor.notify.templates import escape_mrkdwn
 
     return (f"Waiting for the diagnosis: still deciding between {escape_mrkdwn(deciding_between_text(finding))}; "

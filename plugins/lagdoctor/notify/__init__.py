@@ -1,5 +1,6 @@
-"""Slack notification: render (render.py, templates.py), decide per thread
-(threads.py), queue and deliver (outbox.py, slack.py); while the state
+"""Slack notification: render (render.py, templates.py; its words in
+formatting.py, lag_text.py, provisional.py, read from evidence.py), decide per
+thread (threads.py), queue and deliver (outbox.py, slack.py); while the state
 database is unreachable, keep calls in a local spool and replay them once
 (spool.py). Cheap to import: slack_sdk loads when sending.
 
@@ -27,7 +28,7 @@ from lagdoctor.notify.incidents import (
     post_or_update_incident,
     record_task_failure,
 )
-from lagdoctor.notify.render import with_partition_status
+from lagdoctor.notify.evidence import with_partition_status
 from lagdoctor.notify.slack import SlackDeliveryError, slack_sender
 
 __all__ = ["SlackDeliveryError", "deliver_pending", "notify_failure", "notify_recovery", "notify_run_failed",

@@ -1,54 +1,30 @@
 """Block Kit rendering: a finding (plus its runbook plan) -> a Slack message.
 
 Renders only; never sends, never decides (threads.py decides, slack.py sends).
-
-Evidence keys read from a finding (contract 2 leaves ``evidence`` open; each
-one may be missing and then shows as ``-``)::
-
-    evidence["partitions"]        list of rows, one per partition, any order:
-        partition, committed_offset (or current_offset), log_end_offset, lag,
-        member_id (or consumer_id), host, client_id,
-        time_lag_seconds, consume_rate, produce_rate       (msg/s)
-    evidence["lag_total"]         int, the group's lag on the topic
-    evidence["time_lag_seconds"]  number, worst time lag
-    evidence["partition_count"]   int, partitions of the topic (scale cap)
-    evidence["group_members"]     int, live members
-    evidence["group_state"]       str, contract 1's upper snake case
-    evidence["consume_rate"], evidence["produce_rate"]   msg/s, topic-wide
-    evidence["processing_ms_per_record"], evidence["consumer_config"]  (recommend_consumer_config)
-
-The diagnosis engine (lagdoctor.diagnosis.classify) writes a flat evidence
-struct today; these of its keys are read when the rows above are absent::
-
-    lag (total), max_time_lag_seconds, partition (the focus partition),
-    partition_lag, owner_member_id, owner_client_id, owner_host,
-    partition_produce_rate, partition_consume_rate, time_lag_seconds (focus)
-
-and, from findings of issue 10 on (absent or null in older ones: nothing is shown)::
-
-    time_lag_source        "record" | "next_record" | "interpolated" | "lower_bound" | "caught_up"
-                           (also per status row)
-    committed_record       the record at the focus partition's committed offset (never its payload)
-    catch_up               {"state": "clearing" | "steady" | "never" | "caught_up" | "unknown", "seconds"}
-    data_loss              {"state": "already" | "at_risk" | "safe" | "not_applicable" | "unknown", "seconds",
-                            "partitions", "retention_ms", "retention_bytes", "basis", "cleanup_policy",
-                            "horizon_seconds"}   (basis "beyond_horizon" with safe: none within the horizon)
-
-``with_partition_status(finding, rows)`` fills ``evidence["partitions"]`` from
-contract 2's partition_status.jsonl rows (lag, time lag, rates per partition).
-Without any of it, the table shows one row per partition number in
-``finding["partitions"]`` with ``-`` for what is unknown.
+What it reads of a finding's evidence is listed in evidence.py; the words for
+numbers, time lag and forecasts, and provisional findings come from
+formatting.py, lag_text.py and provisional.py, which the page shares.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Iterable, Mapping, Sequence
 
-from lagdoctor.diagnosis.thresholds import Thresholds
 from lagdoctor.notify.buttons import approval_buttons, incident_buttons, target_buttons
+from lagdoctor.notify.evidence import WORST_ROWS, evidence_of, lag_total, partition_rows, worst_partitions, worst_time_lag
+from lagdoctor.notify.formatting import MAX_CELL, as_utc, fmt_duration, fmt_int, fmt_rate, one_line_id, parse_iso
+from lagdoctor.notify.lag_text import forecast_text, table_time_lag, time_lag_source_of, time_lag_text
+from lagdoctor.notify.provisional import (deciding_between_text, is_provisional, promise_time, promised_at,
+                                          provisional_values)
 from lagdoctor.notify.templates import (code_safe, escape_mrkdwn, mrkdwn_value, render, render_plain, shared_by_text,
                                         TEMPLATES)
+
+# Importable from here as before they had modules of their own (the page, runbooks, stages, tests).
+from lagdoctor.notify.evidence import with_partition_status  # noqa: F401
+from lagdoctor.notify.lag_text import (DATA_LOSS_BASIS, catch_up_text, data_loss_state,  # noqa: F401
+                                       data_loss_text, is_lower_bound, retention_text, stuck_record_parts,
+                                       stuck_record_text)
+from lagdoctor.notify.provisional import decided_by_text, promise_overdue, promise_text  # noqa: F401
 
 SEVERITY_EMOJI = {"critical": ":red_circle:", "warning": ":large_yellow_circle:", "ok": ":large_green_circle:"}
 STATUS_EMOJI = {
@@ -64,138 +40,13 @@ STATUS_WORDS = {
 DESCRIBE_COLUMNS = ("GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG",
                     "CONSUMER-ID", "HOST", "CLIENT-ID")
 EXTRA_COLUMNS = ("TIME-LAG", "IN/S", "OUT/S")
-WORST_ROWS = 5
-MAX_CELL = 40  # long consumer ids are cut so the table stays readable in a Slack column
 SECTION_LIMIT = 3000  # Slack's limit for a section's text
 HEADER_LIMIT = 150
-
-
-# ---------------------------------------------------------------- formatting
-
-def fmt_int(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{int(value):,}"
-
-
-def fmt_rate(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        return "-"
-    return f"{value:,.1f}"
-
-
-def fmt_duration(seconds: Any) -> str:
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or math.isnan(seconds) or seconds < 0:
-        return "-"
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m {s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h {s % 3600 // 60:02d}m"
-    return f"{s // 86400}d {s % 86400 // 3600:02d}h"
-
-
-def _finite(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def fmt_eta(seconds: Any) -> str:
-    """A forecast or a retention, as coarse as it is sure: 45s, 12m, 1h05m, 2d03h, 7d ("-" when unknown)."""
-    value = _finite(seconds)
-    if value is None or value < 0:
-        return "-"
-    if value < 60:
-        return f"{int(round(value))}s"
-    m = int(round(value / 60))
-    if m < 60:
-        return f"{m}m"
-    if m < 24 * 60:
-        return f"{m // 60}h{m % 60:02d}m"
-    h = int(round(value / 3600))
-    return f"{h // 24}d{h % 24:02d}h" if h % 24 else f"{h // 24}d"
-
-
-def fmt_bytes(value: Any) -> str:
-    number = _finite(value)
-    if number is None or number < 0:
-        return "-"
-    for div, unit in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if number >= div:
-            return f"{number / div:,.1f} {unit}"
-    return f"{int(number):,} bytes"
 
 
 def _cell(value: Any) -> str:
     text = code_safe("-" if value is None or value == "" else value)
     return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
-
-
-def _evidence(finding: Mapping[str, Any]) -> Mapping[str, Any]:
-    ev = finding.get("evidence")
-    return ev if isinstance(ev, Mapping) else {}
-
-
-def _focus_row(ev: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The engine's flat 'focus partition' keys as a table row."""
-    if not isinstance(ev.get("partition"), int):
-        return None
-    return {"partition": ev["partition"], "lag": ev.get("partition_lag"),
-            "member_id": ev.get("owner_member_id"), "client_id": ev.get("owner_client_id"),
-            "host": ev.get("owner_host"), "time_lag_seconds": ev.get("time_lag_seconds"),
-            "time_lag_source": ev.get("time_lag_source"), "time_lag_lower_bound": ev.get("time_lag_lower_bound"),
-            "produce_rate": ev.get("partition_produce_rate"), "consume_rate": ev.get("partition_consume_rate")}
-
-
-def partition_rows(finding: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    ev = _evidence(finding)
-    rows = [r for r in ev.get("partitions") or [] if isinstance(r, Mapping)]
-    if rows:
-        return rows
-    focus = _focus_row(ev)
-    rows = [focus] if focus else []
-    seen = {focus["partition"]} if focus else set()
-    rows += [{"partition": p} for p in finding.get("partitions") or [] if p not in seen]
-    return rows
-
-
-def with_partition_status(finding: Mapping[str, Any], status_rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """A copy of ``finding`` whose ``evidence["partitions"]`` holds its partition_status rows.
-
-    Rows of other (cluster, group, topic) are ignored; the focus partition keeps
-    its owner (member, client, host) from the engine's evidence.
-    """
-    key = (finding.get("cluster"), finding.get("group_id"), finding.get("topic"))
-    ev = dict(_evidence(finding))
-    focus = _focus_row(ev) or {}
-    rows = []
-    for r in status_rows:
-        if (r.get("cluster"), r.get("group_id"), r.get("topic")) != key:
-            continue
-        row = {k: r.get(k) for k in ("partition", "lag", "time_lag_seconds", "consume_rate", "produce_rate", "status",
-                                     "committed_offset", "log_end_offset", "member_id", "client_id", "host",
-                                     "time_lag_source", "time_lag_lower_bound")}
-        if focus.get("partition") == row["partition"]:
-            # The status row's owner is the same snapshot's; the engine's focus fills gaps only.
-            row.update({k: focus[k] for k in ("member_id", "client_id", "host") if row.get(k) is None})
-        rows.append(row)
-    if rows and not ev.get("partitions"):
-        ev["partitions"] = rows
-    return {**finding, "evidence": ev}
-
-
-def worst_partitions(finding: Mapping[str, Any], limit: int = WORST_ROWS) -> list[Mapping[str, Any]]:
-    """Highest lag first (unknown lag last), then time lag, then partition number."""
-    def key(r: Mapping[str, Any]):
-        lag = r.get("lag")
-        tl = r.get("time_lag_seconds")
-        return (-(lag if isinstance(lag, (int, float)) else -1),
-                -(tl if isinstance(tl, (int, float)) else -1),
-                r.get("partition") if isinstance(r.get("partition"), int) else 1 << 31)
-    return sorted(partition_rows(finding), key=key)[:limit]
 
 
 def evidence_table(finding: Mapping[str, Any], limit: int = WORST_ROWS) -> str:
@@ -217,242 +68,6 @@ def evidence_table(finding: Mapping[str, Any], limit: int = WORST_ROWS) -> str:
     return escape_mrkdwn(text)
 
 
-def _lag_total(finding: Mapping[str, Any]) -> Any:
-    ev = _evidence(finding)
-    for k in ("lag_total", "lag"):
-        if isinstance(ev.get(k), (int, float)) and not isinstance(ev.get(k), bool):
-            return ev[k]
-    lags = [r.get("lag") for r in partition_rows(finding) if isinstance(r.get("lag"), (int, float))]
-    return sum(lags) if lags else None
-
-
-def _time_lag(finding: Mapping[str, Any]) -> Any:
-    ev = _evidence(finding)
-    for k in ("max_time_lag_seconds", "time_lag_seconds"):
-        if isinstance(ev.get(k), (int, float)) and not isinstance(ev.get(k), bool):
-            return ev[k]
-    tls = [r.get("time_lag_seconds") for r in partition_rows(finding) if isinstance(r.get("time_lag_seconds"), (int, float))]
-    return max(tls) if tls else None
-
-
-# ---------------------------------------------------------------- issue 10: time lag source, forecasts, stuck record
-# Plain phrases (not escaped): Slack's templates escape them, the page's autoescape does.
-
-def is_lower_bound(row: Mapping[str, Any]) -> bool:
-    """A time lag older than the window: the value is a minimum."""
-    return row.get("time_lag_source") == "lower_bound" or row.get("time_lag_lower_bound") is True
-
-
-def time_lag_source_of(seconds: Any, rows: Iterable[Mapping[str, Any]]) -> str | None:
-    """The source of a time lag shown as the worst of ``rows`` (status rows, evidence):
-    that of a row holding the same value, "lower_bound" first; None when no row says.
-
-    The group's worst time lag may be another partition's than the focus, whose
-    source the evidence carries: then only a status row can tell."""
-    shown = _finite(seconds)
-    if shown is None:
-        return None
-    sources = {"lower_bound" if is_lower_bound(r) else r.get("time_lag_source")
-               for r in rows if _finite(r.get("time_lag_seconds")) is not None
-               and abs(float(r["time_lag_seconds"]) - shown) < 0.01}
-    return next((s for s in ("lower_bound", "record", "next_record", "interpolated", "caught_up") if s in sources),
-                None)
-
-
-def time_lag_text(seconds: Any, source: str | None) -> str:
-    """``40m 00s (exact, from the record's timestamp)``, ``at least 30m 00s (older than the window)``;
-    an interpolated or caught-up time lag is the usual estimate and says nothing more."""
-    text = fmt_duration(seconds)
-    if text == "-":
-        return text
-    if source == "lower_bound":
-        return f"at least {text} (older than the window)"
-    if source == "record":
-        return f"{text} (exact, from the record's timestamp)"
-    if source == "next_record":
-        return f"{text} (exact, from the next data record's timestamp)"
-    return text
-
-
-def table_time_lag(row: Mapping[str, Any]) -> str:
-    """A time lag cell: ``≥`` marks a minimum (older than the window)."""
-    text = fmt_duration(row.get("time_lag_seconds"))
-    return "≥" + text if text != "-" and is_lower_bound(row) else text
-
-
-def _forecast(ev: Mapping[str, Any], key: str) -> tuple[str | None, float | None]:
-    value = ev.get(key)
-    if not isinstance(value, Mapping) or not isinstance(value.get("state"), str):
-        return None, None
-    return value["state"], _finite(value.get("seconds"))
-
-
-def partitions_text(partitions: Iterable[Any], limit: int = 10) -> str:
-    """``partition 3`` / ``partitions 0, 3`` (the first ``limit``, then ``and N more``)."""
-    parts = [one_line_id(p) for p in partitions if p is not None]
-    if not parts:
-        return ""
-    shown = ", ".join(parts[:limit]) + (f" and {len(parts) - limit} more" if len(parts) > limit else "")
-    return f"partition{'s' if len(parts) > 1 else ''} {shown}"
-
-
-def _in(seconds: float) -> str:
-    # A forecast of a few seconds is "now" within the snapshot interval, never "in 0s".
-    return "in under a minute" if seconds < 60 else f"in {fmt_eta(seconds)}"
-
-
-NEVER_RATE_SLACK = Thresholds().slow_rate_slack
-
-
-def catch_up_text(ev: Mapping[str, Any]) -> str:
-    """When the lag clears at current rates; "" for a finding written before the forecast existed."""
-    state, seconds = _forecast(ev, "catch_up")
-    if state == "clearing":
-        return f"{_in(seconds)} at current rates" if seconds is not None else "clearing at current rates"
-    if state == "never":
-        consume, produce = _finite(ev.get("consume_rate")), _finite(ev.get("produce_rate"))
-        # "never" is the worst partition's, on the window's late rates; the topic's whole-window
-        # rates are shown only when they agree with it (clearly below, as forecast.py F2 asks),
-        # never as a contradiction ("consuming 39.9 of 40.0 msg/s").
-        below = consume is not None and produce is not None and consume < (1 - NEVER_RATE_SLACK) * produce
-        rates = f" (consuming {fmt_rate(consume)} of {fmt_rate(produce)} msg/s)" if below else ""
-        return "never at current rates" + rates
-    if state == "steady":
-        # consume and produce within noise of each other (forecast.py F2): not "never"
-        return "lag holding steady at current rates"
-    if state == "caught_up":
-        return "caught up"
-    return "unknown" if state == "unknown" else ""
-
-
-def _loss_partitions(ev: Mapping[str, Any]) -> list[Any]:
-    """The partitions a data-loss line names: for "already", those that lost data
-    (retention_loss_partitions; data_loss.partitions also holds those only at risk)."""
-    loss = ev.get("data_loss") if isinstance(ev.get("data_loss"), Mapping) else {}
-    at_risk = loss.get("partitions") if isinstance(loss.get("partitions"), list) else []
-    lost = ev.get("retention_loss_partitions") if isinstance(ev.get("retention_loss_partitions"), list) else []
-    return (lost or at_risk) if loss.get("state") == "already" else at_risk
-
-
-def data_loss_text(ev: Mapping[str, Any]) -> str:
-    """When retention deletes records the group has not read; "" without the forecast."""
-    state, seconds = _forecast(ev, "data_loss")
-    where = partitions_text(_loss_partitions(ev))
-    if state == "already":
-        return f"already lost on {where}" if where else "already lost: retention deleted unread records"
-    if state == "at_risk":
-        # From retention.ms the forecast is when deletion can start (whole segments go at once).
-        verb = "can start deleting" if ev["data_loss"].get("basis") == "retention_ms" else "will delete"
-        text = f"retention {verb} unread records"
-        if seconds is not None:
-            text += " in under a minute" if seconds < 60 else f" in ~{fmt_eta(seconds)}"
-        text += f" ({where})" if where else ""
-        return text if seconds is not None else text + "; when is unknown"
-    if state == "safe":
-        loss, horizon = ev["data_loss"], _finite(ev["data_loss"].get("horizon_seconds"))
-        kept = all((_finite(loss.get(k)) or 0) < 0 for k in ("retention_ms", "retention_bytes"))
-        if horizon is not None and not kept:
-            # forecast.py F3: safe says how far it looked, never a date past it (a flip between "beyond
-            # the horizon" and "no estimate" at the same rates reads the same)
-            return f"none within {fmt_eta(horizon)} at current rates"
-        return "none expected at current rates"
-    if state == "not_applicable":
-        return "none from retention.ms: compacted topic (retention.ms does not delete unread records)"
-    return "unknown" if state == "unknown" else ""
-
-
-def data_loss_state(ev: Mapping[str, Any]) -> str | None:
-    return _forecast(ev, "data_loss")[0]
-
-
-DATA_LOSS_BASIS = {"log_start": "from how fast the log start offset advances",
-                   "retention_ms": "from the topic's retention.ms and the unread records' age"}
-
-
-def retention_text(ev: Mapping[str, Any]) -> str:
-    """The topic's retention as the collector read it: ``retention.ms 7d · retention.bytes 1.0 GiB``."""
-    loss = ev.get("data_loss") if isinstance(ev.get("data_loss"), Mapping) else {}
-    parts = []
-    for key, fmt in (("retention_ms", lambda v: fmt_eta(v / 1000)), ("retention_bytes", fmt_bytes)):
-        value = _finite(loss.get(key))
-        if value is not None:
-            parts.append(f"{key.replace('_', '.')} {'infinite' if value < 0 else fmt(value)}")
-    return " · ".join(parts)
-
-
-MAX_HEADER_NAMES = 8
-
-
-def _produced_at(value: Any) -> str:
-    from datetime import datetime, timezone
-
-    try:
-        ts = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
-        return one_line_id(value)
-    ts = ts.astimezone(timezone.utc) if ts.tzinfo else ts
-    return ts.strftime("%Y-%m-%dT%H:%M:%S") + (f".{ts.microsecond // 1000:03d}" if ts.microsecond else "") + "Z"
-
-
-def stuck_record_parts(ev: Mapping[str, Any]) -> list[str] | None:
-    """The record at the committed offset as the collector saw it: offset, key hash, value
-    size, header NAMES, produce time. Never a payload or a header value (evidence holds
-    none). None when there is no record."""
-    rec = ev.get("committed_record")
-    if not isinstance(rec, Mapping) or not isinstance(rec.get("offset"), int) or isinstance(rec.get("offset"), bool):
-        return None
-    key = rec.get("key_sha256")
-    offset = f"offset {rec['offset']}"
-    committed = rec.get("committed_offset")
-    if isinstance(committed, int) and not isinstance(committed, bool) and rec["offset"] > committed:
-        # The committed offset held no data record: say which record is meant, and why.
-        skipped = rec["offset"] - committed
-        offset += (f" (the next data record: {skipped} offset{'s' if skipped > 1 else ''} from the committed "
-                   f"{committed} hold transaction markers, aborted or compacted records)")
-    parts = [offset, f"key #{one_line_id(key)}" if key else "no key"]
-    if _finite(rec.get("size")) is not None:
-        parts.append(f"{fmt_int(rec['size'])} bytes")
-    headers = [one_line_id(h)[:MAX_CELL] for h in rec.get("headers") or [] if h is not None]
-    if headers:
-        more = f" and {len(headers) - MAX_HEADER_NAMES} more" if len(headers) > MAX_HEADER_NAMES else ""
-        parts.append("headers " + ",".join(headers[:MAX_HEADER_NAMES]) + more)
-    if rec.get("timestamp"):
-        parts.append("produced " + _produced_at(rec["timestamp"]))
-    return parts
-
-
-def stuck_record_text(finding: Mapping[str, Any]) -> str:
-    """A stalled consumer's stuck record (``offset 120, key #3fa9…, 2,048 bytes, …``), or
-    ``not read: <why>``; "" for any other diagnosis or without a record."""
-    ev = _evidence(finding)
-    rec = ev.get("committed_record")
-    if finding.get("diagnosis") != "stalled_consumer" or not isinstance(rec, Mapping):
-        return ""
-    parts = stuck_record_parts(ev)
-    if parts:
-        return ", ".join(parts)
-    return f"not read: {one_line_id(rec['error'])}" if rec.get("error") else ""
-
-
-def forecast_text(finding: Mapping[str, Any]) -> str:
-    """Slack lines for catch-up, data loss and the stuck record; quiet when there is
-    nothing to act on (caught up, safe, unknown) or the finding predates them."""
-    ev = _evidence(finding)
-    lines = []
-    catch_up_state = _forecast(ev, "catch_up")[0]
-    if catch_up_state in ("clearing", "steady", "never"):
-        lines.append(render("catch_up", text=catch_up_text(ev)))
-    if data_loss_state(ev) in ("at_risk", "already"):
-        lines.append(render("data_loss", text=data_loss_text(ev)))
-    record = stuck_record_text(finding)
-    if record:
-        partition = ev.get("partition")
-        lines.append(render("stuck_record", text=record,
-                            partition=partition if isinstance(partition, int) and not isinstance(partition, bool)
-                            else ""))
-    return "\n".join(lines)
-
-
 def _title(diagnosis: str) -> str:
     return diagnosis.replace("_", " ").capitalize() if diagnosis else "Finding"
 
@@ -461,14 +76,6 @@ def _text_section(text: str) -> dict[str, Any]:
     if len(text) > SECTION_LIMIT:
         text = text[: SECTION_LIMIT - 1] + "…"
     return {"type": "section", "text": {"type": "mrkdwn", "text": text}}
-
-
-def one_line_id(value: Any, default: str = "-") -> str:
-    """A broker- or user-chosen name on one line: a line break in a group id must not
-    start a line of its own in Slack (a forged "Recovered", say), and a backtick must
-    not open or close a code span (Slack has no escape for it). Not escaped here."""
-    text = " ".join(str(value).replace("`", "'").split()) if value is not None else ""
-    return text or default
 
 
 # The job names no owner when the broker lists no group members (some
@@ -501,102 +108,6 @@ def links_text(finding: Mapping[str, Any], *, dag_id: str | None, run_id: str) -
     return " · ".join(p for p in parts if p)
 
 
-def is_provisional(finding: Mapping[str, Any]) -> bool:
-    """Issue 18: the finding's evidence cannot yet tell its candidates apart."""
-    return finding.get("provisional") is True
-
-
-def _candidates(finding: Mapping[str, Any]) -> list[str]:
-    between = [one_line_id(d, "") for d in finding.get("deciding_between") or [] if d]
-    return between or [one_line_id(finding.get("diagnosis"), "")]
-
-
-def deciding_between_text(finding: Mapping[str, Any]) -> str:
-    """``partition imbalance and stalled consumer`` (the candidates, the leading one first)."""
-    names = [d.replace("_", " ") for d in _candidates(finding)]
-    return " and ".join([", ".join(names[:-1]), names[-1]]) if len(names) > 1 else names[0]
-
-
-def decided_by_text(finding: Mapping[str, Any]) -> str:
-    """``will know at the first sweep after 03:20 UTC``; the date too when it is not the window
-    end's. The minute is rounded up (never a promise earlier than the rule's), and no sample
-    count: a sweep's samples come in bursts, so the answer comes with the first sweep after it."""
-    by = promised_at(finding.get("decided_by"))
-    if by is None:
-        return "will know at a later sweep"
-    return f"will know at the first sweep after {_promise_time(by, finding.get('window_end'))}"
-
-
-def promised_at(decided_by: Any):
-    """The time a provisional finding's ``decided_by`` promises, as said: the minute rounded up; None
-    when it has none. A sweep at or after it that is still undecided broke the promise."""
-    from datetime import timedelta
-
-    by = _parse_iso(decided_by)
-    if by is not None and (by.second or by.microsecond):
-        by = by.replace(second=0, microsecond=0) + timedelta(minutes=1)
-    return by
-
-
-def _promise_time(by: Any, window_end: Any = None) -> str:
-    """``03:20 UTC``; the date too when it is not ``window_end``'s."""
-    end = _parse_iso(window_end)
-    return by.strftime("%H:%M UTC") if end is None or end.date() == by.date() else by.strftime("%Y-%m-%d %H:%M UTC")
-
-
-def promise_overdue(decided_by: Any, now: Any) -> bool:
-    """Whether the promised time passed by ``now`` (a datetime; None: never)."""
-    by = promised_at(decided_by)
-    return by is not None and now is not None and _utc(now) >= by
-
-
-def promise_text(finding: Mapping[str, Any], now: Any = None) -> str:
-    """``will know at the first sweep after 10:10 UTC``, or once that passed by ``now``:
-    ``was due at the first sweep after 10:10 UTC: overdue``."""
-    if promise_overdue(finding.get("decided_by"), now):
-        by = promised_at(finding.get("decided_by"))
-        return f"was due at the first sweep after {_promise_time(by, finding.get('window_end'))}: overdue"
-    return decided_by_text(finding)
-
-
-def _utc(value: Any):
-    from datetime import timezone
-
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
-
-
-def _parse_iso(value: Any):
-    from datetime import datetime, timezone
-
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
-
-
-def provisional_where(finding: Mapping[str, Any]) -> str:
-    """``orders[1]``, ``orders[1,4]`` or the topic alone for a whole-topic finding."""
-    topic = one_line_id(finding.get("topic"))
-    parts = [p for p in finding.get("partitions") or [] if isinstance(p, int)]
-    return f"{topic}[{','.join(str(p) for p in parts[:10])}{',…' if len(parts) > 10 else ''}]" if parts else topic
-
-
-def provisional_line(finding: Mapping[str, Any]) -> str:
-    """The first line of a provisional finding's message, plain text; "" for a decided finding."""
-    if not is_provisional(finding):
-        return ""
-    return render_plain(TEMPLATES["provisional_fallback"], **_provisional_values(finding))
-
-
-def _provisional_values(finding: Mapping[str, Any]) -> dict[str, Any]:
-    return {"group": one_line_id(finding.get("group_id")), "topic": one_line_id(finding.get("topic")),
-            "between": deciding_between_text(finding), "where": provisional_where(finding),
-            "by": decided_by_text(finding), "because": finding.get("undecided_because") or "-"}
-
-
 def _values(finding: Mapping[str, Any]) -> dict[str, Any]:
     diagnosis = one_line_id(finding.get("diagnosis"), "")
     severity = str(finding.get("severity") or "")
@@ -609,13 +120,13 @@ def _values(finding: Mapping[str, Any]) -> dict[str, Any]:
         "severity_word": severity.upper() or "FINDING",
         "emoji": SEVERITY_EMOJI.get(severity, ":grey_question:"),
         "pattern": finding.get("pattern") or "-", "summary": summary,
-        "time_lag": _time_lag_shown(finding), "lag_total": fmt_int(_lag_total(finding)),
+        "time_lag": _time_lag_shown(finding), "lag_total": fmt_int(lag_total(finding)),
     }
 
 
 def _time_lag_shown(finding: Mapping[str, Any]) -> str:
-    seconds = _time_lag(finding)
-    return time_lag_text(seconds, time_lag_source_of(seconds, [*partition_rows(finding), _evidence(finding)]))
+    seconds = worst_time_lag(finding)
+    return time_lag_text(seconds, time_lag_source_of(seconds, [*partition_rows(finding), evidence_of(finding)]))
 
 
 def action_lines(actions: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -640,11 +151,11 @@ def incomplete_data_text(finding: Mapping[str, Any]) -> str:
 
     Reads evidence ``data_complete`` (false), ``read_errors`` (one line each,
     the first MAX_READ_ERRORS shown), ``read_error_count`` and
-    ``offset_reset_partitions`` (log end offsets that went backwards; from issue 29 on
+    ``offset_reset_partitions`` (log end offsets that went backwards; in newer findings
     ``log_end_fell_partitions`` and ``commit_above_partitions`` say which) and
     ``hanging_transaction_partitions`` (an open transaction holds the last stable offset).
     """
-    ev = _evidence(finding)
+    ev = evidence_of(finding)
     lines = []
     if ev.get("data_complete") is False:
         errors = [str(e) for e in ev.get("read_errors") or [] if e is not None]
@@ -685,8 +196,8 @@ def render_incident(finding: Mapping[str, Any], plan: Mapping[str, Any] | None =
     plan = plan or {}
     provisional = is_provisional(finding)
     if provisional:
-        # Issue 18: no cause in the first line until one is decided; what is open, and until when.
-        pv = {**_provisional_values(finding), "summary": v["summary"]}
+        # No cause in the first line until one is decided: what is open, and until when.
+        pv = {**provisional_values(finding), "summary": v["summary"]}
         header = render_plain(TEMPLATES["header_provisional"], **v)
         lead = [_text_section(render("provisional", **pv)), _text_section(render("provisional_evidence", **pv))]
     else:
@@ -724,7 +235,7 @@ def render_incident(finding: Mapping[str, Any], plan: Mapping[str, Any] | None =
     if controls:
         blocks.append(incident_buttons(controls))
     # the notification text is mrkdwn too: values escaped, so no name can ping or link
-    fallback = render("provisional_fallback", **_provisional_values(finding)) if provisional else render("fallback", **v)
+    fallback = render("provisional_fallback", **provisional_values(finding)) if provisional else render("fallback", **v)
     return {"text": fallback, "blocks": blocks}
 
 
@@ -808,9 +319,9 @@ def render_still_undecided(finding: Mapping[str, Any], was_promised: Any,
                            changes: Sequence[str] = ()) -> dict[str, Any]:
     """The one reply in a provisional thread whose promised time passed while the sweep is still
     undecided (threads rule 9): that it is, why, and the new time."""
-    pv = _provisional_values(finding)
+    pv = provisional_values(finding)
     by = promised_at(was_promised)
-    was = _promise_time(by, finding.get("window_end")) if by is not None else "the time promised"
+    was = promise_time(by, finding.get("window_end")) if by is not None else "the time promised"
     text = render("still_undecided", was=was, **pv)
     if changes:
         text += "\n" + render("still_undecided_changes", changes="; ".join(changes))
@@ -831,7 +342,7 @@ def render_superseded(finding: Mapping[str, Any], was_between: Sequence[str], *,
     decided = not is_provisional(finding) and finding.get("diagnosis") in set(was_between)
     where = "its own thread"
     if existing:
-        where = ("its existing thread" + (f", opened {_utc(existing_since):%H:%M} UTC"
+        where = ("its existing thread" + (f", opened {as_utc(existing_since):%H:%M} UTC"
                                           if existing_since is not None else ""))
     text = render("superseded", decided=decided, now=now, between=between, where=where)
     return {"text": render("superseded_fallback", now=now, where=where, group=v["group"], topic=v["topic"]),
@@ -869,7 +380,7 @@ def render_recovery(finding: Mapping[str, Any], *, diagnosis: str, duration_seco
 def own_actions_text(finding: Mapping[str, Any]) -> str:
     """What lagdoctor itself changed that explains part of this finding (``evidence.own_actions``,
     lines from lagdoctor.remediation.postcheck.attribution), one line each; "" for none."""
-    lines = [str(x) for x in _evidence(finding).get("own_actions") or [] if x]
+    lines = [str(x) for x in evidence_of(finding).get("own_actions") or [] if x]
     return "\n".join(render("own_action", line=" ".join(line.split())) for line in lines)
 
 
@@ -954,17 +465,17 @@ WATCHING_NAMES = 10  # group names a watching notice lists; the rest are counted
 
 
 def render_watching_notice(cluster: str, findings: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The one notice of a new deployment (issue 29): how many groups of ``cluster`` it watches
+    """The one notice of a new deployment: how many groups of ``cluster`` it watches
     (the first WATCHING_NAMES named), and when the first verdicts come: the earliest
     ``evidence.decides_at`` of the findings, to the minute (as their summaries say it)."""
     from datetime import timedelta
 
     groups = sorted({str(f.get("group_id") or "") for f in findings} - {""})
-    due = [t for t in (_parse_iso(_evidence(f).get("decides_at")) for f in findings) if t is not None]
+    due = [t for t in (parse_iso(evidence_of(f).get("decides_at")) for f in findings) if t is not None]
     first = min(due) if due else None
     at = (first + timedelta(seconds=30)).strftime("%H:%M") if first else "-"
-    needed = next((_evidence(f).get("snapshots_needed") for f in findings
-                   if isinstance(_evidence(f).get("snapshots_needed"), int)), "-")
+    needed = next((evidence_of(f).get("snapshots_needed") for f in findings
+                   if isinstance(evidence_of(f).get("snapshots_needed"), int)), "-")
     crashed = len({str(f.get("group_id")) for f in findings if f.get("diagnosis") == "crashed_consumer"})
     v = {"count": len(groups), "cluster": one_line_id(cluster), "names": [one_line_id(g) for g in groups[:WATCHING_NAMES]],
          "more": max(0, len(groups) - WATCHING_NAMES), "at": at, "needed": needed, "crashed": crashed}
@@ -995,7 +506,7 @@ def render_run_header(findings: Sequence[Mapping[str, Any]], *, scope: str, run_
     from lagdoctor.contracts import COLLECTING_HISTORY, NO_PROBLEM_DIAGNOSES
 
     problems = [f for f in findings if f.get("diagnosis") not in NO_PROBLEM_DIAGNOSES]
-    # issue 29: no verdict yet: neither a problem nor healthy
+    # still collecting history: no verdict yet, neither a problem nor healthy
     collecting = sum(1 for f in findings if f.get("diagnosis") == COLLECTING_HISTORY)
     worst = "critical" if any(f.get("severity") == "critical" for f in problems) else (
         "warning" if problems else "ok")
@@ -1006,7 +517,7 @@ def render_run_header(findings: Sequence[Mapping[str, Any]], *, scope: str, run_
            f"*{escape_mrkdwn(_title(one_line_id(f.get('diagnosis'), '')))}* ")
         + f"· `{escape_mrkdwn(code_safe(f.get('group_id', '')))}` on `{escape_mrkdwn(code_safe(f.get('topic', '')))}`: "
         f"{mrkdwn_value(owner_unknown_once(f.get('summary', ''))[0])}"
-        + (" _(incomplete data)_" if _evidence(f).get("data_complete") is False else "")
+        + (" _(incomplete data)_" if evidence_of(f).get("data_complete") is False else "")
         for f in problems[:20]
     ] or ([f"No problem found yet: {collecting} (group, topic) pair(s) still collecting history, no verdict."]
           if collecting else ["No problem found: every matching group keeps up."])

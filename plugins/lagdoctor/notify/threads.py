@@ -68,7 +68,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import sqlalchemy as sa
 
-from lagdoctor.notify.render import _lag_total, promise_overdue, promised_at
+from lagdoctor.notify.evidence import lag_total
+from lagdoctor.notify.provisional import promise_overdue, promised_at
 
 if TYPE_CHECKING:
     from lagdoctor.state import StateDB
@@ -245,7 +246,7 @@ class Decision:
 
 
 def lag_total_of(finding: Mapping[str, Any]) -> float | None:
-    value = _lag_total(finding)
+    value = lag_total(finding)
     return float(value) if isinstance(value, (int, float)) else None
 
 

@@ -204,7 +204,7 @@ def read_findings(output: str) -> list[dict[str, Any]]:
     """The run's findings, each with its partitions' status rows as evidence; ValueError (one
     line) when the folder is not a complete run (lagdoctor.runindex.run_completeness)."""
     from lagdoctor.contracts import FINDINGS_FILE, PARTITION_STATUS_FILE
-    from lagdoctor.notify.render import with_partition_status
+    from lagdoctor.notify.evidence import with_partition_status
     from lagdoctor.runindex import filesystem, run_completeness
 
     state = run_completeness(*filesystem(output))

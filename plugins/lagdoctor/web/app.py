@@ -181,7 +181,7 @@ def create_app(
         severity: str | None = Query(None, max_length=64),
     ) -> JSONResponse:
         from lagdoctor.web.data import current_index, incomplete_runs, incomplete_text, latest_states
-        from lagdoctor.notify.render import is_provisional, promise_overdue
+        from lagdoctor.notify.provisional import is_provisional, promise_overdue
         from lagdoctor.web.views import dag_run_href, provisional_label
 
         s = settings()

@@ -346,7 +346,7 @@ def read_run(run: Run) -> RunData:
 
 def states_of_run(data: RunData, keys: Collection[Key] | None = None) -> list[GroupState]:
     """Each (cluster, group, topic) of one run, or of those in `keys`, its findings worst first."""
-    from lagdoctor.notify.render import with_partition_status
+    from lagdoctor.notify.evidence import with_partition_status
 
     # each file grouped by key once: matching every key against every row took
     # 100M comparisons (157 s) at 10,000 groups x 20 partitions

@@ -30,7 +30,7 @@ from functools import lru_cache
 from typing import Any, Callable, Iterable, Mapping
 
 from lagdoctor.contracts import COLLECTING_HISTORY, NO_PROBLEM_DIAGNOSES
-from lagdoctor.notify.render import fmt_duration
+from lagdoctor.notify.formatting import fmt_duration
 from lagdoctor.web.data import (
     SEVERITY_RANK,
     Run,

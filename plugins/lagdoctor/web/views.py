@@ -17,15 +17,12 @@ from urllib.parse import quote
 from markupsafe import Markup
 
 from lagdoctor.contracts import COLLECTING_HISTORY, NO_PROBLEM_DIAGNOSES
-from lagdoctor.notify.render import (
+from lagdoctor.notify.formatting import fmt_int, fmt_rate
+from lagdoctor.notify.lag_text import (
     DATA_LOSS_BASIS,
-    DESCRIBE_COLUMNS,
-    EXTRA_COLUMNS,
     catch_up_text,
     data_loss_state,
     data_loss_text,
-    fmt_int,
-    fmt_rate,
     is_lower_bound,
     retention_text,
     stuck_record_parts,
@@ -33,6 +30,7 @@ from lagdoctor.notify.render import (
     time_lag_source_of,
     time_lag_text,
 )
+from lagdoctor.notify.render import DESCRIBE_COLUMNS, EXTRA_COLUMNS
 from lagdoctor.web import charts
 from lagdoctor.web.data import SEVERITY_RANK, GroupHistory, GroupState, Run
 
@@ -114,7 +112,7 @@ def provisional_label(finding: Mapping[str, Any], now: datetime | None = None) -
     """("Still deciding: partition imbalance or stalled consumer", "will know at the first sweep after 10:40 UTC")
     for a provisional finding (issue 18), ("", "") for a decided one. Once that time passed by ``now``
     the note says so: "was due at the first sweep after 10:40 UTC: overdue"."""
-    from lagdoctor.notify.render import deciding_between_text, is_provisional, promise_text
+    from lagdoctor.notify.provisional import deciding_between_text, is_provisional, promise_text
 
     if not is_provisional(finding):
         return "", ""
