@@ -78,7 +78,7 @@ def absolute(path: str | None) -> str | None:
     against its own working directory, not this process's."""
     import os
 
-    from lagdoctor.diagnosis.snapshots import is_local_path, local_path
+    from lagdoctor.diagnosis.store_files import is_local_path, local_path
 
     return os.path.abspath(local_path(path)) if path and is_local_path(path) else path
 
@@ -102,16 +102,10 @@ def use_spark_s3_access(spark) -> None:
 def main(argv=None) -> int:
     from datetime import datetime, timezone
 
-    from lagdoctor.diagnosis.snapshots import (
-        SnapshotInputError,
-        check_input_path,
-        compile_groups,
-        one_line,
-        parse_as_of,
-        parse_clusters,
-        store_failure_in,
-        window_bounds,
-    )
+    from lagdoctor.diagnosis.input_errors import SnapshotInputError, one_line, store_failure_in
+    from lagdoctor.diagnosis.snapshots import compile_groups, parse_clusters
+    from lagdoctor.diagnosis.store_files import check_input_path
+    from lagdoctor.diagnosis.window import parse_as_of, window_bounds
 
     args, thresholds = parse_args(argv)
     die_with_parent()
@@ -125,16 +119,12 @@ def main(argv=None) -> int:
 
     from lagdoctor.diagnosis.classify import findings
     from lagdoctor.diagnosis.features import group_features, group_series, partition_features
+    from lagdoctor.diagnosis.input_errors import StoreReadError
     from lagdoctor.diagnosis.output import print_error_line, write_outputs
     from lagdoctor.diagnosis.session import is_connect, right_size_codegen, right_size_shuffle, start_spark
-    from lagdoctor.diagnosis.snapshots import (
-        StoreReadError,
-        read_snapshot_store,
-        resolve_window,
-        scope_snapshots,
-        select_window,
-    )
+    from lagdoctor.diagnosis.snapshots import read_snapshot_store, scope_snapshots
     from lagdoctor.diagnosis.status_job import partition_status
+    from lagdoctor.diagnosis.window import resolve_window, select_window
 
     # FATAL: a failure is reported as the one line below, not as Spark's task logs
     try:
@@ -256,8 +246,8 @@ def read_carried(spark, path: str):
     one-line warning when its findings cannot be read: the run is then judged on its window alone."""
     from lagdoctor.contracts import FINDINGS_FILE
     from lagdoctor.diagnosis.classify import carried_baselines
+    from lagdoctor.diagnosis.input_errors import one_line
     from lagdoctor.diagnosis.output import print_error_line
-    from lagdoctor.diagnosis.snapshots import one_line
 
     source = path if path.endswith(".jsonl") else path.rstrip("/") + "/" + FINDINGS_FILE
     schema = ("cluster string, group_id string, topic string, diagnosis string, provisional boolean, "

@@ -97,7 +97,7 @@ def files_under(root):
 def test_a_file_the_store_fails_to_serve_is_not_moved_and_read_next_run(tmp_path, monkeypatch, error, when, said):
     import fsspec
 
-    from lagdoctor.diagnosis import snapshots
+    from lagdoctor.diagnosis import store_files
     from lagdoctor.diagnosis.snapshots import StoreReadError, inspect_store, read_snapshot_store
 
     root = tmp_path / "snapshots"
@@ -109,7 +109,7 @@ def test_a_file_the_store_fails_to_serve_is_not_moved_and_read_next_run(tmp_path
     before = files_under(root)
 
     failing = FailingStore(fsspec.filesystem("file"), str(root / DAY / "b.parquet"), error, when)
-    monkeypatch.setattr(snapshots, "store_filesystem", lambda path: (failing, str(root)))
+    monkeypatch.setattr(store_files, "store_filesystem", lambda path: (failing, str(root)))
     with pytest.raises(StoreReadError) as err:
         read_snapshot_store(None, str(root), NOW, quarantine=True)  # fails before any Spark read
     message = str(err.value)
@@ -151,7 +151,7 @@ def test_a_value_read_the_store_fails_is_not_a_damaged_column(tmp_path, monkeypa
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from lagdoctor.diagnosis import snapshots
+    from lagdoctor.diagnosis import store_files
     from lagdoctor.diagnosis.snapshots import StoreReadError, inspect_store
 
     root = tmp_path / "snapshots"
@@ -170,7 +170,7 @@ def test_a_value_read_the_store_fails_is_not_a_damaged_column(tmp_path, monkeypa
                 raise TimeoutError("read timed out")
             return real.open(path, mode, **kwargs)
 
-    monkeypatch.setattr(snapshots, "store_filesystem",
+    monkeypatch.setattr(store_files, "store_filesystem",
                         lambda path: (SecondOpenFails(real, None, None, None), str(root)))
     with pytest.raises(StoreReadError, match=r"a\.parquet: TimeoutError: read timed out"):
         inspect_store(str(root))

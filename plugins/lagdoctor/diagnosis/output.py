@@ -55,7 +55,7 @@ def write_jsonl(records: Iterable[dict], output: str, filename: str) -> str:
 
 def write_text(output: str, filename: str, text: str) -> str:
     """Write text to output/filename atomically (temporary name, then rename); returns the path."""
-    from lagdoctor.diagnosis.snapshots import is_local_path, local_path
+    from lagdoctor.diagnosis.store_files import is_local_path, local_path
 
     if is_local_path(output):
         directory = local_path(output)
@@ -91,7 +91,7 @@ def write_text(output: str, filename: str, text: str) -> str:
 
 def remove_file(output: str, filename: str) -> None:
     """Remove output/filename if it is there."""
-    from lagdoctor.diagnosis.snapshots import is_local_path, local_path
+    from lagdoctor.diagnosis.store_files import is_local_path, local_path
 
     if is_local_path(output):
         try:

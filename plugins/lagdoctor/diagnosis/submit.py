@@ -141,7 +141,9 @@ def window_input_bytes(snapshots: str, as_of: datetime | None = None, window_min
                        clusters: Sequence[str] | None = None) -> int | None:
     """Bytes of the Parquet files the window's date/hour folders hold: a listing,
     no file opened. None when unknown (no filesystem for the URI, a listing error)."""
-    from lagdoctor.diagnosis.snapshots import SnapshotInputError, WindowBounds, list_store_files, store_filesystem
+    from lagdoctor.diagnosis.input_errors import SnapshotInputError
+    from lagdoctor.diagnosis.store_files import list_store_files, store_filesystem
+    from lagdoctor.diagnosis.window import WindowBounds
 
     try:
         fs, root = store_filesystem(snapshots)
@@ -170,7 +172,7 @@ def driver_java_options(master: str | None, log_config: str | None = None, input
 
 
 def _as_of(value: str | None) -> datetime | None:
-    from lagdoctor.diagnosis.snapshots import parse_as_of
+    from lagdoctor.diagnosis.window import parse_as_of
 
     try:
         return parse_as_of(value)
@@ -405,7 +407,7 @@ def stage_app_files(data_root: str, files: Sequence[str]) -> dict[str, str]:
     """
     import hashlib
 
-    from lagdoctor.diagnosis.snapshots import store_filesystem
+    from lagdoctor.diagnosis.store_files import store_filesystem
 
     digest = hashlib.sha256()
     for path in files:
