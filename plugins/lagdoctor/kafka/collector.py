@@ -121,7 +121,7 @@ from lagdoctor.kafka.log_offsets import log_offsets
 from lagdoctor.kafka.records import END_OF_LOG
 from lagdoctor.kafka.request_window import DEFAULT_MAX_IN_FLIGHT, RequestWindow, read_budget
 
-# Importable from here as before they had modules of their own (DAGs, stages, remediation, tests).
+# Importable from here, as before they moved to modules of their own.
 from lagdoctor.kafka.group_listing import list_group_ids  # noqa: F401
 from lagdoctor.kafka.group_reads import IsolatedReader, group_state_name  # noqa: F401
 

@@ -19,7 +19,7 @@ from lagdoctor.notify.provisional import (deciding_between_text, is_provisional,
 from lagdoctor.notify.templates import (code_safe, escape_mrkdwn, mrkdwn_value, render, render_plain, shared_by_text,
                                         TEMPLATES)
 
-# Importable from here as before they had modules of their own (the page, runbooks, stages, tests).
+# Importable from here, as before they moved to modules of their own.
 from lagdoctor.notify.evidence import with_partition_status  # noqa: F401
 from lagdoctor.notify.lag_text import (DATA_LOSS_BASIS, catch_up_text, data_loss_state,  # noqa: F401
                                        data_loss_text, is_lower_bound, retention_text, stuck_record_parts,
