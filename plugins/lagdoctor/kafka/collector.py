@@ -13,7 +13,8 @@ Broker requests grow with groups and brokers, not with partitions per group:
        sends one request per group, after finding its coordinator)
     G  ListConsumerGroupOffsets, one per group (the API takes one group per
        request)
-    2  ListOffsets, earliest and latest, per LIST_OFFSETS_BATCH partitions
+    3  ListOffsets, earliest, latest and latest read-committed (the last
+       stable offset), per LIST_OFFSETS_BATCH partitions
        (lagdoctor.kafka.log_offsets; librdkafka fans each call out per
        partition leader; its cost per call grows faster than the partitions
        in it: 20,000 partitions in one call took 2 s, in calls of 1,000 0.25 s)
