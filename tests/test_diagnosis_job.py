@@ -1,6 +1,7 @@
 """The diagnosis job end to end (contract 2), once through spark-submit (a JVM start per
-run, about 20-40 s on two cores) and once as a Spark Connect client of a warm server
-(issue 20): the same arguments must give the same outputs on both."""
+run, about 20-40 s on two cores) and once as a Spark Connect client of a warm server:
+the same arguments must give the same outputs on both. Tests of what the job decides from
+its input, the same Python on either engine, run on the warm server only (ONE_ENGINE)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ import pytest
 from tests.fixtures.spark import read_jsonl
 
 pytestmark = pytest.mark.spark
+
+# The window, the scope and the carry chain are decided by the job's own Python, the same on both engines.
+ONE_ENGINE = pytest.mark.parametrize("job_runner", ["connect"], indirect=True)
 
 
 def test_job_writes_findings_and_status_for_every_group(tmp_path, job_runner):
@@ -132,6 +136,7 @@ def test_bad_input_exits_non_zero_with_one_line(tmp_path, job_runner):
     assert results["bad-regex"].returncode == 2  # before the JVM starts
 
 
+@ONE_ENGINE
 def test_clusters_and_a_window_without_as_of_read_only_what_they_name(tmp_path, job_runner):
     from datetime import datetime, timedelta
 
@@ -209,6 +214,7 @@ def _surge_store(path):
     write_table(pa.Table.from_pylist(rows, schema=snapshot_arrow_schema()), str(path), "c")
 
 
+@ONE_ENGINE
 def test_a_surge_that_outlasts_the_window_is_still_a_surge_on_the_next_run(tmp_path, job_runner):
     """Rule case 27 end to end: the run that saw the surge begin says producer_surge; a later run whose window
     holds only the surge reads the earlier run's findings (--carry-from) and says producer_surge too, where on

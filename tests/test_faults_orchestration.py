@@ -227,7 +227,7 @@ def test_slack_down_queues_everything_then_says_so_in_one_line(slack_connection,
 @pytest.mark.broker
 @pytest.mark.spark
 def test_slack_down_fails_the_run_but_remediation_still_decides(
-    airflow_db, incident_dag, kafka_bootstrap, crashed_group, slack_connection, tmp_path, monkeypatch
+    airflow_db, incident_dag, kafka_bootstrap, crashed_group, slack_connection, warm_engine, tmp_path, monkeypatch
 ):
     from airflow.utils.state import DagRunState, TaskInstanceState
 
@@ -236,7 +236,6 @@ def test_slack_down_fails_the_run_but_remediation_still_decides(
     topic, group = crashed_group
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps(
         {"conn_type": "kafka", "extra": {"bootstrap.servers": kafka_bootstrap}}))
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", str(tmp_path / "data"))
     failures = _record_failures(incident_dag)
     slack_connection.fail_all(500)
@@ -285,8 +284,8 @@ def _report_hangs(*args, **kwargs):
     pytest.param(_report_hangs, r"AirflowTaskTimeout", id="report writer times out"),
 ])
 def test_a_failed_report_still_lets_the_findings_reach_slack(
-    airflow_db, incident_dag, kafka_bootstrap, crashed_group, slack_connection, tmp_path, monkeypatch, caplog,
-    writer, reason,
+    airflow_db, incident_dag, kafka_bootstrap, crashed_group, slack_connection, warm_engine, tmp_path, monkeypatch,
+    caplog, writer, reason,
 ):
     from datetime import timedelta
 
@@ -295,7 +294,6 @@ def test_a_failed_report_still_lets_the_findings_reach_slack(
     topic, group = crashed_group
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps(
         {"conn_type": "kafka", "extra": {"bootstrap.servers": kafka_bootstrap}}))
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", str(tmp_path / "data"))
     monkeypatch.setattr("lagdoctor.web.report.write_incident_report", writer)
     incident_dag.get_task("write_reports").execution_timeout = timedelta(seconds=3)

@@ -26,12 +26,11 @@ def remediation_config(group, k8s_server, **extra):
 
 
 @pytest.fixture
-def real_run_env(monkeypatch, kafka_bootstrap, k8s_server, crashed_group, tmp_path):
+def real_run_env(monkeypatch, kafka_bootstrap, k8s_server, crashed_group, tmp_path, warm_engine):
     _, group = crashed_group
     k8s_server.add_deployment("mail", "mailer", replicas=2)
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps(
         {"conn_type": "kafka", "extra": {"bootstrap.servers": kafka_bootstrap}}))
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", str(tmp_path / "data"))
     monkeypatch.setenv("LAGDOCTOR_REMEDIATION_CONFIG", remediation_config(group, k8s_server))
     return tmp_path / "data"

@@ -291,7 +291,7 @@ def test_a_findings_remediation_uses_its_own_clusters_connection(kafka_bootstrap
 @pytest.mark.broker
 @pytest.mark.spark
 def test_a_sweep_over_three_clusters_one_unreachable(
-        airflow_db, kafka_bootstrap, crashed_group, slack_connection, tmp_path, monkeypatch):
+        airflow_db, kafka_bootstrap, crashed_group, slack_connection, warm_engine, tmp_path, monkeypatch):
     """Two clusters read (both on the test broker, under two connection ids) and one that
     cannot be: each is its own snapshot instance, the two read are diagnosed in one job,
     the third fails alone, named, and the run ends failed."""
@@ -305,7 +305,6 @@ def test_a_sweep_over_three_clusters_one_unreachable(
     monkeypatch.delenv("LAGDOCTOR_SWEEP_CLUSTERS", raising=False)
     a, b = kafka_conn(monkeypatch, "kafka_a", kafka_bootstrap), kafka_conn(monkeypatch, "kafka_b", kafka_bootstrap)
     down = kafka_conn(monkeypatch, "kafka_down", DOWN)
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     data = tmp_path / "data"
     monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", str(data))
 

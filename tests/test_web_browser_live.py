@@ -18,8 +18,8 @@ pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.airflow,
               pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} not installed")]
 
 
-def test_a_live_sweep_draws_charts_and_links_its_report(airflow_db, kafka_bootstrap, crashed_group, tmp_path,
-                                                        monkeypatch):
+def test_a_live_sweep_draws_charts_and_links_its_report(airflow_db, kafka_bootstrap, crashed_group, warm_engine,
+                                                        tmp_path, monkeypatch):
     from airflow.utils.state import DagRunState
 
     from lagdoctor.settings import Settings
@@ -30,7 +30,6 @@ def test_a_live_sweep_draws_charts_and_links_its_report(airflow_db, kafka_bootst
     root = tmp_path / ".demo" / "lagdoctor"  # a dot-folder, as make airflow's .demo/
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps(
         {"conn_type": "kafka", "extra": {"bootstrap.servers": kafka_bootstrap}}))
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", str(root))
     monkeypatch.setenv("AIRFLOW__API__BASE_URL", "http://airflow.example:8080")
     monkeypatch.delenv("LAGDOCTOR_REPORT_BASE_URL", raising=False)
