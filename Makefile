@@ -38,8 +38,12 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP) kafka
 	@$(BIN)/python -m lagdoctor.lab.demo
 
+# The whole suite, one file per process at a time, longest first (tests/durations.json): most
+# tests wait on a broker, a JVM or a schedule, so three processes share two cores well.
+TEST_WORKERS ?= 3
+PYTEST_ARGS ?=
 test: $(STAMP) browser postgres kafka redis s3jars
-	@$(BIN)/python -m pytest
+	@$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The tier without a broker, Spark, Airflow or the topology: what to run while working.
 CHECK_WORKERS ?= 2
