@@ -43,7 +43,7 @@ from lagdoctor.connectserver import connection_json
 from lagdoctor.lab.demo import (CLUSTER, CRASHED_GROUP, kill_consumer, live_incidents, project_root,
                                 report_shortfalls, say, start_engine, start_workloads, stop_workloads, surge,
                                 warm_engine)
-from lagdoctor.lab.stopping import raise_on_stop_signals, restore, stop_shielded, tell
+from lagdoctor.lab.stopping import let_go_of_a_closed_terminal, raise_on_stop_signals, restore, stop_shielded, tell
 
 DAG_IDS = ("kafka_lag_health_sweep", "kafka_lag_incident")
 CRASH_AFTER_S = 15.0  # invoices-mailer's only consumer process is killed
@@ -366,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as exc:  # noqa: BLE001 - said; the rest still stops
                     tell(say, f"stopping {what} failed: {type(exc).__name__}: {exc}")
             tell(say, "stopped")
+            let_go_of_a_closed_terminal()
         restore(previous)
 
 

@@ -7,7 +7,9 @@ half-way and leave JVMs and PostgreSQL behind in process groups of their own.
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,6 +23,20 @@ def tell(print_line: Callable[[str], None], message: str) -> None:
         print_line(message)
     except OSError:
         pass
+
+
+def let_go_of_a_closed_terminal() -> None:
+    """Flush what is still buffered for the terminal; if it is gone, send stdout to /dev/null, so
+    the interpreter's own flush at exit cannot fail (Python exits 120 then, not the command's 0).
+    Without PYTHONUNBUFFERED a pipe's output waits in the buffer until exit, so tell() never saw it fail."""
+    try:
+        sys.stdout.flush()
+    except OSError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
 
 
 def raise_on_stop_signals(print_line: Callable[[str], None]) -> dict[int, object]:

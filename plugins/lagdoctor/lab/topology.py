@@ -56,7 +56,7 @@ from lagdoctor.connectserver import connection_json
 from lagdoctor.lab import postgres as pg
 from lagdoctor.lab.demo import project_root
 from lagdoctor.lab.standalone import airflow_cli, last_log_line, read_health
-from lagdoctor.lab.stopping import raise_on_stop_signals, restore, stop_shielded, tell
+from lagdoctor.lab.stopping import let_go_of_a_closed_terminal, raise_on_stop_signals, restore, stop_shielded, tell
 
 HOST = "127.0.0.1"
 BUCKET = "lagdoctor"
@@ -719,6 +719,7 @@ def run(workdir: Path, api_port: int | None = None) -> int:
             tell(say, "stopping (reverse order, each process group) ...")
             topology.stop()
             tell(say, "stopped")
+            let_go_of_a_closed_terminal()
         restore(previous)
 
 
