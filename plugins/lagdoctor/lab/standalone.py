@@ -43,7 +43,8 @@ from lagdoctor.connectserver import connection_json
 from lagdoctor.lab.demo import (CLUSTER, CRASHED_GROUP, kill_consumer, live_incidents, project_root,
                                 report_shortfalls, say, start_engine, start_workloads, stop_workloads, surge,
                                 warm_engine)
-from lagdoctor.lab.stopping import let_go_of_a_closed_terminal, raise_on_stop_signals, restore, stop_shielded, tell
+from lagdoctor.lab.stopping import (let_go_of_a_closed_terminal, line_by_line, raise_on_stop_signals, restore,
+                                    stop_shielded, tell)
 
 DAG_IDS = ("kafka_lag_health_sweep", "kafka_lag_incident")
 CRASH_AFTER_S = 15.0  # invoices-mailer's only consumer process is killed
@@ -220,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--no-workloads", action="store_true", help="do not play the demo's live incidents")
     args = parser.parse_args(argv)
+    line_by_line()
     logging.basicConfig(level=logging.ERROR)
 
     from lagdoctor.kafka.broker import EmbeddedBroker

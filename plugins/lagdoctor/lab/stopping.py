@@ -18,10 +18,20 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def tell(print_line: Callable[[str], None], message: str) -> None:
-    """Print a line unless the terminal is gone (closed: EIO; a closed pipe: EPIPE): the stop goes on."""
+    """Print a line unless the terminal is gone (closed: EIO; a closed pipe: EPIPE), or a signal's note
+    interrupted a print in progress (RuntimeError: reentrant call): the stop goes on."""
     try:
         print_line(message)
-    except OSError:
+    except (OSError, RuntimeError):
+        pass
+
+
+def line_by_line() -> None:
+    """Each line out as soon as it is printed, also into a pipe (`make airflow | tee demo.log`):
+    a long-running command's progress and its stop notes are read while it runs, not at exit."""
+    try:
+        sys.stdout.reconfigure(line_buffering=True)
+    except (AttributeError, ValueError):  # not a text stream of its own (a test's capture)
         pass
 
 

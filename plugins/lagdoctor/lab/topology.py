@@ -56,7 +56,8 @@ from lagdoctor.connectserver import connection_json
 from lagdoctor.lab import postgres as pg
 from lagdoctor.lab.demo import project_root
 from lagdoctor.lab.standalone import airflow_cli, last_log_line, read_health
-from lagdoctor.lab.stopping import let_go_of_a_closed_terminal, raise_on_stop_signals, restore, stop_shielded, tell
+from lagdoctor.lab.stopping import (let_go_of_a_closed_terminal, line_by_line, raise_on_stop_signals, restore,
+                                    stop_shielded, tell)
 
 HOST = "127.0.0.1"
 BUCKET = "lagdoctor"
@@ -686,6 +687,7 @@ def run(workdir: Path, api_port: int | None = None) -> int:
     topology = Topology(workdir, api_port=api_port)
     # Ctrl-C, TERM and HUP (the terminal closed) stop at once, also while waiting for a part;
     # once stopping, more of them are ignored until every part is stopped
+    line_by_line()
     previous = raise_on_stop_signals(say)
     try:
         try:
