@@ -64,7 +64,13 @@ def raise_on_stop_signals(print_line: Callable[[str], None]) -> dict[int, object
 
 def _noting(print_line: Callable[[str], None]) -> Callable[[int, object], None]:
     def note(signum: int, _frame: object) -> None:
-        tell(print_line, f"{signal.Signals(signum).name}: already stopping; every part is stopped first")
+        message = f"{signal.Signals(signum).name}: already stopping; every part is stopped first"
+        try:
+            print_line(message)
+        except RuntimeError:  # it interrupted a print in progress (reentrant call): write past stdout's buffer
+            tell(lambda line: os.write(sys.stdout.fileno(), f"{line}\n".encode()), message)
+        except OSError:
+            pass
 
     return note
 
