@@ -32,7 +32,7 @@ from urllib.parse import urlparse
 
 from lagdoctor.contracts import SNAPSHOT_COLUMN_NAMES, SNAPSHOT_OPTIONAL_COLUMNS
 from lagdoctor.diagnosis.input_errors import SnapshotInputError, StoreReadError, one_line
-from lagdoctor.diagnosis.window import WindowBounds
+from lagdoctor.diagnosis.window import WindowBounds, from_micros
 
 # Optional column written by the collector when a read failed (null: every read
 # behind the row succeeded). Added here until contracts.py lists it.
@@ -518,10 +518,6 @@ def _footers_newest_first(fs, files: list[StoreFile], types, minutes: float,
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
-def _micros_to_datetime(micros: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=micros)
-
-
 def _micros(value: datetime) -> int:
     return (value.astimezone(timezone.utc) - _EPOCH) // timedelta(microseconds=1)
 
@@ -556,7 +552,7 @@ def inspect_store(path: str, *, window: WindowBounds | None = None,
         facts = _footers_newest_first(fs, listed, types, window.minutes, inspection.opened)
         latest = _latest_micros(facts)
         if latest is not None and latest is not _LATEST_UNKNOWN:
-            lo = _micros_to_datetime(latest - int(window.minutes * 60_000_000))
+            lo = from_micros(latest - int(window.minutes * 60_000_000))
     else:
         facts = _read_batch(fs, listed, types, inspection.opened)[0]
     files = [f for f in listed if f in facts]
@@ -596,6 +592,6 @@ def inspect_store(path: str, *, window: WindowBounds | None = None,
     if kept and not any(x.lacks_stats for x in kept):
         lows = [x.ts_min for x in kept if x.ts_min is not None]
         if lows:
-            inspection.ts_range = (_micros_to_datetime(min(lows)),
-                                   _micros_to_datetime(max(x.ts_max for x in kept if x.ts_max is not None)))
+            inspection.ts_range = (from_micros(min(lows)),
+                                   from_micros(max(x.ts_max for x in kept if x.ts_max is not None)))
     return inspection

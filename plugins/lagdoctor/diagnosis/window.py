@@ -85,12 +85,13 @@ def resolve_window(
     ).first()
     if row is None or row["hi"] is None:
         return None
-    end = as_of or _from_micros(row["hi"])
-    start = end - timedelta(minutes=window_minutes) if window_minutes is not None else _from_micros(row["lo"])
+    end = as_of or from_micros(row["hi"])
+    start = end - timedelta(minutes=window_minutes) if window_minutes is not None else from_micros(row["lo"])
     return start, end
 
 
-def _from_micros(micros: int) -> datetime:
+def from_micros(micros: int) -> datetime:
+    """A Parquet timestamp's microseconds since the epoch, as a UTC datetime."""
     return datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=micros)
 
 

@@ -18,11 +18,10 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def tell(print_line: Callable[[str], None], message: str) -> None:
-    """Print a line unless the terminal is gone (closed: EIO; a closed pipe: EPIPE), or a signal's note
-    interrupted a print in progress (RuntimeError: reentrant call): the stop goes on."""
+    """Print a line unless the terminal is gone (closed: EIO; a closed pipe: EPIPE): the stop goes on."""
     try:
         print_line(message)
-    except (OSError, RuntimeError):
+    except OSError:
         pass
 
 

@@ -111,19 +111,23 @@ def worst_partitions(finding: Mapping[str, Any], limit: int = WORST_ROWS) -> lis
     return sorted(partition_rows(finding), key=key)[:limit]
 
 
-def lag_total(finding: Mapping[str, Any]) -> Any:
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _evidence_or_rows(finding: Mapping[str, Any], keys: tuple[str, ...], row_key: str, combine) -> Any:
+    """The first of `keys` the evidence holds as a number, else `combine` of the partition rows' `row_key`."""
     ev = evidence_of(finding)
-    for k in ("lag_total", "lag"):
-        if isinstance(ev.get(k), (int, float)) and not isinstance(ev.get(k), bool):
+    for k in keys:
+        if _number(ev.get(k)):
             return ev[k]
-    lags = [r.get("lag") for r in partition_rows(finding) if isinstance(r.get("lag"), (int, float))]
-    return sum(lags) if lags else None
+    values = [r.get(row_key) for r in partition_rows(finding) if isinstance(r.get(row_key), (int, float))]
+    return combine(values) if values else None
+
+
+def lag_total(finding: Mapping[str, Any]) -> Any:
+    return _evidence_or_rows(finding, ("lag_total", "lag"), "lag", sum)
 
 
 def worst_time_lag(finding: Mapping[str, Any]) -> Any:
-    ev = evidence_of(finding)
-    for k in ("max_time_lag_seconds", "time_lag_seconds"):
-        if isinstance(ev.get(k), (int, float)) and not isinstance(ev.get(k), bool):
-            return ev[k]
-    tls = [r.get("time_lag_seconds") for r in partition_rows(finding) if isinstance(r.get("time_lag_seconds"), (int, float))]
-    return max(tls) if tls else None
+    return _evidence_or_rows(finding, ("max_time_lag_seconds", "time_lag_seconds"), "time_lag_seconds", max)
