@@ -66,6 +66,73 @@ def run_findings(df, thresholds=None, with_status=False, carried=None):
     return found, [r.asDict() for r in partition_status(pf, gf, end_ms, th).collect()]
 
 
+# -- scenarios: diagnosed together, in one job --------------------------------------------------
+#
+# Most tests below read the findings of their own rows under the default thresholds. Their rows
+# are registered as scenarios and diagnosed together, each under a cluster of its own, the way a
+# sweep diagnoses every cluster's groups in one job: a job costs about 10 s of CPU whatever its
+# size, and one job per test was most of this file's time. A group's findings do not depend on
+# the other groups of the run (test_a_groups_findings_are_the_same_alone_as_among_the_scenarios).
+
+_SCENARIOS: dict[str, tuple] = {}
+
+
+def scenario(build, *args, previous=None):
+    """Registers build(*args)'s rows, with `previous` (the previous run's findings, as rows
+    for carried_baselines), for the shared job. Returns `build`, so it decorates a builder."""
+    _SCENARIOS[_scenario_key(build, args, previous)] = (build, args, previous)
+    return build
+
+
+def _scenario_key(build, args, previous):
+    return f"{build.__name__}{args!r} previous={previous!r}"
+
+
+_PREVIOUS_SCHEMA = ("cluster string, group_id string, topic string, diagnosis string, provisional boolean, "
+                    "evidence struct<baseline_produce_rate: double, baseline_consume_rate: double, data_end: string>")
+
+
+def _previous(diagnosis="producer_surge", data_end=T0 + timedelta(minutes=25), provisional=False):
+    """The previous run's finding on group clicks (cluster c, topic t), as a row of its findings."""
+    return {"cluster": "c", "group_id": "clicks", "topic": "t", "diagnosis": diagnosis, "provisional": provisional,
+            "evidence": {"baseline_produce_rate": 40.0, "baseline_consume_rate": 40.0,
+                         "data_end": data_end.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}}
+
+
+def _in_cluster(rows, cluster):
+    from lagdoctor.diagnosis.snapshots import snapshot_schema_with_optional
+
+    at = [f.name for f in snapshot_schema_with_optional()].index("cluster")
+    return [row[:at] + (f"{cluster}/{row[at]}",) + row[at + 1:] for row in rows]
+
+
+@pytest.fixture(scope="module")
+def diagnosed(spark, frame):
+    """diagnosed(build, *args, previous=None): a registered scenario's findings, as run_findings
+    gives them for its rows alone, in (group, topic) order."""
+    from lagdoctor.diagnosis.classify import carried_baselines
+
+    keys = list(_SCENARIOS)
+    rows, previous = [], []
+    for i, key in enumerate(keys):
+        build, args, prev = _SCENARIOS[key]
+        rows += _in_cluster(build(*args), i)
+        previous += [{**p, "cluster": f"{i}/{p['cluster']}"} for p in prev or ()]
+    carried = carried_baselines(spark.createDataFrame(previous, _PREVIOUS_SCHEMA))
+    by_key = {key: [] for key in keys}
+    for f in sorted(run_findings(frame(rows), carried=carried), key=lambda f: (f["group_id"], f["topic"])):
+        i, _, cluster = f["cluster"].partition("/")
+        by_key[keys[int(i)]].append({**f, "cluster": cluster})
+
+    def findings_of(build, *args, previous=None):
+        key = _scenario_key(build, args, previous)
+        if key not in by_key:
+            raise LookupError(f"{key} is not a scenario: register it with scenario() beside its test")
+        return by_key[key]
+
+    return findings_of
+
+
 # -- per-partition features -------------------------------------------------------
 
 
@@ -109,12 +176,8 @@ def test_stalled_partitions_but_not_batch_committers(spark, frame):
     assertDataFrameEqual(got, expected)
 
 
-def test_a_stall_is_called_at_the_sweeps_cadence_not_after_twice_its_gap(frame):
-    """Sweeps every 5 minutes, each taking 3 samples 10 s apart (the DAG's defaults before issue 20,
-    still what a 5-minute LAGDOCTOR_SWEEP_SCHEDULE with samples 3 gives): the
-    commit advanced at every sample until minute 10, then stood still for 6 minutes on
-    partition 0 while 100 msg/s arrive. The 4.7 minutes between sweeps are the sampling's
-    gap, not the consumer's: it is stalled now, not once frozen for twice that."""
+@scenario
+def _stalled_between_five_minute_sweeps():
     rows = []
     for sweep in range(4):
         for i in range(3):
@@ -122,16 +185,22 @@ def test_a_stall_is_called_at_the_sweeps_cadence_not_after_twice_its_gap(frame):
             leo = 100 * t
             rows.append(snap(t, 0, leo, min(leo, 60_000) - 5))
             rows.append(snap(t, 1, leo, leo - 5))
-    found = [f for f in run_findings(frame(rows)) if f["diagnosis"] != "healthy"]
+    return rows
+
+
+def test_a_stall_is_called_at_the_sweeps_cadence_not_after_twice_its_gap(diagnosed):
+    """Sweeps every 5 minutes, each taking 3 samples 10 s apart (the DAG's defaults before issue 20,
+    still what a 5-minute LAGDOCTOR_SWEEP_SCHEDULE with samples 3 gives): the
+    commit advanced at every sample until minute 10, then stood still for 6 minutes on
+    partition 0 while 100 msg/s arrive. The 4.7 minutes between sweeps are the sampling's
+    gap, not the consumer's: it is stalled now, not once frozen for twice that."""
+    found = [f for f in diagnosed(_stalled_between_five_minute_sweeps) if f["diagnosis"] != "healthy"]
     assert [(f["diagnosis"], f["partitions"]) for f in found] == [("stalled_consumer", [0])]
     assert found[0]["evidence"]["frozen_seconds"] == 320.0
 
 
-def test_a_batch_committer_that_slips_past_a_sweeps_samples_is_not_stalled(frame):
-    """The same sweep cadence; a committer that commits all it has every 330 s or 360 s (a
-    Flink checkpoint, a Connect sink's file rotation) at several phases: now and then no
-    commit falls between two bursts, and its commit is seen still for 5 minutes. Its
-    earlier waits, seen standing across a burst's samples, say that is its way."""
+@scenario
+def _batch_committers_at_every_phase():
     rows = []
     for every in (330, 360):
         for phase in range(0, every, 15):
@@ -141,37 +210,56 @@ def test_a_batch_committer_that_slips_past_a_sweeps_samples_is_not_stalled(frame
                     t = 300 * sweep + 10 * i
                     committed = 100 * (((t + phase) // every) * every - phase)
                     rows.append(snap(t, 0, 100 * t, max(0, committed), group=group))
-    found = [(f["group_id"], f["diagnosis"]) for f in run_findings(frame(rows)) if f["diagnosis"] != "healthy"]
+    return rows
+
+
+def test_a_batch_committer_that_slips_past_a_sweeps_samples_is_not_stalled(diagnosed):
+    """The same sweep cadence; a committer that commits all it has every 330 s or 360 s (a
+    Flink checkpoint, a Connect sink's file rotation) at several phases: now and then no
+    commit falls between two bursts, and its commit is seen still for 5 minutes. Its
+    earlier waits, seen standing across a burst's samples, say that is its way."""
+    found = [(f["group_id"], f["diagnosis"]) for f in diagnosed(_batch_committers_at_every_phase)
+             if f["diagnosis"] != "healthy"]
     assert not [g for g, d in found if d == "stalled_consumer"], found
 
 
-def test_a_surge_stays_a_surge_when_only_two_samples_before_it_are_left_in_the_window(frame):
-    """Sweeps 70 s apart, 2 samples each (the lab's cadence): 10 msg/s per partition
-    consumed as it arrives, then from t=40 s 80 msg/s while the consumer tops out at
-    29. Only t=0 and t=10 precede the rise: 10 s of baseline, shorter than
-    baseline_min_seconds, is still the load the consumers kept up with; the first
-    third (which holds the surge) is not."""
+@scenario
+def _surge_after_two_samples_at_the_labs_cadence():
     rows = []
     for t in (0, 10, 70, 80, 140, 150, 210, 220, 280, 290):
         produced = 10 * min(t, 40) + 80 * max(0, t - 40)
         consumed = 10 * min(t, 40) + 29 * max(0, t - 40)
         for p in (0, 1):
             rows.append(snap(t, p, produced, consumed))
-    found = [f for f in run_findings(frame(rows)) if f["diagnosis"] != "healthy"]
+    return rows
+
+
+def test_a_surge_stays_a_surge_when_only_two_samples_before_it_are_left_in_the_window(diagnosed):
+    """Sweeps 70 s apart, 2 samples each (the lab's cadence): 10 msg/s per partition
+    consumed as it arrives, then from t=40 s 80 msg/s while the consumer tops out at
+    29. Only t=0 and t=10 precede the rise: 10 s of baseline, shorter than
+    baseline_min_seconds, is still the load the consumers kept up with; the first
+    third (which holds the surge) is not."""
+    found = [f for f in diagnosed(_surge_after_two_samples_at_the_labs_cadence) if f["diagnosis"] != "healthy"]
     assert [f["diagnosis"] for f in found] == ["producer_surge"]
     assert found[0]["evidence"]["baseline_produce_rate"] == 20.0  # both partitions, as the summary says
 
 
-def test_an_owner_that_slowed_late_in_the_window_is_shown_at_its_rate_now(frame):
-    """Partition 1's owner kept up with 20 msg/s for 20 of 30 minutes, then handled 3:
-    the message says 3 of 20 (what the rule judged), not the window's average 15."""
+@scenario
+def _owner_slowed_at_minute_20():
     rows = []
     for k in range(31):  # a snapshot a minute
         t = 60 * k
         leo = 20 * t
         rows.append(snap(t, 0, leo, leo, member="c-1-aaa"))
         rows.append(snap(t, 1, leo, 20 * min(t, 1200) + 3 * max(0, t - 1200), member="c-2-bbb", host="10.0.0.2"))
-    (f,) = [f for f in run_findings(frame(rows)) if f["diagnosis"] != "healthy"]
+    return rows
+
+
+def test_an_owner_that_slowed_late_in_the_window_is_shown_at_its_rate_now(diagnosed):
+    """Partition 1's owner kept up with 20 msg/s for 20 of 30 minutes, then handled 3:
+    the message says 3 of 20 (what the rule judged), not the window's average 15."""
+    (f,) = [f for f in diagnosed(_owner_slowed_at_minute_20) if f["diagnosis"] != "healthy"]
     assert f["diagnosis"] == "partition_imbalance" and f["partitions"] == [1]
     assert f["summary"].endswith("consumes 3.0 msg/s while 20 arrive"), f["summary"]
     ev = f["evidence"]
@@ -179,7 +267,8 @@ def test_an_owner_that_slowed_late_in_the_window_is_shown_at_its_rate_now(frame)
     assert ev["partition_consume_rate"] < 15  # the window's average stays in the evidence
 
 
-def test_a_stalled_finding_names_the_stuck_record_never_its_payload(frame):
+@scenario
+def _stalled_on_a_read_record():
     stuck = {"committed_record_ts": T0 - timedelta(minutes=30), "committed_record_offset": 240_000,
              "committed_record_key_sha256": "3fa9c2d1e0b4a7f6", "committed_record_size": 2048,
              "committed_record_headers": "traceparent,retry"}
@@ -188,7 +277,11 @@ def test_a_stalled_finding_names_the_stuck_record_never_its_payload(frame):
         t, leo = 60 * k, 60_000 * k
         rows.append(snap(t, 0, leo, 60_000 * min(k, 4), record=stuck if k >= 4 else None))
         rows.append(snap(t, 1, leo, leo))
-    (f,) = run_findings(frame(rows))
+    return rows
+
+
+def test_a_stalled_finding_names_the_stuck_record_never_its_payload(diagnosed):
+    (f,) = diagnosed(_stalled_on_a_read_record)
     assert f["diagnosis"] == "stalled_consumer"
     ev = f["evidence"]  # the Slack message and the report render it (test_forecast_render.py)
     assert ev["committed_record"] == {"offset": 240_000, "timestamp": "2026-11-21T11:30:00.000Z",
@@ -199,14 +292,19 @@ def test_a_stalled_finding_names_the_stuck_record_never_its_payload(frame):
     assert (ev["time_lag_seconds"], ev["time_lag_lower_bound"], ev["time_lag_source"]) == (2400.0, False, "record")
 
 
-def test_a_stuck_record_that_could_not_be_read_says_why(frame):
+@scenario
+def _stalled_on_an_unreadable_record():
     rows = []
     for k in range(11):
         t, leo = 60 * k, 60_000 * k
         failed = {"committed_record_error": "offset out of range: retention deleted it, or the log restarted"}
         rows.append(snap(t, 0, leo, 60_000 * min(k, 4), record=failed if k == 10 else None))
         rows.append(snap(t, 1, leo, leo))
-    (f,) = run_findings(frame(rows))
+    return rows
+
+
+def test_a_stuck_record_that_could_not_be_read_says_why(diagnosed):
+    (f,) = diagnosed(_stalled_on_an_unreadable_record)
     assert f["evidence"]["committed_record"]["error"] == (
         "offset out of range: retention deleted it, or the log restarted")
     assert f["evidence"]["committed_record"]["offset"] is None
@@ -216,7 +314,8 @@ def test_a_stuck_record_that_could_not_be_read_says_why(frame):
 # -- forecasts (classify.py case 17, forecast.py) ----------------------------------------------
 
 
-def test_catch_up_clears_at_the_net_rate_or_never(frame):
+@scenario
+def _draining_and_falling_behind():
     rows = []
     for k in range(11):
         t = 60 * k
@@ -224,7 +323,11 @@ def test_catch_up_clears_at_the_net_rate_or_never(frame):
         rows.append(snap(t, 0, 6_000 * k + 60_000, 9_000 * k, group="draining"))
         # falling behind: 100 arrive, 50 consumed
         rows.append(snap(t, 0, 6_000 * k + 60_000, 3_000 * k, group="behind"))
-    found = {f["group_id"]: f["evidence"] for f in run_findings(frame(rows))}
+    return rows
+
+
+def test_catch_up_clears_at_the_net_rate_or_never(diagnosed):
+    found = {f["group_id"]: f["evidence"] for f in diagnosed(_draining_and_falling_behind)}
     # lag 30,000 at the end (120,000 produced, 90,000 consumed), 50 msg/s net: 600 s
     assert found["draining"]["catch_up"] == {"state": "clearing", "seconds": pytest.approx(600, rel=0.01)}
     behind = found["behind"]["catch_up"]
@@ -249,21 +352,25 @@ def _sweep_window(seed, late_deficit):
     return rows
 
 
-def test_forecasts_do_not_flip_between_sweeps_on_noise(frame):
+scenario(_sweep_window, 1, 0.1)
+scenario(_sweep_window, 2, 0.0)
+
+
+def test_forecasts_do_not_flip_between_sweeps_on_noise(diagnosed):
     """forecast.py F1-F3: two sweeps of the same state, differing only by noise (lag jitter 0-8,
     consuming 39.9 vs 40.0 msg/s), give the same catch-up and data-loss forecasts, as a person
     reads them. Before: "never" and "at risk in ~900d" on one sweep, not the other."""
     from lagdoctor.notify.render import catch_up_text, data_loss_text
 
-    def forecasts(rows):
+    def forecasts(*window):
         out = {}
-        for f in run_findings(frame(rows)):
+        for f in diagnosed(_sweep_window, *window):
             ev = f["evidence"]
             out[f["group_id"]] = (ev["catch_up"]["state"], ev["data_loss"]["state"], ev["data_loss"]["partitions"],
                                   catch_up_text(ev), data_loss_text(ev))
         return out
 
-    first, second = forecasts(_sweep_window(1, 0.1)), forecasts(_sweep_window(2, 0.0))
+    first, second = forecasts(1, 0.1), forecasts(2, 0.0)
     assert first == second
     # within noise (F1): 32 records at 13.3 msg/s a partition is 2.4 s of production
     for group in ("keeps-up", "lag-96"):
@@ -273,9 +380,8 @@ def test_forecasts_do_not_flip_between_sweeps_on_noise(frame):
                              "none within 7d at current rates")
 
 
-def test_never_and_at_risk_need_real_lag_a_clear_gap_and_the_horizon(frame):
-    from lagdoctor.diagnosis.thresholds import Thresholds
-
+@scenario
+def _unread_for_a_month_and_behind():
     rows = []
     for k in range(11):
         t = 60 * k
@@ -284,7 +390,13 @@ def test_never_and_at_risk_need_real_lag_a_clear_gap_and_the_horizon(frame):
                          retention_ms=30 * 86_400_000))
         # 10 msg/s arrive, 9 consumed (10% below): a real gap on a real lag, never
         rows.append(snap(t, 0, 20_000 + 600 * k, 10_000 + 540 * k, group="behind", retention_ms=30 * 86_400_000))
-    found = {f["group_id"]: f["evidence"] for f in run_findings(frame(rows))}
+    return rows
+
+
+def test_never_and_at_risk_need_real_lag_a_clear_gap_and_the_horizon(frame, diagnosed):
+    from lagdoctor.diagnosis.thresholds import Thresholds
+
+    found = {f["group_id"]: f["evidence"] for f in diagnosed(_unread_for_a_month_and_behind)}
     month = found["month"]["data_loss"]
     assert (month["state"], month["seconds"], month["partitions"], month["basis"], month["horizon_seconds"]) == (
         "safe", None, [], "beyond_horizon", 7 * 86_400.0)
@@ -292,12 +404,13 @@ def test_never_and_at_risk_need_real_lag_a_clear_gap_and_the_horizon(frame):
     assert found["behind"]["catch_up"] == {"state": "never", "seconds": None}
     # the horizon is a named threshold: at 60 days the same group is at risk in ~30 days
     wide = {f["group_id"]: f["evidence"] for f in run_findings(
-        frame(rows), Thresholds(forecast_max_horizon_seconds=60 * 86_400.0))}
+        frame(_unread_for_a_month_and_behind()), Thresholds(forecast_max_horizon_seconds=60 * 86_400.0))}
     assert wide["month"]["data_loss"]["state"] == "at_risk"
     assert wide["month"]["data_loss"]["seconds"] == pytest.approx(30 * 86_400, rel=0.01)
 
 
-def test_retention_outrunning_the_group_is_critical_before_any_data_is_lost(frame):
+@scenario
+def _log_start_outrunning_the_group():
     rows = []
     for k in range(11):
         t = 60 * k
@@ -306,7 +419,11 @@ def test_retention_outrunning_the_group_is_critical_before_any_data_is_lost(fram
         # inside the 10-minute window
         rows.append(snap(t, 0, 200_000 + 12_000 * k, 6_000 * k + 60_000, log_start=max(0, 12_000 * k - 20_000),
                          group="outrun", retention_ms=-1))
-    found = run_findings(frame(rows))
+    return rows
+
+
+def test_retention_outrunning_the_group_is_critical_before_any_data_is_lost(diagnosed):
+    found = diagnosed(_log_start_outrunning_the_group)
     assert {f["severity"] for f in found} == {"critical"}
     loss = found[0]["evidence"]["data_loss"]
     assert loss["state"] == "at_risk" and loss["basis"] == "log_start" and loss["partitions"] == [0]
@@ -314,7 +431,8 @@ def test_retention_outrunning_the_group_is_critical_before_any_data_is_lost(fram
     assert found[0]["evidence"]["retention_loss_partitions"] == []  # nothing lost yet
 
 
-def test_time_lag_meeting_retention_ms_is_at_risk_and_infinite_retention_is_safe(frame):
+@scenario
+def _unconsumed_under_three_retentions():
     rows = []
     for k in range(11):
         t = 60 * k
@@ -324,7 +442,11 @@ def test_time_lag_meeting_retention_ms_is_at_risk_and_infinite_retention_is_safe
         rows.append(snap(t, 0, 1_000 + 600 * k, 500, state="EMPTY", members=0, member=None, group="kept",
                          retention_ms=-1))
         rows.append(snap(t, 0, 1_000 + 600 * k, 500, state="EMPTY", members=0, member=None, group="unsaid"))
-    found = {f["group_id"]: f for f in run_findings(frame(rows))}
+    return rows
+
+
+def test_time_lag_meeting_retention_ms_is_at_risk_and_infinite_retention_is_safe(diagnosed):
+    found = {f["group_id"]: f for f in diagnosed(_unconsumed_under_three_retentions)}
     old = found["old"]["evidence"]["data_loss"]
     assert (old["state"], old["basis"], old["retention_ms"]) == ("at_risk", "retention_ms", 3_600_000)
     assert old["seconds"] == pytest.approx(300, abs=1)  # the time lag grows 1 s per s with nobody consuming
@@ -337,7 +459,8 @@ def test_time_lag_meeting_retention_ms_is_at_risk_and_infinite_retention_is_safe
                                                         "horizon_seconds": 7 * 86_400.0}
 
 
-def test_a_compacted_topic_gets_no_data_loss_forecast_from_retention_ms(frame):
+@scenario
+def _unconsumed_on_compacted_topics():
     rows = []
     for k in range(11):
         t = 60 * k
@@ -346,7 +469,11 @@ def test_a_compacted_topic_gets_no_data_loss_forecast_from_retention_ms(frame):
             rows.append(snap(t, 0, 1_000 + 600 * k, 500, state="EMPTY", members=0, member=None, group=group,
                              record_ts=600 - 3_300 if k == 10 else None, retention_ms=3_600_000,
                              cleanup_policy=policy))
-    found = {f["group_id"]: f for f in run_findings(frame(rows))}
+    return rows
+
+
+def test_a_compacted_topic_gets_no_data_loss_forecast_from_retention_ms(diagnosed):
+    found = {f["group_id"]: f for f in diagnosed(_unconsumed_on_compacted_topics)}
     loss = found["compacted"]["evidence"]["data_loss"]
     assert loss == {"state": "not_applicable", "seconds": None, "partitions": [], "retention_ms": 3_600_000,
                     "retention_bytes": None,
@@ -526,31 +653,48 @@ def _steady(group, **kw):
             for k in range(12) for p in range(2)]
 
 
+@scenario
+def _idle_empty():
+    # idle EMPTY group, nothing produced, nothing to read: not a crash
+    return [snap(60 * k, p, 5_000, 5_000, state="EMPTY", members=0, member=None, group="idle")
+            for k in range(12) for p in range(2)]
+
+
+@scenario
+def _unknown_membership():
+    # STABLE with no member list, as some Kafka-compatible brokers answer: null is not zero members
+    return _steady("unknown", members=None, member=None)
+
+
+@scenario
+def _commit_read_above_the_end():
+    # the collector read the commit a moment after the end offset: commit above the end, lag 0
+    return [snap(60 * k, p, 6_000 * k + 5_000, 6_000 * k + 5_000 + (3 if k % 2 else 0), lag=0, group="race")
+            for k in range(12) for p in range(2)]
+
+
+@scenario
+def _consumers_gone():
+    # the same consumers, gone: EMPTY with 0 members while lag grows
+    return [snap(60 * k, p, 6_000 * k + 5_000, 5_000, state="EMPTY", members=0, member=None, group="gone")
+            for k in range(12) for p in range(2)]
+
+
 @pytest.mark.parametrize(
-    "rows, expected",
-    [
-        # idle EMPTY group, nothing produced, nothing to read: not a crash
-        ([snap(60 * k, p, 5_000, 5_000, state="EMPTY", members=0, member=None, group="idle")
-          for k in range(12) for p in range(2)], {"healthy"}),
-        # membership unknown (STABLE with no member list, as some Kafka-compatible brokers answer): null is not zero members
-        (_steady("unknown", members=None, member=None), {"healthy"}),
-        # the collector read the commit a moment after the end offset: commit above the end, lag 0
-        ([snap(60 * k, p, 6_000 * k + 5_000, 6_000 * k + 5_000 + (3 if k % 2 else 0), lag=0, group="race")
-          for k in range(12) for p in range(2)], {"healthy"}),
-        # the same consumers, gone: EMPTY with 0 members while lag grows
-        ([snap(60 * k, p, 6_000 * k + 5_000, 5_000, state="EMPTY", members=0, member=None, group="gone")
-          for k in range(12) for p in range(2)], {"crashed_consumer"}),
-    ],
+    "build, expected",
+    [(_idle_empty, {"healthy"}), (_unknown_membership, {"healthy"}), (_commit_read_above_the_end, {"healthy"}),
+     (_consumers_gone, {"crashed_consumer"})],
     ids=["idle-empty", "unknown-membership", "commit-above-end", "crashed"],
 )
-def test_traps_stay_healthy_and_a_crash_does_not(frame, rows, expected):
-    found = run_findings(frame(rows))
+def test_traps_stay_healthy_and_a_crash_does_not(diagnosed, build, expected):
+    found = diagnosed(build)
     assert {f["diagnosis"] for f in found} == expected
     for f in found:
         assert (f["severity"] == "ok") == (f["diagnosis"] == "healthy")
 
 
-def test_several_diagnoses_at_once(frame):
+@scenario
+def _hot_partition_while_rebalancing():
     # one hot partition falling behind while the group keeps rebalancing
     rows = []
     states = ["STABLE", "PREPARING_REBALANCE", "STABLE", "STABLE"] * 4
@@ -560,24 +704,33 @@ def test_several_diagnoses_at_once(frame):
             committed = (10_000 * k) if p == 0 else leo
             rows.append(snap(60 * k, p, leo, committed, state=st,
                              member=None if st != "STABLE" else f"consumer-1-{k // 4}", group="busy"))
-    diagnoses = {f["diagnosis"]: f for f in run_findings(frame(rows))}
+    return rows
+
+
+def test_several_diagnoses_at_once(diagnosed):
+    diagnoses = {f["diagnosis"]: f for f in diagnosed(_hot_partition_while_rebalancing)}
     assert set(diagnoses) == {"partition_imbalance", "rebalance_loop"}
     assert diagnoses["partition_imbalance"]["partitions"] == [0]
     assert diagnoses["rebalance_loop"]["evidence"]["rebalances"] >= 3
 
 
 
-def test_a_producer_surge_says_the_consumers_fall_behind_the_new_rate(frame):
-    """Consumers that kept up at 20 msg/s a partition, producers jumping to 100 while they top
-    out at 30: the summary gives the consumers' rate before and after, never "keep up" with lag growing."""
-    import re
-
+@scenario
+def _surge_at_minute_4():
     rows = []
     for k in range(13):  # a snapshot a minute; the surge starts at minute 4 (the end of the first third)
         t, after = 60 * k, max(0, 60 * k - 240)
         for p in range(2):
             rows.append(snap(t, p, 20 * (t - after) + 100 * after, 20 * (t - after) + 30 * after, group="clicks"))
-    (f,) = run_findings(frame(rows))
+    return rows
+
+
+def test_a_producer_surge_says_the_consumers_fall_behind_the_new_rate(diagnosed):
+    """Consumers that kept up at 20 msg/s a partition, producers jumping to 100 while they top
+    out at 30: the summary gives the consumers' rate before and after, never "keep up" with lag growing."""
+    import re
+
+    (f,) = diagnosed(_surge_at_minute_4)
     assert (f["diagnosis"], f["severity"]) == ("producer_surge", "critical")
     assert f["summary"] == ("produce rate rose 5.0x (40 -> 200 msg/s) while consumers went from 40 to 60 msg/s; "
                             "lag went from 0 to 67,200")
@@ -588,24 +741,28 @@ def test_a_producer_surge_says_the_consumers_fall_behind_the_new_rate(frame):
     assert float(consumed.replace(",", "")) < float(produced.replace(",", ""))
     assert "keep up" not in f["summary"]
 
-def test_a_surge_early_in_the_window_is_a_surge_not_a_slow_consumer(frame):
-    """Consumers that kept up at 20 msg/s a partition; at minute 1 of 12, inside the first third, producers
-    jump to 100 on every partition and the consumers top out at 30, above the old rate: the baseline is the
-    minute before the lag began to grow, not the first third (which already holds the surge)."""
+
+@scenario
+def _surge_at_minute_1():
     rows = []
     for k in range(25):  # every 30 s
         t, after = 30 * k, max(0, 30 * k - 60)
         for p in range(3):
             rows.append(snap(t, p, 20 * (t - after) + 100 * after, 20 * (t - after) + 30 * after, group="clicks"))
-    (f,) = run_findings(frame(rows))
+    return rows
+
+
+def test_a_surge_early_in_the_window_is_a_surge_not_a_slow_consumer(diagnosed):
+    """Consumers that kept up at 20 msg/s a partition; at minute 1 of 12, inside the first third, producers
+    jump to 100 on every partition and the consumers top out at 30, above the old rate: the baseline is the
+    minute before the lag began to grow, not the first third (which already holds the surge)."""
+    (f,) = diagnosed(_surge_at_minute_1)
     assert (f["diagnosis"], f["pattern"]) == ("producer_surge", "steady_climb")
     assert f["summary"].startswith("produce rate rose 5.0x (60 -> 300 msg/s) while consumers went from 60 to 90 msg/s")
 
 
-def test_a_staircase_of_stuck_records_is_a_stalled_consumer(frame):
-    """The seeds' staircase (0 -> 1000 -> 1000 -> 2000): partition 1's consumer is stuck on a record for 4 minutes,
-    gets past it and keeps up at its load (the backlog stays), then sticks again. It moves at the window's end,
-    so no single freeze shows: the repeated steps are a stalled consumer, not a slow one or an imbalance."""
+@scenario
+def _stuck_twice_on_partition_1():
     stuck = [(120, 360), (720, 960)]
 
     def consumed(t):  # 100 msg/s except while stuck
@@ -617,7 +774,14 @@ def test_a_staircase_of_stuck_records_is_a_stalled_consumer(frame):
         rows.append(snap(t, 0, 100 * t + 5_000, 100 * t + 4_980, member="consumer-1-aaa", group="orders"))
         rows.append(snap(t, 1, 100 * t + 5_000, consumed(t) + 5_000, member="consumer-2-bbb", host="10.0.0.2",
                          group="orders"))
-    (f,) = run_findings(frame(rows))
+    return rows
+
+
+def test_a_staircase_of_stuck_records_is_a_stalled_consumer(diagnosed):
+    """The seeds' staircase (0 -> 1000 -> 1000 -> 2000): partition 1's consumer is stuck on a record for 4 minutes,
+    gets past it and keeps up at its load (the backlog stays), then sticks again. It moves at the window's end,
+    so no single freeze shows: the repeated steps are a stalled consumer, not a slow one or an imbalance."""
+    (f,) = diagnosed(_stuck_twice_on_partition_1)
     assert (f["diagnosis"], f["partitions"], f["pattern"]) == ("stalled_consumer", [1], "staircase")
     assert f["evidence"]["stuck_episodes"] == 2
     assert f["summary"] == ("partition 1 stopped committing 2 times in the window, each time leaving its backlog behind "
@@ -704,12 +868,16 @@ def _case_study_rows(others_arrive, steps=13):
     return rows
 
 
+scenario(_case_study_rows, 12_000)
+scenario(_case_study_rows, 4_000)
+
+
 @pytest.mark.parametrize("others_arrive", [12_000, 4_000], ids=["same-load-everywhere", "quieter-partitions"])
-def test_the_seed_case_study_is_one_slow_owner_whatever_the_others_do(frame, others_arrive):
+def test_the_seed_case_study_is_one_slow_owner_whatever_the_others_do(diagnosed, others_arrive):
     """The seed's lesson: one partition with most of the lag and its owner far below its arrival rate is
     a partition imbalance (one consumer's problem), not overall throughput, even while the other two fall
     behind a little too."""
-    found = run_findings(frame(_case_study_rows(others_arrive)))
+    found = diagnosed(_case_study_rows, others_arrive)
     assert [(f["diagnosis"], f["partitions"]) for f in found] == [("partition_imbalance", [1])]
     (f,) = found
     assert (f["severity"], f["pattern"]) == ("critical", "steady_climb")
@@ -814,10 +982,15 @@ def test_a_failed_read_at_the_end_is_incomplete_not_healthy_ok(frame):
     assert (fine_row["lag"], fine_row["lag_unknown"], fine_row["read_error"]) == (20, False, None)
 
 
-def test_a_log_offset_failure_keeps_the_row_and_the_known_lag(frame):
+@scenario
+def _log_end_read_failed_at_the_end():
     rows = _keeping_up("g", fail_at_end=(0, "log end offset: timed out"))
     rows[-2] = snap(300, 0, None, 29_980, lag=None, group="g", read_error="log end offset: timed out")
-    (f,) = run_findings(frame(rows))
+    return rows
+
+
+def test_a_log_offset_failure_keeps_the_row_and_the_known_lag(diagnosed):
+    (f,) = diagnosed(_log_end_read_failed_at_the_end)
     assert (f["severity"], f["evidence"]["data_complete"], f["evidence"]["read_errors"]) == (
         "warning", False, ["partition 0: log end offset: timed out"])
     assert f["evidence"]["produce_rate"] == pytest.approx(200.0)  # from the known end offsets only: 100 + 100
@@ -849,12 +1022,16 @@ def test_group_level_read_failures(frame):
     assert all(s["partition"] >= 0 for s in status)  # the group-level row is no partition
 
 
-def test_a_failed_group_listing_makes_the_run_incomplete(frame):
+@scenario
+def _group_listing_failed():
     marker = dict(topic="", member=None, members=None, state="UNKNOWN")
     rows = [snap(0, -1, None, None, group="", read_error="group listing: Broker: Coordinator load in progress "
                  "(COORDINATOR_LOAD_IN_PROGRESS)", **marker)]
-    rows += _keeping_up("g", k_max=3)
-    got = {(f["group_id"], f["topic"]): f for f in run_findings(frame(rows))}
+    return rows + _keeping_up("g", k_max=3)
+
+
+def test_a_failed_group_listing_makes_the_run_incomplete(diagnosed):
+    got = {(f["group_id"], f["topic"]): f for f in diagnosed(_group_listing_failed)}
     listing = got[("", "")]
     assert (listing["severity"], listing["evidence"]["data_complete"]) == ("warning", False)
     assert listing["summary"] == ("Incomplete data: 1 read failed (group: group listing: Broker: Coordinator load "
@@ -880,15 +1057,20 @@ def test_log_end_offset_going_backwards_is_a_warning_not_lag_0(frame):
     assert by_p[0]["produce_rate"] == pytest.approx(20 / 60, abs=1e-3)  # after the reset only
 
 
-def test_a_commit_above_a_log_end_that_never_moved_says_so_not_went_backwards(frame):
-    """Case 10, seen on data it never saw: commit 10,000 on a topic of 100 records, the log end
-    standing at 100 all window, a live member; partition 1 keeps up. Before: "log end offset went
-    backwards ... consumers keep up", neither of which was true."""
+@scenario
+def _commit_above_a_standing_log_end():
     rows = []
     for k in range(4):
         rows.append(snap(60 * k, 0, 100, 10_000, lag=0))
         rows.append(snap(60 * k, 1, 6_000 * k + 5_000, 6_000 * k + 4_980))
-    (f,) = run_findings(frame(rows))
+    return rows
+
+
+def test_a_commit_above_a_log_end_that_never_moved_says_so_not_went_backwards(diagnosed):
+    """Case 10, seen on data it never saw: commit 10,000 on a topic of 100 records, the log end
+    standing at 100 all window, a live member; partition 1 keeps up. Before: "log end offset went
+    backwards ... consumers keep up", neither of which was true."""
+    (f,) = diagnosed(_commit_above_a_standing_log_end)
     assert (f["diagnosis"], f["severity"]) == ("healthy", "warning")
     assert f["summary"].startswith(
         "committed offset 10,000 is above the log end 100 on partition 0 (topic recreated, or offsets set by "
@@ -900,10 +1082,17 @@ def test_a_commit_above_a_log_end_that_never_moved_says_so_not_went_backwards(fr
     assert ev["catch_up"]["state"] == "unknown"  # it reads nothing until it resets: not "caught up"
 
 
+def _committed_above_the_log_end(above):
+    return [snap(60 * k, 0, 40 + 20 * k, 40 + 20 * k + above, lag=0) for k in range(5)]
+
+
+scenario(_committed_above_the_log_end, 3)
+scenario(_committed_above_the_log_end, 3_216)
+
+
 @pytest.mark.parametrize("above, expected", [(3, []), (3_216, [0])], ids=["read-race", "recreated-before-window"])
-def test_commit_far_above_the_log_end_is_a_reset(frame, above, expected):
-    rows = [snap(60 * k, 0, 40 + 20 * k, 40 + 20 * k + above, lag=0) for k in range(5)]
-    (f,) = run_findings(frame(rows))
+def test_commit_far_above_the_log_end_is_a_reset(diagnosed, above, expected):
+    (f,) = diagnosed(_committed_above_the_log_end, above)
     assert f["evidence"]["offset_reset_partitions"] == expected
     assert f["severity"] == ("warning" if expected else "ok")
 
@@ -1019,32 +1208,46 @@ def _txn_rows(stable_at, committed_at, minutes=11):
             for k in range(minutes)]
 
 
-def test_a_read_committed_group_at_a_stable_offset_frozen_for_minutes_waits_on_a_hanging_transaction(frame):
+@scenario
+def _behind_a_transaction_open_since_minute_2():
     # a transaction opened at minute 2 never ends; the group read everything before it
-    (f,) = run_findings(frame(_txn_rows(lambda k: min(k, 2) * 60_000, lambda k: min(k, 2) * 60_000)))
-    assert f["diagnosis"] == "stalled_consumer" and "waits behind an open transaction" in f["summary"]
-    ev = f["evidence"]
-    assert ev["transaction_blocked_partitions"] == [0] and ev["hanging_transaction_partitions"] == [0]
-    assert (ev["last_stable_offset"], ev["transaction_open_seconds"]) == (120_000, 480.0)
+    return _txn_rows(lambda k: min(k, 2) * 60_000, lambda k: min(k, 2) * 60_000)
 
 
-def test_a_producer_committing_every_few_minutes_is_not_a_hanging_transaction(frame):
+@scenario
+def _following_a_transaction_committed_every_4_minutes():
     # Flink's exactly-once sink commits its transaction at each checkpoint (here every
     # 4 minutes): the stable offset jumps, stands, jumps; the group follows it. At the
     # end it has stood 3 minutes, longer than the stall rule's 2, shorter than 2 holds.
     def stable(k):
         return (k // 4) * 4 * 60_000
 
-    (f,) = run_findings(frame(_txn_rows(stable, stable, minutes=12)))
+    return _txn_rows(stable, stable, minutes=12)
+
+
+@scenario
+def _stalled_without_a_stable_offset():
+    # an older writer's rows (no last_stable_offset): a stalled consumer stays a stalled consumer
+    return [snap(60 * k, 0, 60_000 * k, 60_000 * min(k, 2)) for k in range(11)]
+
+
+def test_a_read_committed_group_at_a_stable_offset_frozen_for_minutes_waits_on_a_hanging_transaction(diagnosed):
+    (f,) = diagnosed(_behind_a_transaction_open_since_minute_2)
+    assert f["diagnosis"] == "stalled_consumer" and "waits behind an open transaction" in f["summary"]
+    ev = f["evidence"]
+    assert ev["transaction_blocked_partitions"] == [0] and ev["hanging_transaction_partitions"] == [0]
+    assert (ev["last_stable_offset"], ev["transaction_open_seconds"]) == (120_000, 480.0)
+
+
+def test_a_producer_committing_every_few_minutes_is_not_a_hanging_transaction(diagnosed):
+    (f,) = diagnosed(_following_a_transaction_committed_every_4_minutes)
     assert f["evidence"]["last_stable_offset"] == 480_000 and f["evidence"]["transaction_open_seconds"] == 180.0
     assert f["diagnosis"] == "healthy", f["summary"]
     assert f["evidence"]["hanging_transaction_partitions"] == []
 
 
-def test_without_a_stable_offset_no_transaction_is_inferred(frame):
-    # an older writer's rows (no last_stable_offset): a stalled consumer stays a stalled consumer
-    rows = [snap(60 * k, 0, 60_000 * k, 60_000 * min(k, 2)) for k in range(11)]
-    (f,) = run_findings(frame(rows))
+def test_without_a_stable_offset_no_transaction_is_inferred(diagnosed):
+    (f,) = diagnosed(_stalled_without_a_stable_offset)
     assert f["diagnosis"] == "stalled_consumer" and "stopped committing" in f["summary"]
     assert f["evidence"]["hanging_transaction_partitions"] == [] and f["evidence"]["last_stable_offset"] is None
 
@@ -1082,9 +1285,13 @@ def _hot_partition_frozen_since_60(until):
     return rows
 
 
-def test_a_commit_standing_still_briefly_is_provisional_between_stalled_and_imbalance(spark, frame):
+scenario(_hot_partition_frozen_since_60, 120)
+scenario(_hot_partition_frozen_since_60, 180)
+
+
+def test_a_commit_standing_still_briefly_is_provisional_between_stalled_and_imbalance(diagnosed):
     # 60 s still of the 120 s rule 3 asks: a stuck record or a slow owner, not yet known
-    found = run_findings(frame(_hot_partition_frozen_since_60(120)))
+    found = diagnosed(_hot_partition_frozen_since_60, 120)
     assert [f["diagnosis"] for f in found] == ["partition_imbalance"]
     f = found[0]
     assert f["provisional"] is True
@@ -1095,42 +1302,56 @@ def test_a_commit_standing_still_briefly_is_provisional_between_stalled_and_imba
     assert "partition 1" in f["undecided_because"] and "1m00s" in f["undecided_because"]
 
 
-def test_the_first_sweep_after_a_consumer_got_stuck_is_provisional_not_imbalance(spark, frame):
-    """Sweeps 70 s apart, 2 samples 10 s apart (the lab's cadence): partition 1's consumer got
-    stuck at t=120 while 100 msg/s arrive. The first sweep after sees its commit still at both
-    samples (10 s): a stuck record or a slow owner, not yet known; never a confident imbalance,
-    the first post the live lab saw go wrong."""
+@scenario
+def _stuck_at_120_s_at_the_labs_cadence():
     rows = []
     for t in (0, 10, 70, 80, 140, 150):
         for p in (0, 2):
             rows.append(snap(t, p, 100 * t, 100 * t - 5))
         rows.append(snap(t, 1, 100 * t, 100 * min(t, 120) - 5))
-    found = [f for f in run_findings(frame(rows)) if f["diagnosis"] != "healthy"]
+    return rows
+
+
+def test_the_first_sweep_after_a_consumer_got_stuck_is_provisional_not_imbalance(diagnosed):
+    """Sweeps 70 s apart, 2 samples 10 s apart (the lab's cadence): partition 1's consumer got
+    stuck at t=120 while 100 msg/s arrive. The first sweep after sees its commit still at both
+    samples (10 s): a stuck record or a slow owner, not yet known; never a confident imbalance,
+    the first post the live lab saw go wrong."""
+    found = [f for f in diagnosed(_stuck_at_120_s_at_the_labs_cadence) if f["diagnosis"] != "healthy"]
     assert [(f["diagnosis"], f["provisional"], f["partitions"]) for f in found] == [
         ("partition_imbalance", True, [1])]
     assert found[0]["deciding_between"] == ["partition_imbalance", "stalled_consumer"]
 
 
-def test_the_same_partition_with_more_samples_is_decided_stalled(spark, frame):
-    found = run_findings(frame(_hot_partition_frozen_since_60(180)))
+def test_the_same_partition_with_more_samples_is_decided_stalled(diagnosed):
+    found = diagnosed(_hot_partition_frozen_since_60, 180)
     assert [(f["diagnosis"], f["provisional"]) for f in found] == [("stalled_consumer", False)]
     assert found[0]["deciding_between"] == [] and found[0]["decided_by"] is None
 
 
-def test_a_slow_owner_that_commits_as_it_goes_is_decided_imbalance(spark, frame):
+@scenario
+def _slow_owner_committing_as_it_goes():
     rows = []
     for t in range(0, 121, 30):
         for p in (0, 2):
             rows.append(snap(t, p, 10 * t, 10 * t))
         rows.append(snap(t, 1, 50 * t, 5 * t))
-    found = run_findings(frame(rows))
+    return rows
+
+
+def test_a_slow_owner_that_commits_as_it_goes_is_decided_imbalance(diagnosed):
+    found = diagnosed(_slow_owner_committing_as_it_goes)
     assert [(f["diagnosis"], f["provisional"]) for f in found] == [("partition_imbalance", False)]
 
 
-def test_lag_growing_from_the_first_snapshot_of_a_short_window_is_provisional_surge_or_slow(spark, frame):
+@scenario
+def _behind_from_the_first_snapshot():
     # 100 msg/s arrive, 60 consumed, from the first snapshot on: was it always so, or did the load rise?
-    rows = [snap(t, p, 100 * t, 60 * t) for t in range(0, 91, 10) for p in (0, 1)]
-    found = run_findings(frame(rows))
+    return [snap(t, p, 100 * t, 60 * t) for t in range(0, 91, 10) for p in (0, 1)]
+
+
+def test_lag_growing_from_the_first_snapshot_of_a_short_window_is_provisional_surge_or_slow(diagnosed):
+    found = diagnosed(_behind_from_the_first_snapshot)
     assert len(found) == 1
     f = found[0]
     assert f["diagnosis"] in ("slow_consumer", "producer_surge")
@@ -1143,22 +1364,30 @@ def test_lag_growing_from_the_first_snapshot_of_a_short_window_is_provisional_su
     assert "kept up" in f["undecided_because"]
 
 
-def test_a_surge_after_a_baseline_is_decided_producer_surge(spark, frame):
+def _surge_after_a_two_minute_baseline(until=300):
     rows = []
-    for t in range(0, 301, 10):
+    for t in range(0, until + 1, 10):
         for p in (0, 1):
             if t <= 120:
                 rows.append(snap(t, p, 20 * t, 20 * t))  # kept up with 20 msg/s
             else:
                 rows.append(snap(t, p, 2400 + 100 * (t - 120), 2400 + 60 * (t - 120)))
+    return rows
+
+
+scenario(_surge_after_a_two_minute_baseline, 240)
+scenario(_surge_after_a_two_minute_baseline, 300)
+
+
+def test_a_surge_after_a_baseline_is_decided_producer_surge(diagnosed):
     # rule case 36: 2 minutes into the rise it may still be a burst the consumers absorb
-    (young,) = run_findings(frame(rows[:2 * 25]))  # to t = 240
+    (young,) = diagnosed(_surge_after_a_two_minute_baseline, 240)
     assert (young["diagnosis"], young["provisional"], young["deciding_between"]) == (
         "producer_surge", True, ["producer_surge", "healthy"])
     assert young["decided_by"] == "2026-11-21T12:04:30Z" and young["samples_needed"] == 3
     assert "risen at every snapshot for 2m00s" in young["undecided_because"]
     # 3 minutes in, still rising: decided
-    found = run_findings(frame(rows))
+    found = diagnosed(_surge_after_a_two_minute_baseline, 300)
     assert [(f["diagnosis"], f["provisional"]) for f in found] == [("producer_surge", False)]
 
 
@@ -1173,8 +1402,12 @@ def _one_stuck_episode_then_still_again(until):
     return rows
 
 
-def test_a_single_stuck_episode_in_a_short_window_is_provisional(spark, frame):
-    found = run_findings(frame(_one_stuck_episode_then_still_again(210)))
+scenario(_one_stuck_episode_then_still_again, 210)
+scenario(_one_stuck_episode_then_still_again, 300)
+
+
+def test_a_single_stuck_episode_in_a_short_window_is_provisional(diagnosed):
+    found = diagnosed(_one_stuck_episode_then_still_again, 210)
     assert [(f["diagnosis"], f["provisional"]) for f in found] == [("partition_imbalance", True)]
     f = found[0]
     assert f["deciding_between"] == ["partition_imbalance", "stalled_consumer"]
@@ -1183,8 +1416,8 @@ def test_a_single_stuck_episode_in_a_short_window_is_provisional(spark, frame):
     assert (f["decided_by"], f["samples_needed"]) == ("2026-11-21T12:05:00Z", 3)
 
 
-def test_a_second_stuck_episode_decides_stalled(spark, frame):
-    found = run_findings(frame(_one_stuck_episode_then_still_again(300)))
+def test_a_second_stuck_episode_decides_stalled(diagnosed):
+    found = diagnosed(_one_stuck_episode_then_still_again, 300)
     assert [(f["diagnosis"], f["provisional"]) for f in found] == [("stalled_consumer", False)]
     assert found[0]["evidence"]["stuck_episodes"] == 2
 
@@ -1199,19 +1432,22 @@ def _slowed_at(minute, until=30, produce=200, consume=120):
     return rows
 
 
-def test_a_consumer_that_slowed_three_minutes_ago_is_called_slow_at_the_next_sweep(frame):
+scenario(_slowed_at, 27)
+
+
+def test_a_consumer_that_slowed_three_minutes_ago_is_called_slow_at_the_next_sweep(diagnosed):
     """A consumer drops from 200 to 120 msg/s a partition at minute 27 of a 30-minute window: its window
     averages (192 of 200) still look like keeping up and the window's line hardly fits a hockey stick, but
     since the lag began to rise it has fallen 80 msg/s behind on each partition, steadily: slow_consumer now,
     not healthy until a third of the window follows the onset."""
-    (f,) = run_findings(frame(_slowed_at(27)))
+    (f,) = diagnosed(_slowed_at, 27)
     assert (f["diagnosis"], f["severity"]) == ("slow_consumer", "critical")
     assert f["partitions"] == [0, 1]
     assert f["evidence"]["lag"] == 2 * 80 * 180
 
 
-def test_a_consumer_that_slowed_and_caught_up_again_is_not_slow(frame):
-    """The same drop for three minutes, then back above its load: the lag rose and is draining, no slow consumer."""
+@scenario
+def _slowed_for_three_minutes_then_caught_up():
     rows = []
     for k in range(31):
         t = 60 * k
@@ -1220,7 +1456,12 @@ def test_a_consumer_that_slowed_and_caught_up_again_is_not_slow(frame):
         for p in range(2):
             rows.append(snap(t, p, 200 * t, min(200 * t, 200 * (t - slow - fast) + 120 * slow + 300 * fast),
                              group="orders"))
-    (f,) = run_findings(frame(rows))
+    return rows
+
+
+def test_a_consumer_that_slowed_and_caught_up_again_is_not_slow(diagnosed):
+    """The same drop for three minutes, then back above its load: the lag rose and is draining, no slow consumer."""
+    (f,) = diagnosed(_slowed_for_three_minutes_then_caught_up)
     assert f["diagnosis"] == "healthy"
 
 
@@ -1235,35 +1476,30 @@ def _surge_older_than_the_window():
     return rows
 
 
-def _previous(spark, diagnosis="producer_surge", data_end=T0 + timedelta(minutes=25), provisional=False):
-    from lagdoctor.diagnosis.classify import carried_baselines
+# previous runs: a decided surge, and three that carry nothing
+NOT_CARRIED = {"gap-before-the-window": {"data_end": T0 - timedelta(minutes=20)},  # the lag may have cleared between
+               "provisional": {"provisional": True},  # it never said surge
+               "not-a-surge": {"diagnosis": "slow_consumer"}}
+scenario(_surge_older_than_the_window)
+scenario(_surge_older_than_the_window, previous=[_previous()])
+for _previous_run in NOT_CARRIED.values():
+    scenario(_surge_older_than_the_window, previous=[_previous(**_previous_run)])
 
-    row = {"cluster": "c", "group_id": "clicks", "topic": "t", "diagnosis": diagnosis, "provisional": provisional,
-           "evidence": {"baseline_produce_rate": 40.0, "baseline_consume_rate": 40.0,
-                        "data_end": data_end.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}}
-    schema = ("cluster string, group_id string, topic string, diagnosis string, provisional boolean, "
-              "evidence struct<baseline_produce_rate: double, baseline_consume_rate: double, data_end: string>")
-    return carried_baselines(spark.createDataFrame([row], schema))
 
-
-def test_a_surge_older_than_the_window_stays_a_surge_with_the_baseline_the_previous_run_measured(spark, frame):
+def test_a_surge_older_than_the_window_stays_a_surge_with_the_baseline_the_previous_run_measured(diagnosed):
     """Rule case 27: alone, this window reads as consumers too slow for a steady load; the previous run saw
     the surge begin (40 msg/s that the consumers kept up with): it is still that surge, not a flip to slow."""
-    alone = {f["diagnosis"] for f in run_findings(frame(_surge_older_than_the_window()))}
+    alone = {f["diagnosis"] for f in diagnosed(_surge_older_than_the_window)}
     assert alone == {"slow_consumer"}
-    (f,) = run_findings(frame(_surge_older_than_the_window()), carried=_previous(spark))
+    (f,) = diagnosed(_surge_older_than_the_window, previous=[_previous()])
     assert f["diagnosis"] == "producer_surge"
     assert f["evidence"]["baseline_source"] == "previous run"
     assert f["summary"].startswith("produce rate rose 5.0x (40 -> 200 msg/s) while consumers went from 40 to 60")
 
 
-@pytest.mark.parametrize("previous", [
-    {"data_end": T0 - timedelta(minutes=20)},  # a gap: the runs between are missing, the lag may have cleared
-    {"provisional": True},  # it never said surge
-    {"diagnosis": "slow_consumer"},
-], ids=["gap-before-the-window", "provisional", "not-a-surge"])
-def test_nothing_is_carried_across_a_gap_or_from_a_run_that_did_not_decide_surge(spark, frame, previous):
-    found = run_findings(frame(_surge_older_than_the_window()), carried=_previous(spark, **previous))
+@pytest.mark.parametrize("previous", NOT_CARRIED.values(), ids=NOT_CARRIED.keys())
+def test_nothing_is_carried_across_a_gap_or_from_a_run_that_did_not_decide_surge(diagnosed, previous):
+    found = diagnosed(_surge_older_than_the_window, previous=[_previous(**previous)])
     assert {f["diagnosis"] for f in found} == {"slow_consumer"}
     assert {f["evidence"]["baseline_source"] for f in found} == {"first third"}
 
@@ -1284,23 +1520,29 @@ def _surge_then_draining(surge_minutes=25, drain_consume=60):
     return rows
 
 
-def test_a_surges_backlog_draining_is_still_the_surge_not_a_slow_consumer(spark, frame):
+scenario(_surge_then_draining)
+scenario(_surge_then_draining, previous=[_previous()])
+scenario(_surge_then_draining, previous=[_previous(**NOT_CARRIED["gap-before-the-window"])])
+scenario(_surge_then_draining, 10, 400, previous=[_previous()])
+
+
+def test_a_surges_backlog_draining_is_still_the_surge_not_a_slow_consumer(diagnosed):
     """Rule case 35, seen live: four minutes after a surge ended, its thread read "Cause changed: producer surge
     -> slow consumer" (the window's rates are a window of surge), then "Recovered" at lag 243,421. The previous
     run named the surge and the lag now falls: the surge is still the cause, said as draining."""
-    alone = {f["diagnosis"] for f in run_findings(frame(_surge_then_draining()))}
+    alone = {f["diagnosis"] for f in diagnosed(_surge_then_draining)}
     assert "producer_surge" not in alone
-    (f,) = run_findings(frame(_surge_then_draining()), carried=_previous(spark))
+    (f,) = diagnosed(_surge_then_draining, previous=[_previous()])
     assert f["diagnosis"] == "producer_surge" and f["severity"] != "ok"
     assert f["summary"] == ("the surge's backlog is draining: lag 286,000, down from 310,000 at its peak "
                             "(40 msg/s arrived before the surge)"), f["summary"]
     # not across a gap: the lag may have cleared and risen again in the runs between
-    gap = run_findings(frame(_surge_then_draining()), carried=_previous(spark, data_end=T0 - timedelta(minutes=20)))
+    gap = diagnosed(_surge_then_draining, previous=[_previous(**NOT_CARRIED["gap-before-the-window"])])
     assert "producer_surge" not in {f["diagnosis"] for f in gap}
 
 
-def test_once_a_surges_backlog_has_drained_the_group_is_healthy(spark, frame):
-    (f,) = run_findings(frame(_surge_then_draining(surge_minutes=10, drain_consume=400)), carried=_previous(spark))
+def test_once_a_surges_backlog_has_drained_the_group_is_healthy(diagnosed):
+    (f,) = diagnosed(_surge_then_draining, 10, 400, previous=[_previous()])
     assert f["diagnosis"] == "healthy", f["summary"]
 
 # A batch consumer of the live lab (drains everything and commits every 75 s), as a sweep sampled it: two
@@ -1346,13 +1588,17 @@ def _minute_window(flow, end, group, partitions=2, minutes=30, **kw):
             for t, leo, committed in flow if end - 60 * minutes <= t <= end for p in range(partitions)]
 
 
-def test_a_burst_absorbed_between_one_minute_sweeps_raises_no_alarm(frame):
+@scenario
+def _sweeps_after_a_minute_long_burst():
+    flow = _flow(2400, lambda s: 150.0 if 1440 <= s < 1500 else 10.0, lambda s: 30.0)
+    return [r for end in range(1500, 2401, 60) for r in _minute_window(flow, end, f"burst-{end // 60}", 4)]
+
+
+def test_a_burst_absorbed_between_one_minute_sweeps_raises_no_alarm(diagnosed):
     """Rule case 32: 10 msg/s a partition, a minute of 150 at minute 24, consumers that read 30: the lag jumps
     to 7,200 a partition and drains in six minutes. Every sweep from the burst on is healthy: the one-minute
     sweep called such a burst a producer_surge while it drained (7 of 85 sweeps in the simulator)."""
-    flow = _flow(2400, lambda s: 150.0 if 1440 <= s < 1500 else 10.0, lambda s: 30.0)
-    rows = [r for end in range(1500, 2401, 60) for r in _minute_window(flow, end, f"burst-{end // 60}", 4)]
-    found = run_findings(frame(rows))
+    found = diagnosed(_sweeps_after_a_minute_long_burst)
     got = {f["group_id"]: (f["diagnosis"], f["deciding_between"]) for f in found}
     # rule case 36: the sweep right after it cannot tell it from a surge's start (provisional against
     # healthy, which Slack does not hear: threads rule 12); never a decided surge or slow consumer
@@ -1360,15 +1606,19 @@ def test_a_burst_absorbed_between_one_minute_sweeps_raises_no_alarm(frame):
                    **{f"burst-{m}": ("healthy", []) for m in range(26, 41)}}, got
 
 
-def test_a_surge_is_found_at_the_second_sweep_after_its_onset_never_slow_consumer_first(frame):
+@scenario
+def _sweeps_after_a_surge_at_minute_30():
+    flow = _flow(2400, lambda s: 60.0 if s >= 1830 else 20.0, lambda s: 40.0)
+    return [r for end in (1860, 1920, 1980, 2040) for r in _minute_window(flow, end, f"clicks-{end // 60}")]
+
+
+def test_a_surge_is_found_at_the_second_sweep_after_its_onset_never_slow_consumer_first(diagnosed):
     """Rule case 31: 20 msg/s a partition that consumers reading 40 kept up with; at minute 30.5 producers
     go to 60. The sweep at minute 31 cannot know yet (a lag one interval old could be a burst); the one at
     32 finds producer_surge from the rates since the lag rose (provisional: rule 36), the one at 33 decides it. Judged on the last third's rates alone, a
     surge 90 s old moved them from 20 to 26 msg/s, no surge, while the rise read as consumers gone slow:
     slow_consumer first (3 such sweeps in the simulator before issue 29)."""
-    flow = _flow(2400, lambda s: 60.0 if s >= 1830 else 20.0, lambda s: 40.0)
-    rows = [r for end in (1860, 1920, 1980, 2040) for r in _minute_window(flow, end, f"clicks-{end // 60}")]
-    found = run_findings(frame(rows))
+    found = diagnosed(_sweeps_after_a_surge_at_minute_30)
     got = {f["group_id"]: (f["diagnosis"], f["provisional"]) for f in found}
     # rule case 36: at 32 the lag has risen for 90 s, a burst's rise as much as a surge's (provisional against
     # healthy); at 33 it still rises: decided
@@ -1380,18 +1630,23 @@ def test_a_surge_is_found_at_the_second_sweep_after_its_onset_never_slow_consume
                                 "msg/s; lag went from 0 to 3,600")
 
 
-def test_a_burst_ending_and_a_rise_a_missed_sweep_stretched_are_still_young(frame):
-    """Rule case 36, from the latency bench: a burst (150 msg/s a partition for 110 s where 10 arrive, consumers
-    that read up to 30) rises over three one-minute intervals, 180 s, past surge_min_seconds, and was named a
-    surge a sweep before it drained. Its last interval rose at 3% of the one before: a burst ending, still
-    provisional against healthy; drained the next sweep. A surge whose sweep at minute 32 was missed has
-    risen for 180 s over two intervals: provisional, decided at the next sweep, as without the miss."""
+@scenario
+def _a_burst_ending_and_a_surge_with_a_missed_sweep():
     burst = _flow(2400, lambda s: 150.0 if 1400 <= s < 1510 else 10.0, lambda s: 30.0)
     surge = _flow(2400, lambda s: 60.0 if s >= 1830 else 20.0, lambda s: 40.0)
     rows = [r for end in (1560, 1620) for r in _minute_window(burst, end, f"burst-{end // 60}", 4)]
     rows += [r for end in (1980, 2040) for r in _minute_window(surge, end, f"clicks-{end // 60}")
              if r[0] != T0 + timedelta(seconds=1920 - end + 1800)]  # the sweep at 32 missed
-    found = run_findings(frame(rows))
+    return rows
+
+
+def test_a_burst_ending_and_a_rise_a_missed_sweep_stretched_are_still_young(diagnosed):
+    """Rule case 36, from the latency bench: a burst (150 msg/s a partition for 110 s where 10 arrive, consumers
+    that read up to 30) rises over three one-minute intervals, 180 s, past surge_min_seconds, and was named a
+    surge a sweep before it drained. Its last interval rose at 3% of the one before: a burst ending, still
+    provisional against healthy; drained the next sweep. A surge whose sweep at minute 32 was missed has
+    risen for 180 s over two intervals: provisional, decided at the next sweep, as without the miss."""
+    found = diagnosed(_a_burst_ending_and_a_surge_with_a_missed_sweep)
     got = {f["group_id"]: (f["diagnosis"], f["deciding_between"]) for f in found}
     assert got == {"burst-26": ("producer_surge", ["producer_surge", "healthy"]), "burst-27": ("healthy", []),
                    "clicks-33": ("producer_surge", ["producer_surge", "healthy"]), "clicks-34": ("producer_surge", [])}, got
@@ -1419,31 +1674,41 @@ def _churning(group, owners_of_p1, states=None, stall_at=(), minutes=30, produce
     return rows
 
 
-def test_a_loop_seen_only_as_owner_ids_changing_between_one_minute_sweeps_is_a_rebalance_loop(frame):
+@scenario
+def _rejoining_under_new_ids_between_sweeps():
+    ids = lambda k: "consumer-2-" + ("aaa" if k < 12 else "bbb" if k < 22 else "ccc")  # noqa: E731
+    return _churning("inventory", ids, stall_at=(11, 21))
+
+
+def test_a_loop_seen_only_as_owner_ids_changing_between_one_minute_sweeps_is_a_rebalance_loop(diagnosed):
     """Rule case 29: consumer-2 is evicted and rejoins under a new member id twice (minutes 12 and 22), each
     time between two sweeps: no rebalancing state is ever captured, only its ids (aaa, bbb, ccc), and commits
     stand still across each rejoin (the lag's steps). Each id that went and each that came is a membership
     change: four rebalances, a loop. Counting changes of the owner set saw two, and the steps read as a slow
     consumer."""
-    ids = lambda k: "consumer-2-" + ("aaa" if k < 12 else "bbb" if k < 22 else "ccc")  # noqa: E731
-    found = run_findings(frame(_churning("inventory", ids, stall_at=(11, 21))))
+    found = diagnosed(_rejoining_under_new_ids_between_sweeps)
     assert [f["diagnosis"] for f in found] == ["rebalance_loop"], [f["summary"] for f in found]
     (f,) = found
     assert (f["evidence"]["rebalance_entries"], f["evidence"]["owner_changes"], f["evidence"]["rebalances"]) == (0, 4, 4)
     assert f["summary"].startswith("4 rebalances in 30m00s (group left STABLE 0 times, owner ids came or went 4 times)")
 
 
-def test_churn_at_every_interval_too_young_for_a_loop_is_provisional_and_a_quiet_interval_decides_it(frame):
-    """Rule case 37, from the noise lab's loop at its first verdict: consumer-2 is evicted (consumer-1 takes
-    partition 1) and rejoins under a new id a minute later: two changes in two intervals, where rule 2 asks for
-    three. It read "consumers keep up". It is a loop's start or one member restarting across a sweep: deciding
-    between the two, until the next snapshot. One deploy (both changes in one interval) stays healthy."""
+@scenario
+def _churn_young_and_settled():
     churn = {0: "consumer-2-aaa", 1: "consumer-1-aaa"}
     loop = lambda k: churn.get(k, "consumer-2-bbb") if k < 3 else "consumer-1-aaa"  # noqa: E731
     restart = lambda k: churn.get(k, "consumer-2-bbb")  # noqa: E731
     deploy = lambda k: "consumer-2-aaa" if k < 2 else "consumer-2-bbb"  # noqa: E731
-    found = run_findings(frame(_churning("young", loop, minutes=2) + _churning("deploy", deploy, minutes=2)
-                               + _churning("looping", loop, minutes=3) + _churning("restarted", restart, minutes=3)))
+    return (_churning("young", loop, minutes=2) + _churning("deploy", deploy, minutes=2)
+            + _churning("looping", loop, minutes=3) + _churning("restarted", restart, minutes=3))
+
+
+def test_churn_at_every_interval_too_young_for_a_loop_is_provisional_and_a_quiet_interval_decides_it(diagnosed):
+    """Rule case 37, from the noise lab's loop at its first verdict: consumer-2 is evicted (consumer-1 takes
+    partition 1) and rejoins under a new id a minute later: two changes in two intervals, where rule 2 asks for
+    three. It read "consumers keep up". It is a loop's start or one member restarting across a sweep: deciding
+    between the two, until the next snapshot. One deploy (both changes in one interval) stays healthy."""
+    found = diagnosed(_churn_young_and_settled)
     got = {f["group_id"]: (f["diagnosis"], f["provisional"], f["deciding_between"]) for f in found}
     assert got == {"young": ("rebalance_loop", True, ["rebalance_loop", "healthy"]),
                    "deploy": ("healthy", False, []),
@@ -1459,11 +1724,8 @@ def test_churn_at_every_interval_too_young_for_a_loop_is_provisional_and_a_quiet
     assert held_until_decided(young)  # Slack hears it once decided (threads rule 12)
 
 
-def test_a_window_without_any_commit_is_provisional_until_a_commit_or_ten_minutes_decide(frame):
-    """Rule case 38: a new group (or a fresh deployment) whose commits have not moved yet: a batch committer
-    between commits (every 6 minutes) reads as stalled at minute 4, its lag climbing. How often it commits is
-    unknown, not zero: stalled against healthy, said once decided. Its commit at minute 6 decides it healthy;
-    ten minutes without one, or a committed record already 20 minutes old, decide a stall."""
+@scenario
+def _groups_without_a_commit_yet():
     def group(name, minutes, commit_at=(), record_age=None):
         rows, committed = [], 0
         for k in range(minutes + 1):
@@ -1474,8 +1736,16 @@ def test_a_window_without_any_commit_is_provisional_until_a_commit_or_ten_minute
                                  record_ts=None if record_age is None else 60 * k - record_age))
         return rows
 
-    found = run_findings(frame(group("batch-early", 4) + group("batch-committed", 7, commit_at=(6,))
-                               + group("stuck-long", 10) + group("stuck-old", 4, record_age=1200)))
+    return (group("batch-early", 4) + group("batch-committed", 7, commit_at=(6,))
+            + group("stuck-long", 10) + group("stuck-old", 4, record_age=1200))
+
+
+def test_a_window_without_any_commit_is_provisional_until_a_commit_or_ten_minutes_decide(diagnosed):
+    """Rule case 38: a new group (or a fresh deployment) whose commits have not moved yet: a batch committer
+    between commits (every 6 minutes) reads as stalled at minute 4, its lag climbing. How often it commits is
+    unknown, not zero: stalled against healthy, said once decided. Its commit at minute 6 decides it healthy;
+    ten minutes without one, or a committed record already 20 minutes old, decide a stall."""
+    found = diagnosed(_groups_without_a_commit_yet)
     got = {f["group_id"]: (f["diagnosis"], f["provisional"], f["deciding_between"]) for f in found}
     assert got == {"batch-early": ("stalled_consumer", True, ["stalled_consumer", "healthy"]),
                    "batch-committed": ("healthy", False, []),
@@ -1489,51 +1759,88 @@ def test_a_window_without_any_commit_is_provisional_until_a_commit_or_ten_minute
     assert held_until_decided(early)  # Slack hears it once decided (threads rule 12)
 
 
-def test_a_loops_steps_are_not_a_slow_consumer_but_falling_behind_between_rebalances_is(frame):
-    """Rule case 30: two rebalances so far (rule 2 wants three), each stopping commits for a minute; between
-    them consumers read what arrives. The lag climbs in two steps, which read as slow_consumer: it is the
-    rebalances' doing, healthy until rule 2 holds. A consumer that also falls behind while settled (90 of 100
-    msg/s) is slow whatever the rebalances add."""
+@scenario
+def _two_rebalances_keeping_up_and_falling_behind():
     states = {12: "PREPARING_REBALANCE", 22: "PREPARING_REBALANCE"}
     ids = lambda k: "consumer-2-" + ("aaa" if k < 12 else "bbb")  # noqa: E731
     steps = _churning("steps", ids, states=states, stall_at=(11, 21))
     slow = _churning("slow", ids, states=states, stall_at=(11, 21), capacity=90)
-    found = {f["group_id"]: f for f in run_findings(frame(steps + slow))}
+    return steps + slow
+
+
+def test_a_loops_steps_are_not_a_slow_consumer_but_falling_behind_between_rebalances_is(diagnosed):
+    """Rule case 30: two rebalances so far (rule 2 wants three), each stopping commits for a minute; between
+    them consumers read what arrives. The lag climbs in two steps, which read as slow_consumer: it is the
+    rebalances' doing, healthy until rule 2 holds. A consumer that also falls behind while settled (90 of 100
+    msg/s) is slow whatever the rebalances add."""
+    found = {f["group_id"]: f for f in diagnosed(_two_rebalances_keeping_up_and_falling_behind)}
     assert {g: f["diagnosis"] for g, f in found.items()} == {"steps": "healthy", "slow": "slow_consumer"}
     assert found["steps"]["evidence"]["rebalances"] == 2
 
 
-def test_a_slow_consumer_under_a_swinging_load_is_slow_at_every_phase_of_it(frame):
+DIURNAL_ENDS = range(2160, 3001, 120)  # minutes 36 to 50: a day and a half of phases
+
+
+@scenario
+def _slow_under_a_swinging_load():
+    flow = _flow(3000, lambda s: 20.0 + 15.0 * math.sin(2 * math.pi * s / 1200), lambda s: 16.0)
+    return [r for end in DIURNAL_ENDS for r in _minute_window(flow, end, f"diurnal-{end // 60}")]
+
+
+def test_a_slow_consumer_under_a_swinging_load_is_slow_at_every_phase_of_it(diagnosed):
     """Rule case 34: 20 msg/s a partition on average, swinging 5 to 35 over a 20-minute 'day', consumers that
     read 16: the backlog grows day over day in waves, never clearing. No straight line fits 30 minutes of it
     (R^2 0.44-0.59), so the climb did not count and most sweeps read healthy; it grew and its backlog never
     cleared: slow_consumer as the load rises and as it falls. (The window ending at minute 40 holds more
     night than day: 16.8 msg/s arrived on average, within slow_rate_slack of 16, and it stays healthy.)"""
-    flow = _flow(3000, lambda s: 20.0 + 15.0 * math.sin(2 * math.pi * s / 1200), lambda s: 16.0)
-    ends = range(2160, 3001, 120)  # minutes 36 to 50: a day and a half of phases
-    rows = [r for end in ends for r in _minute_window(flow, end, f"diurnal-{end // 60}")]
-    got = {f["group_id"]: f["diagnosis"] for f in run_findings(frame(rows))}
-    assert got == {f"diurnal-{end // 60}": "healthy" if end == 2400 else "slow_consumer" for end in ends}, got
+    got = {f["group_id"]: f["diagnosis"] for f in diagnosed(_slow_under_a_swinging_load)}
+    assert got == {f"diurnal-{end // 60}": "healthy" if end == 2400 else "slow_consumer" for end in DIURNAL_ENDS}, got
 
 
-def test_a_consumer_that_kept_up_and_now_trickles_is_stalled_once_it_trickled_for_the_stall_time(frame):
-    """Rule case 33: a consumer that kept up at 100 msg/s a partition drops to 1 msg/s on partition 1 at minute
-    25 (a hung handler retrying), still committing. Over its last stall_min_seconds it read 1% of what
-    arrived: stalled_consumer by minute 28, not once the last third holds mostly the trickle (slow_consumer
-    or partition_imbalance until minute 33 or so)."""
+def _trickling_since_minute_25(until):
     rows = []
-    for k in range(31):
+    for k in range(until + 1):
         t = 60 * k
         rows.append(snap(t, 0, 100 * t, 100 * t, group="payments"))
         rows.append(snap(t, 1, 100 * t, 100 * min(t, 1500) + max(0, t - 1500), member="consumer-2-bbb",
                          host="10.0.0.2", group="payments"))
-    early = [r for r in rows if r[0] <= T0 + timedelta(minutes=28)]
-    for got in (run_findings(frame(early)), run_findings(frame(rows))):
+    return rows
+
+
+scenario(_trickling_since_minute_25, 28)
+scenario(_trickling_since_minute_25, 30)
+
+
+def test_a_consumer_that_kept_up_and_now_trickles_is_stalled_once_it_trickled_for_the_stall_time(diagnosed):
+    """Rule case 33: a consumer that kept up at 100 msg/s a partition drops to 1 msg/s on partition 1 at minute
+    25 (a hung handler retrying), still committing. Over its last stall_min_seconds it read 1% of what
+    arrived: stalled_consumer by minute 28, not once the last third holds mostly the trickle (slow_consumer
+    or partition_imbalance until minute 33 or so)."""
+    for got in (diagnosed(_trickling_since_minute_25, 28), diagnosed(_trickling_since_minute_25, 30)):
         assert [(f["diagnosis"], f["partitions"], f["provisional"]) for f in got] == [("stalled_consumer", [1], False)]
 
 
-def test_a_small_lag_is_said_as_a_count_never_with_a_decimal(frame):
+@scenario
+def _lag_of_two_a_partition():
+    return [snap(t, p, 20 * t + 2, 20 * t) for t in range(0, 181, 60) for p in (0, 1)]
+
+
+def test_a_small_lag_is_said_as_a_count_never_with_a_decimal(diagnosed):
     """The noise lab's loop read "lag 4.0" and "lag 0.0": a lag is a count of messages."""
-    rows = [snap(t, p, 20 * t + 2, 20 * t) for t in range(0, 181, 60) for p in (0, 1)]
-    (found,) = run_findings(frame(rows))
+    (found,) = diagnosed(_lag_of_two_a_partition)
     assert found["diagnosis"] == "healthy" and found["summary"].startswith("consumers keep up: lag 4 across 2 partitions")
+
+
+# -- the scenarios' shared job -----------------------------------------------------------------------------
+
+
+def test_a_groups_findings_are_the_same_alone_as_among_the_scenarios(spark, frame, diagnosed):
+    """Every scenario above is read from one job over all of them (as a sweep reads every cluster's groups at
+    once). Two of them name the same cluster, group and topic (c, clicks, t) and each carries a previous run's
+    surge: alone, each gets every field of its findings as it does among the others."""
+    from lagdoctor.diagnosis.classify import carried_baselines
+
+    for build, args in ((_surge_older_than_the_window, ()), (_surge_then_draining, (10, 400))):
+        carried = carried_baselines(spark.createDataFrame([_previous()], _PREVIOUS_SCHEMA))
+        alone = run_findings(frame(build(*args)), carried=carried)
+        assert alone == diagnosed(build, *args, previous=[_previous()]), build.__name__
