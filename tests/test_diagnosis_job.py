@@ -79,7 +79,12 @@ def test_job_writes_findings_and_status_for_every_group(tmp_path, job_runner):
     }
 
 
-def test_bad_input_exits_non_zero_with_one_line(tmp_path, job_runner):
+# Every bad input is judged by the job's own Python (file footers, paths, arguments), the same on both
+# engines; what spark-submit adds is a JVM whose logs must not reach stderr. Two cases show that there.
+ON_SPARK_SUBMIT_TOO = {"corrupt", "mixed-no-flag"}
+
+
+def test_bad_input_exits_non_zero_with_one_line(tmp_path, job_runner, request):
     import pyarrow.parquet as pq
 
     from lagdoctor.lab.sim import seeds_incident_table
@@ -111,6 +116,8 @@ def test_bad_input_exits_non_zero_with_one_line(tmp_path, job_runner):
         "bad-regex": (empty, "invalid --groups regex", ["--groups", "(a+"]),
         "empty": (empty, None, []),
     }
+    if request.node.callspec.params["job_runner"] == "spark-submit":
+        cases = {name: case for name, case in cases.items() if name in ON_SPARK_SUBMIT_TOO}
     with ThreadPoolExecutor(4) as pool:  # JVMs side by side: the slow part is their start
         futures = {name: pool.submit(job_runner, path, tmp_path / f"out-{name}", *extra)
                    for name, (path, _, extra) in cases.items()}
@@ -133,7 +140,8 @@ def test_bad_input_exits_non_zero_with_one_line(tmp_path, job_runner):
     assert corrupt.exists()  # nothing moved
     assert (all_bad / "only.parquet").exists() and (mixed / "bad.parquet").exists()
     assert not (tmp_path / "all_bad" / "_quarantine").exists() and not (mixed / "_quarantine").exists()
-    assert results["bad-regex"].returncode == 2  # before the JVM starts
+    if "bad-regex" in results:
+        assert results["bad-regex"].returncode == 2  # before the JVM starts
 
 
 @ONE_ENGINE
