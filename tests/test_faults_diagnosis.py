@@ -6,7 +6,7 @@ a corrupt file and a schema-conflicting file (quarantined, the rest
 diagnosed), a failed offset read at the window's end (never "healthy, ok"),
 a log end offset going backwards (a warning naming the partition); the
 second run, scoped with --groups, moves nothing more and writes only the
-asked groups.
+asked groups (on the warm server only: scoping is the job's own Python).
 """
 
 from __future__ import annotations
@@ -152,6 +152,8 @@ def test_log_end_offset_going_backwards_is_a_warning(first_run):
 
 def test_a_scoped_rerun_moves_nothing_more_and_writes_only_the_asked_groups(faulty_store, first_run, tmp_path,
                                                                            runner):
+    if runner is run_job:
+        pytest.skip("scoping is the job's own Python, the same on both engines: run on the warm server only")
     first, _ = first_run  # the store as the first run left it
     assert first.returncode == 0, first.stderr
     out = tmp_path / "out-scoped"
