@@ -32,21 +32,7 @@ def group_alive(pgid: int) -> bool:
         return False
 
 
-def test_a_server_answers_a_new_client_and_stops_with_its_jvm(tmp_path):
-    server = ConnectServer(tmp_path / "engine", master="local[1]")
-    with server:
-        assert server.url == f"sc://localhost:{server.port}"
-        assert trivial_query(server.client_url) > 0
-        pgid = server.pid
-        assert group_alive(pgid)
-    deadline = time.monotonic() + 30  # killed processes leave the group once reaped
-    while group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not group_alive(pgid)  # the JVM and anything it started: gone
-    assert server.proc.poll() is not None
-
-
-def test_the_servers_secrets_file_is_gone_once_it_is_up_and_after_stop(tmp_path):
+def test_a_server_answers_a_new_client_drops_its_secrets_file_once_up_and_stops_with_its_jvm(tmp_path):
     from pyspark.sql import SparkSession
 
     secret = "probe-secret-0b7e"
@@ -55,6 +41,10 @@ def test_the_servers_secrets_file_is_gone_once_it_is_up_and_after_stop(tmp_path)
                            secret_conf={"spark.sql.shuffle.partitions": "7", "spark.lagdoctor.probe.secret": secret})
     mode = os.environ.get("SPARK_CONNECT_MODE_ENABLED")
     with server:
+        assert server.url == f"sc://localhost:{server.port}"
+        assert trivial_query(server.client_url) > 0
+        pgid = server.pid
+        assert group_alive(pgid)
         spark = SparkSession.builder.remote(server.client_url).create()
         try:
             assert spark.conf.get("spark.sql.shuffle.partitions") == "7"
@@ -64,6 +54,11 @@ def test_the_servers_secrets_file_is_gone_once_it_is_up_and_after_stop(tmp_path)
                 os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
         assert not _files_holding(tmp_path, secret)  # removed once the server was up
     assert not _files_holding(tmp_path, secret)
+    deadline = time.monotonic() + 30  # killed processes leave the group once reaped
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not group_alive(pgid)  # the JVM and anything it started: gone
+    assert server.proc.poll() is not None
 
 
 def _files_holding(folder: Path, text: str) -> list[Path]:
