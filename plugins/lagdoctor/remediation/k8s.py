@@ -15,7 +15,6 @@ applied it.
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any, Iterator, Mapping
 
 from lagdoctor.remediation.actions import Action, ActionBlocked, ActionContext, Outcome, OutcomeUnknown
@@ -27,30 +26,12 @@ RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
 @contextlib.contextmanager
 def apps_v1(settings: KubernetesSettings) -> Iterator[Any]:
     """An AppsV1Api on a client that is closed afterwards."""
-    from kubernetes import client, config as kube_config
+    from kubernetes import client
 
-    configuration = client.Configuration()
-    if settings.host:
-        configuration.host = settings.host
-        configuration.verify_ssl = settings.verify_ssl
-    else:
-        loaded = False
-        if settings.in_cluster is not False:
-            try:
-                kube_config.load_incluster_config(client_configuration=configuration)
-                loaded = True
-            except kube_config.ConfigException:
-                if settings.in_cluster:
-                    raise
-        if not loaded:
-            # The client reads KUBECONFIG once at import; read it now instead.
-            kube_config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), context=settings.context,
-                                         client_configuration=configuration)
-    api_client = client.ApiClient(configuration)
-    try:
-        yield client.AppsV1Api(api_client)
-    finally:
-        api_client.close()
+    from lagdoctor.kube import api_client
+
+    with api_client(settings) as api:
+        yield client.AppsV1Api(api)
 
 
 def deployment_target(ctx: ActionContext) -> str | None:

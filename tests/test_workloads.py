@@ -1,0 +1,155 @@
+"""From a group member to its pod and workload, on the loopback Kubernetes API (a real HTTP
+server speaking the API's paths and answers, through the official client)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from datetime import datetime, timezone
+
+import pytest
+
+from lagdoctor.remediation.config import KubernetesSettings
+from lagdoctor.workloads import NO_API, WorkloadResolver
+
+from tests.fixtures.k8s import k8s_server  # noqa: F401
+
+OOM = {"reason": "OOMKilled", "exitCode": 137, "finishedAt": datetime(2026, 11, 21, 3, 12, tzinfo=timezone.utc)}
+
+
+def resolver(api, **kw) -> WorkloadResolver:
+    return WorkloadResolver(KubernetesSettings(host=api.url, request_timeout_seconds=5), **kw)
+
+
+def test_a_member_is_traced_from_its_ip_to_the_pod_its_replicaset_and_deployment(k8s_server):
+    k8s_server.add_deployment("shop", "orders", replicas=3, ready=2, rolled_out_at="2026-11-21T03:10:00Z",
+                              pods={"orders-7d9f-x2": "10.0.1.15", "orders-7d9f-k8": "10.0.1.16"})
+    k8s_server.add_pod("shop", "orders-7d9f-x2", "10.0.1.15", owner=("ReplicaSet", next(iter(k8s_server.replicasets))[1]),
+                       restarts=3, last_termination=OOM)
+    with resolver(k8s_server) as workloads:
+        got = workloads.resolve("/10.0.1.15", "consumer-orders-1")
+        asked = len(k8s_server.requests)
+        assert workloads.resolve("/10.0.1.15", "consumer-orders-1") == got  # once per member per run
+        assert len(k8s_server.requests) == asked
+        sibling = workloads.resolve("/10.0.1.16", "consumer-orders-2")
+    assert (got.namespace, got.pod, got.kind, got.name, got.target) == (
+        "shop", "orders-7d9f-x2", "Deployment", "orders", "Deployment shop/orders")
+    assert got.unknown is None and got.restarts == 3
+    assert got.last_termination == {"reason": "OOMKilled", "exit_code": 137, "finished_at": "2026-11-21T03:12:00Z"}
+    assert (got.rolled_out_at, got.ready_replicas, got.desired_replicas) == ("2026-11-21T03:10:00Z", 2, 3)
+    assert got.autoscalers == () and got.autoscalers_unknown is None
+    assert (sibling.pod, sibling.target, sibling.restarts, sibling.last_termination) == (
+        "orders-7d9f-k8", "Deployment shop/orders", 0, None)
+    # the Deployment (and its autoscalers) were read once for both members
+    assert sum("/deployments/orders" in r.path for r in k8s_server.requests) == 1
+
+
+def test_pods_sharing_the_nodes_ip_are_told_apart_by_the_client_id(k8s_server):
+    k8s_server.add_statefulset("etl", "loader", replicas=2, pods={"loader-0": "10.0.2.1", "loader-1": "10.0.2.1"})
+    with resolver(k8s_server) as workloads:
+        named = workloads.resolve("/10.0.2.1", "loader-1-consumer")
+        unnamed = workloads.resolve("/10.0.2.1", "rdkafka")
+    assert (named.pod, named.target, named.rolled_out_at) == ("loader-1", "StatefulSet etl/loader", None)
+    assert unnamed.pod is None and unnamed.unknown == "2 pods have IP 10.0.2.1 and client id 'rdkafka' names none of them"
+
+
+def test_a_member_whose_address_no_pod_has_is_found_by_its_client_id_or_said_to_run_outside(k8s_server):
+    k8s_server.add_deployment("shop", "mailer", replicas=1, pods={"mailer-5c-q1": "10.0.3.7"})
+    with resolver(k8s_server) as workloads:
+        by_name = workloads.resolve("/192.168.9.9", "mailer-5c-q1")  # behind NAT: the client id is the pod's name
+        outside = workloads.resolve("/192.168.9.10", "billing-1")
+        no_host = workloads.resolve(None, None)
+    assert by_name.target == "Deployment shop/mailer"
+    assert outside.target is None and outside.unknown == (
+        "no pod on this cluster has IP 192.168.9.10 or the name 'billing-1': the member runs outside this cluster "
+        "(or behind NAT)")
+    assert no_host.unknown == "the broker lists no host or client id for this member"
+
+
+def test_without_rbac_to_list_pods_each_member_says_so_in_one_line(k8s_server):
+    k8s_server.add_deployment("shop", "orders", replicas=1, pods={"orders-1": "10.0.1.15"})
+    k8s_server.forbidden = {"pods"}
+    with resolver(k8s_server) as workloads:
+        got = workloads.resolve("/10.0.1.15", "orders-1")
+    assert got.target is None and got.unknown.startswith("no RBAC to read it: pods is forbidden: ")
+    assert "\n" not in got.unknown
+
+
+def test_pods_are_looked_for_only_in_the_namespaces_given(k8s_server):
+    k8s_server.add_deployment("shop", "orders", replicas=1, pods={"orders-1": "10.0.1.15"})
+    with resolver(k8s_server, namespaces=("billing",)) as workloads:
+        assert workloads.resolve("/10.0.1.15", "orders-1").target is None
+    with resolver(k8s_server, namespaces=("billing", "shop")) as workloads:
+        assert workloads.resolve("/10.0.1.15", "orders-1").target == "Deployment shop/orders"
+    assert not any(r.path.startswith("/api/v1/pods") for r in k8s_server.requests)  # no cluster-wide list
+
+
+def test_an_hpa_or_a_keda_scaledobject_on_the_deployment_is_named_once(k8s_server):
+    k8s_server.add_deployment("shop", "orders", replicas=2, pods={"orders-1": "10.0.1.15"})
+    k8s_server.add_deployment("shop", "clicks", replicas=2, pods={"clicks-1": "10.0.1.20"})
+    k8s_server.add_deployment("shop", "plain", replicas=2, pods={"plain-1": "10.0.1.30"})
+    k8s_server.add_autoscaler("shop", "orders-cpu", "orders", min_replicas=2, max_replicas=12)
+    k8s_server.add_scaled_object("shop", "clicks-lag", "clicks", max_replicas=8, lag_threshold="500")
+    k8s_server.add_autoscaler("shop", "keda-hpa-clicks-lag", "clicks", max_replicas=8)  # KEDA's own HPA
+    with resolver(k8s_server) as workloads:
+        orders = workloads.resolve("/10.0.1.15", "c")
+        clicks = workloads.resolve("/10.0.1.20", "c")
+        plain = workloads.resolve("/10.0.1.30", "c")
+    assert orders.autoscalers == ({"kind": "HorizontalPodAutoscaler", "name": "orders-cpu", "min_replicas": 2,
+                                   "max_replicas": 12},)
+    assert clicks.autoscalers == ({"kind": "ScaledObject", "name": "clicks-lag", "min_replicas": 0,
+                                   "max_replicas": 8, "lag_threshold": "500"},)
+    assert plain.autoscalers == () and plain.autoscalers_unknown is None
+
+
+def test_autoscalers_that_cannot_be_read_are_unknown_not_none(k8s_server):
+    k8s_server.add_deployment("shop", "orders", replicas=2, pods={"orders-1": "10.0.1.15"})
+    k8s_server.forbidden = {"horizontalpodautoscalers"}
+    with resolver(k8s_server) as workloads:
+        got = workloads.resolve("/10.0.1.15", "c")
+    assert got.target == "Deployment shop/orders" and got.autoscalers == ()
+    assert got.autoscalers_unknown.startswith("no RBAC to read it: horizontalpodautoscalers is forbidden")
+
+
+def test_without_any_kubernetes_every_member_is_unknown_and_it_is_said_once(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    caplog.set_level(logging.WARNING, logger="lagdoctor.workloads")
+    with WorkloadResolver(KubernetesSettings()) as workloads:
+        got = [workloads.resolve(f"/10.0.0.{i}", f"c-{i}") for i in range(5)]
+    assert {w.unknown for w in got} == {NO_API} and all(w.target is None for w in got)
+    assert [r.getMessage() for r in caplog.records].count(
+        f"{NO_API} (no in-cluster service account, no kubeconfig)") == 1
+
+
+def test_an_api_that_does_not_answer_is_said_once_not_waited_for_per_member(caplog):
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    caplog.set_level(logging.WARNING, logger="lagdoctor.workloads")
+    with WorkloadResolver(KubernetesSettings(host=f"http://127.0.0.1:{port}", request_timeout_seconds=2)) as workloads:
+        got = [workloads.resolve(f"/10.0.0.{i}", f"c-{i}") for i in range(5)]
+    reason = f"the Kubernetes API at http://127.0.0.1:{port} did not answer (MaxRetryError): workload unknown"
+    assert {w.unknown for w in got} == {reason}
+    ours = [r.getMessage() for r in caplog.records if r.name == "lagdoctor.workloads"]
+    assert ours == [reason]
+
+
+def test_a_kubeconfig_token_is_sent_and_a_refused_one_is_never_echoed(k8s_server, tmp_path, monkeypatch):
+    k8s_server.token = "t0ken-6b1f"
+    k8s_server.add_deployment("shop", "orders", replicas=1, pods={"orders-1": "10.0.1.15"})
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "lab",
+        "clusters": [{"name": "lab", "cluster": {"server": k8s_server.url}}],
+        "users": [{"name": "lab", "user": {"token": "t0ken-6b1f"}}],
+        "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "lab"}}]}))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    with WorkloadResolver(KubernetesSettings(in_cluster=False)) as workloads:
+        assert workloads.resolve("/10.0.1.15", "c").target == "Deployment shop/orders"
+    k8s_server.token = "rotated"
+    with WorkloadResolver(KubernetesSettings(in_cluster=False)) as workloads:
+        refused = workloads.resolve("/10.0.1.15", "c")
+    assert refused.unknown == "the Kubernetes API refused lagdoctor's credentials (401 Unauthorized)"
+    assert "t0ken" not in json.dumps(refused.as_dict())
