@@ -146,6 +146,8 @@ def test_config_from_env_inline_json_and_from_yaml_file(tmp_path):
     cfg = RemediationConfig.from_env({"LAGDOCTOR_REMEDIATION_CONFIG": str(path)})
     assert cfg.deny_groups == ("payments",) and cfg.max_actions_per_hour == 3
     assert RemediationConfig.from_env({}) == RemediationConfig()
+    path.write_text("kubernetes: {namespaces: [shop, billing]}\n")
+    assert RemediationConfig.from_file(path).kubernetes.namespaces == ("shop", "billing")
 
 
 @pytest.mark.parametrize("text,field", [
@@ -154,6 +156,7 @@ def test_config_from_env_inline_json_and_from_yaml_file(tmp_path):
     ("kubernetes: {token: abc}", "kubernetes"), ("max_replicas: -1", "max_replicas"),
     ("lease_minutes: 0", "lease_minutes"),
     ("kubernetes: {request_timeout_seconds: 0}", "kubernetes.request_timeout_seconds"),
+    ("kubernetes: {namespaces: shop}", "kubernetes.namespaces"),
 ])
 def test_config_errors_are_one_line_naming_file_and_field(tmp_path, text, field):
     path = tmp_path / "remediation.yaml"

@@ -19,7 +19,7 @@ OOM = {"reason": "OOMKilled", "exitCode": 137, "finishedAt": datetime(2026, 11, 
 
 
 def resolver(api, **kw) -> WorkloadResolver:
-    return WorkloadResolver(KubernetesSettings(host=api.url, request_timeout_seconds=5), **kw)
+    return WorkloadResolver(KubernetesSettings(host=api.url, request_timeout_seconds=5, **kw))
 
 
 def test_a_member_is_traced_from_its_ip_to_the_pod_its_replicaset_and_deployment(k8s_server):

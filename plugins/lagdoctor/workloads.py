@@ -66,11 +66,10 @@ class _Refused(Exception):
 
 @dataclass
 class WorkloadResolver:
-    """Member -> Workload for one run. `namespaces`: where to look for pods (empty: every
-    namespace, which needs RBAC to list pods cluster-wide)."""
+    """Member -> Workload for one run; pods are looked for in the settings' namespaces (none:
+    every namespace, which needs RBAC to list pods cluster-wide)."""
 
     settings: KubernetesSettings = field(default_factory=KubernetesSettings)
-    namespaces: tuple[str, ...] = ()
     api_error: str | None = None  # set once the API is known unusable this run: every member after says it
     _client: Any = None
     _members: dict[tuple[str | None, str | None], Workload] = field(default_factory=dict)
@@ -190,7 +189,7 @@ class WorkloadResolver:
     # -- the API ---------------------------------------------------------------------------
 
     def _pods(self, selector: str) -> list[dict[str, Any]]:
-        paths = [f"/api/v1/namespaces/{ns}/pods" for ns in self.namespaces] or ["/api/v1/pods"]
+        paths = [f"/api/v1/namespaces/{ns}/pods" for ns in self.settings.namespaces] or ["/api/v1/pods"]
         pods = []
         for path in paths:
             pods += self._get(path, field_selector=selector).get("items") or []

@@ -21,7 +21,8 @@ Example (YAML)::
     deployments:
       orders-consumer: {namespace: shop, name: orders-consumer}
       prod/billing: {namespace: billing, name: billing-worker}
-    kubernetes: {host: "https://10.0.0.1:6443", request_timeout_seconds: 30}   # else in-cluster, else kubeconfig
+    kubernetes: {host: "https://10.0.0.1:6443", request_timeout_seconds: 30,   # else in-cluster, else kubeconfig
+                 namespaces: [shop, billing]}   # where consumer pods run (default: every namespace)
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ class KubernetesSettings:
     # Every API call's limit; a patch whose answer does not come in time may
     # still have landed, and is counted as if it had.
     request_timeout_seconds: float = 30
+    # Where the consumers' pods run (lagdoctor.workloads): empty looks in every namespace,
+    # which needs RBAC to list pods cluster-wide.
+    namespaces: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,12 @@ class RemediationConfig:
             if "request_timeout_seconds" in k and not _number(
                     k["request_timeout_seconds"], source, "kubernetes.request_timeout_seconds") > 0:
                 raise ConfigError(f"{source}: kubernetes.request_timeout_seconds: must be above 0")
+            k = dict(k)
+            if "namespaces" in k:
+                if not isinstance(k["namespaces"], (list, tuple)) or not all(
+                        isinstance(n, str) and n for n in k["namespaces"]):
+                    raise ConfigError(f"{source}: kubernetes.namespaces: expected a list of namespace names")
+                k["namespaces"] = tuple(k["namespaces"])
             kw["kubernetes"] = KubernetesSettings(**k)
         config = cls(**kw)
         if config.cooldown_minutes < 0 or config.max_actions_per_hour < 0 or config.scale_step < 1:
