@@ -153,3 +153,76 @@ def test_a_kubeconfig_token_is_sent_and_a_refused_one_is_never_echoed(k8s_server
         refused = workloads.resolve("/10.0.1.15", "c")
     assert refused.unknown == "the Kubernetes API refused lagdoctor's credentials (401 Unauthorized)"
     assert "t0ken" not in json.dumps(refused.as_dict())
+
+
+# -- in the sweep: the plan carries each owner's workload, Slack names it -----------------------------
+
+
+def _run_folder(tmp_path, *findings):
+    out = tmp_path / "findings" / "run"
+    out.mkdir(parents=True)
+    (out / "findings.jsonl").write_text("".join(json.dumps(f) + "\n" for f in findings))
+    (out / "partition_status.jsonl").write_text("")
+    return out
+
+
+def _finding(group, diagnosis, host=None, client_id=None):
+    return {"cluster": "prod", "group_id": group, "topic": "orders", "partitions": [1], "diagnosis": diagnosis,
+            "pattern": "steady_climb", "severity": "critical" if diagnosis != "healthy" else "ok",
+            "summary": "partition 1 holds 87% of the lag", "window_start": "2026-11-21T03:00:00.000000Z",
+            "window_end": "2026-11-21T03:30:00.000000Z",
+            "evidence": {"partition": 1, "owner_member_id": "consumer-2-def", "owner_host": host,
+                         "owner_client_id": client_id}}
+
+
+def _blocks_text(message):
+    return "\n".join(b.get("text", {}).get("text", "") for b in message["blocks"] if isinstance(b.get("text"), dict))
+
+
+def test_the_plan_names_each_owners_pod_and_workload_and_slack_says_what_explains_the_lag(
+        k8s_server, tmp_path, monkeypatch):
+    from lagdoctor.notify.render import render_incident
+    from lagdoctor.stages.common import read_plans
+    from lagdoctor.stages.plan import plan_findings
+
+    k8s_server.add_deployment("shop", "orders", replicas=3, ready=2, rolled_out_at="2026-11-21T02:50:00Z",
+                              pods={"orders-7d9f-x2": "10.0.1.15"})
+    (_, replica_set), = k8s_server.replicasets
+    k8s_server.add_pod("shop", "orders-7d9f-x2", "10.0.1.15", owner=("ReplicaSet", replica_set), restarts=3,
+                       last_termination=OOM)
+    k8s_server.add_autoscaler("shop", "orders-cpu", "orders", min_replicas=2, max_replicas=12)
+    monkeypatch.setenv("LAGDOCTOR_REMEDIATION_CONFIG", json.dumps({"kubernetes": {"host": k8s_server.url}}))
+    out = _run_folder(tmp_path, _finding("orders", "partition_imbalance", "/10.0.1.15", "consumer-orders-1"),
+                      _finding("billing", "slow_consumer", "/172.16.0.9", "billing-1"),
+                      _finding("quiet", "healthy", "/10.0.1.15", "consumer-orders-1"))
+    summary = plan_findings(str(out))
+    assert summary["workloads"] == {"traced": 1, "unknown": 1, "not_traced": None}
+    planned = {item["finding"]["group_id"]: item for item in read_plans(summary["plans"])}
+    assert planned["orders"]["finding"]["evidence"]["workload"]["pod"] == "orders-7d9f-x2"
+    assert "workload" not in planned["quiet"]["finding"]["evidence"]  # a healthy group is not looked up
+
+    orders = _blocks_text(render_incident(planned["orders"]["finding"], planned["orders"]["plan"], run_id="r"))
+    assert (":package: *Runs in:* pod orders-7d9f-x2 of Deployment shop/orders; last OOMKilled (exit 137) at "
+            "03:12:00 UTC, in this window, 3 restarts in all; Deployment rolled out at 02:50:00 UTC, 10m 00s before "
+            "this window; 2 of 3 replicas ready; scaled by HorizontalPodAutoscaler orders-cpu (2-12 replicas)") in orders
+    billing = _blocks_text(render_incident(planned["billing"]["finding"], planned["billing"]["plan"], run_id="r"))
+    assert (":grey_question: *Pod and workload unknown:* no pod on this cluster has IP 172.16.0.9 or the name "
+            "'billing-1': the member runs outside this cluster (or behind NAT)") in billing
+
+
+def test_without_kubernetes_the_sweep_plans_and_posts_as_before_and_says_so_once(tmp_path, monkeypatch, caplog):
+    from lagdoctor.notify.render import render_incident
+    from lagdoctor.stages.common import read_plans
+    from lagdoctor.stages.plan import plan_findings
+
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("LAGDOCTOR_REMEDIATION_CONFIG", raising=False)
+    caplog.set_level(logging.WARNING, logger="lagdoctor.workloads")
+    out = _run_folder(tmp_path, *(_finding(f"g{i}", "slow_consumer", f"/10.0.0.{i}", f"c-{i}") for i in range(4)))
+    summary = plan_findings(str(out))
+    assert summary["workloads"] == {"traced": 0, "unknown": 4, "not_traced": NO_API}
+    assert len(caplog.records) == 1
+    for item in read_plans(summary["plans"]):
+        text = _blocks_text(render_incident(item["finding"], item["plan"], run_id="r"))
+        assert "Runs in" not in text and "workload unknown" not in text.lower()

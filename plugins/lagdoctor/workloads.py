@@ -261,3 +261,33 @@ def _address(host: str | None) -> str | None:
         return str(ipaddress.ip_address(text))
     except ValueError:
         return None
+
+
+def attach_workloads(findings: list[dict[str, Any]], settings: KubernetesSettings | None = None) -> dict[str, Any]:
+    """Each problem finding whose focus partition names an owner gets ``evidence["workload"]``
+    (Workload.as_dict). Returns what a run summary says: how many were traced, and the run-wide
+    reason when none could be (no Kubernetes API), logged once here."""
+    from lagdoctor.contracts import NO_PROBLEM_DIAGNOSES
+
+    if settings is None:
+        from lagdoctor.remediation.config import ConfigError, RemediationConfig
+
+        try:
+            settings = RemediationConfig.from_env().kubernetes
+        except ConfigError as exc:
+            log.warning("pods and workloads not traced: %s", exc)
+            return {"traced": 0, "unknown": 0, "not_traced": str(exc)}
+    traced = unknown = 0
+    with WorkloadResolver(settings) as resolver:
+        for finding in findings:
+            ev = finding.get("evidence")
+            if finding.get("diagnosis") in NO_PROBLEM_DIAGNOSES or not isinstance(ev, dict):
+                continue
+            host, client_id = ev.get("owner_host"), ev.get("owner_client_id")
+            if not host and not client_id:
+                continue
+            workload = resolver.resolve(host, client_id)
+            ev["workload"] = workload.as_dict()
+            traced += workload.pod is not None
+            unknown += workload.pod is None
+        return {"traced": traced, "unknown": unknown, "not_traced": resolver.api_error}

@@ -18,6 +18,7 @@ from lagdoctor.notify.provisional import (deciding_between_text, is_provisional,
                                           provisional_values)
 from lagdoctor.notify.templates import (code_safe, escape_mrkdwn, mrkdwn_value, render, render_plain, shared_by_text,
                                         TEMPLATES)
+from lagdoctor.notify.workload_text import workload_lines
 
 # Importable from here, as before they moved to modules of their own.
 from lagdoctor.notify.evidence import with_partition_status  # noqa: F401
@@ -211,15 +212,7 @@ def render_incident(finding: Mapping[str, Any], plan: Mapping[str, Any] | None =
             for name in ("field_cluster", "field_topic", "field_pattern", "field_time_lag", "field_lag", "field_severity")
         ]},
     ]
-    forecast = forecast_text(finding)
-    if forecast:
-        blocks.append(_text_section(forecast))
-    incomplete = incomplete_data_text(finding)
-    if incomplete:
-        blocks.append(_text_section(incomplete))
-    own = own_actions_text(finding)
-    if own:
-        blocks.append(_text_section(own))
+    blocks.extend(_explaining_sections(finding))
     table = evidence_table(finding)
     if table:
         blocks.append(_text_section(render("evidence_title") + "\n```\n" + table + "\n```"))
@@ -284,6 +277,16 @@ def _plan_blocks(plan: Mapping[str, Any], actions: Iterable[Mapping[str, Any]]) 
     return blocks
 
 
+def _explaining_sections(finding: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The forecast, incomplete data, lagdoctor's own actions and the owner's pod and workload: each
+    a section when there is something to say."""
+    texts = [forecast_text(finding), incomplete_data_text(finding), own_actions_text(finding)]
+    workload = workload_lines(finding)
+    if workload:
+        texts.append(render(f"workload_{workload[0]}", text=workload[1]))
+    return [_text_section(text) for text in texts if text]
+
+
 def _reply_blocks(finding: Mapping[str, Any], v: Mapping[str, Any], lead: str,
                   middle: Sequence[Mapping[str, Any]] = (), *, run_id: str, dag_id: str | None,
                   controls: str | None) -> list[dict[str, Any]]:
@@ -292,15 +295,7 @@ def _reply_blocks(finding: Mapping[str, Any], v: Mapping[str, Any], lead: str,
     blocks = [_text_section(lead),
               {"type": "section", "fields": [
                   {"type": "mrkdwn", "text": render(n, **v)} for n in ("field_pattern", "field_time_lag", "field_lag", "field_severity")]}]
-    forecast = forecast_text(finding)
-    if forecast:
-        blocks.append(_text_section(forecast))
-    incomplete = incomplete_data_text(finding)
-    if incomplete:
-        blocks.append(_text_section(incomplete))
-    own = own_actions_text(finding)
-    if own:
-        blocks.append(_text_section(own))
+    blocks.extend(_explaining_sections(finding))
     table = evidence_table(finding)
     if table:
         blocks.append(_text_section("```\n" + table + "\n```"))

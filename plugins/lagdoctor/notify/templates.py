@@ -30,6 +30,9 @@ TEMPLATES: dict[str, str] = {
     "decided": ":white_check_mark: *Decided:* {{ diagnosis }} (was still deciding between {{ between }})",
     "decided_fallback": "Decided for {{ group }} on {{ topic }}: {{ diagnosis }}",
     "own_action": ":wrench: *lagdoctor's own action:* {{ line }}",
+    # The owner's pod and workload (lagdoctor.notify.workload_text builds the phrase).
+    "workload_known": ":package: *Runs in:* {{ text }}",
+    "workload_unknown": ":grey_question: *Pod and workload unknown:* {{ text }}",
     "action_check_worked": ":white_check_mark: *Checked:* {{ action }} worked: {{ text }}",
     "action_check_worked_fallback": "{{ action }} worked for {{ group }}: {{ text }}",
     "action_check_failed": ":warning: *Checked:* {{ action }} has not worked {{ after }} after it ran: {{ text }}",

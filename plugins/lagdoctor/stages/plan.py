@@ -48,6 +48,7 @@ def plan_findings(
 
     from lagdoctor.kafka.group_listing import compile_group_pattern
     from lagdoctor.runbooks import choose_actions, load_runbooks
+    from lagdoctor.workloads import attach_workloads
 
     if kind not in KINDS:
         raise ValueError(f"kind: {kind!r} is not one of {', '.join(KINDS)}")
@@ -62,6 +63,8 @@ def plan_findings(
         log.warning("quarantined %s: %s (moved to %s)", entry.get("path"), " ".join(str(entry.get("reason")).split()),
                     entry.get("moved_to"))
     runbooks = load_runbooks(runbooks_dir)
+    # each owner's pod and workload, before runbooks and Slack read the evidence
+    workloads = attach_workloads(findings)
     planned = [{"finding": f, "plan": choose_actions(f, runbooks).as_dict()} for f in findings]
     plans_path = join(output, PLANS_FILE)
     with fsspec.open(plans_path, "wt") as fh:
@@ -88,6 +91,7 @@ def plan_findings(
         "actions": wanted,
         "quarantined": len(quarantined),
         "clusters_unread": list(clusters_unread or []),
+        "workloads": workloads,
     }
 
 

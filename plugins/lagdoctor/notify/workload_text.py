@@ -1,0 +1,92 @@
+"""The owner's pod and workload in words (``evidence["workload"]``, lagdoctor.workloads), for
+Slack and the page: what runs the consumer and, when it explains the lag, what happened to it.
+
+A restart or a rollout is named with its time and whether it fell in the finding's window (or
+just before it: a rollout minutes before the lag began is the first suspect). "No Kubernetes
+API" is said once per run in the log, never in each message.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any, Mapping
+
+from lagdoctor.notify.evidence import evidence_of
+from lagdoctor.notify.formatting import fmt_duration, one_line_id, parse_iso
+
+# How long before a window's start a rollout is still named as a suspect.
+ROLLOUT_LOOKBACK = timedelta(minutes=30)
+_SAID_ONCE_PER_RUN = ("no Kubernetes API", "the Kubernetes API at ")
+
+
+def workload_of(finding: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    w = evidence_of(finding).get("workload")
+    return w if isinstance(w, Mapping) else None
+
+
+def workload_lines(finding: Mapping[str, Any]) -> tuple[str, str] | None:
+    """("known", text) naming the pod, its workload and what explains the lag; ("unknown", why)
+    for a member traced to nothing; None when there is nothing to say here."""
+    w = workload_of(finding)
+    if w is None:
+        return None
+    if not w.get("pod"):
+        why = str(w.get("unknown") or "")
+        if not why or why.startswith(_SAID_ONCE_PER_RUN):
+            return None
+        return "unknown", " ".join(why.split())
+    start, end = parse_iso(finding.get("window_start")), parse_iso(finding.get("window_end"))
+    where = f"pod {one_line_id(w.get('pod'))}"
+    if w.get("kind") and w.get("name"):
+        where += f" of {one_line_id(w['kind'])} {one_line_id(w.get('namespace'))}/{one_line_id(w['name'])}"
+    parts = [where]
+    parts += filter(None, (_termination(w, start, end), _rollout(w, start, end), _replicas(w), _autoscalers(w)))
+    return "known", "; ".join(parts)
+
+
+def _when(at: datetime | None, start: datetime | None, end: datetime | None) -> str | None:
+    """"at 03:12:00 UTC, in this window" / "..., 12m00s before this window"; None when long before."""
+    if at is None:
+        return None
+    stamp = at.strftime("%H:%M:%S UTC")
+    if start is None or end is None or start <= at <= end + timedelta(minutes=1):
+        return f"at {stamp}, in this window" if start is not None else f"at {stamp}"
+    if start - ROLLOUT_LOOKBACK <= at < start:
+        return f"at {stamp}, {fmt_duration((start - at).total_seconds())} before this window"
+    return None
+
+
+def _termination(w: Mapping[str, Any], start: datetime | None, end: datetime | None) -> str | None:
+    last = w.get("last_termination") if isinstance(w.get("last_termination"), Mapping) else None
+    when = _when(parse_iso((last or {}).get("finished_at")), start, end)
+    if last is None or when is None:
+        return None
+    code = last.get("exit_code")
+    reason = one_line_id(last.get("reason"), "terminated") + (f" (exit {code})" if code is not None else "")
+    restarts = w.get("restarts")
+    times = f", {restarts} restart{'s' if restarts != 1 else ''} in all" if isinstance(restarts, int) else ""
+    return f"last {reason} {when}{times}"
+
+
+def _rollout(w: Mapping[str, Any], start: datetime | None, end: datetime | None) -> str | None:
+    when = _when(parse_iso(w.get("rolled_out_at")), start, end)
+    return f"{one_line_id(w.get('kind'), 'workload')} rolled out {when}" if when else None
+
+
+def _replicas(w: Mapping[str, Any]) -> str | None:
+    ready, desired = w.get("ready_replicas"), w.get("desired_replicas")
+    if isinstance(ready, int) and isinstance(desired, int) and ready < desired:
+        return f"{ready} of {desired} replicas ready"
+    return None
+
+
+def _autoscalers(w: Mapping[str, Any]) -> str | None:
+    scalers = [a for a in w.get("autoscalers") or [] if isinstance(a, Mapping)]
+    if scalers:
+        return "scaled by " + ", ".join(
+            f"{one_line_id(a.get('kind'))} {one_line_id(a.get('name'))} "
+            f"({a.get('min_replicas') if a.get('min_replicas') is not None else '?'}-{a.get('max_replicas')} replicas)"
+            for a in scalers)
+    if w.get("autoscalers_unknown"):
+        return f"autoscalers unknown ({' '.join(str(w['autoscalers_unknown']).split())})"
+    return None
