@@ -336,6 +336,80 @@ def test_deny_listed_group_is_never_touched(settings, k8s):
     assert rec["status"] == "blocked" and rec["rule"] == "deny_list" and k8s.requests == []
 
 
+# ------------------------------------------------------------ the owner's traced workload, autoscalers
+
+def traced(namespace="shop", name="orders-consumer", kind="Deployment", **kw):
+    """evidence.workload as the sweep's plan writes it (lagdoctor.workloads)."""
+    return {"namespace": namespace, "pod": f"{name}-7d9f-x2", "kind": kind, "name": name, "unknown": None,
+            "autoscalers": [], "autoscalers_unknown": None, **kw}
+
+
+@pytest.mark.parametrize("action", ["restart_consumers", "scale_consumers"])
+def test_without_a_mapping_the_deployment_the_owner_was_traced_to_is_the_target(settings, k8s, action):
+    config = config_for(k8s, deployments={})
+    rec = run_action(action, finding(workload=traced()), run_id="r1", dry_run=False, config=config, now=T0)
+    assert rec["status"] == "executed" and rec["target"] == "Deployment shop/orders-consumer", rec
+    assert [w.path.split("?")[0] for w in k8s.writes()] == [
+        "/apis/apps/v1/namespaces/shop/deployments/orders-consumer"
+        + ("/scale" if action == "scale_consumers" else "")]
+
+
+def test_a_hand_written_mapping_overrides_the_traced_workload(settings, k8s):
+    k8s.add_deployment("shop", "orders-v2", replicas=1)
+    config = config_for(k8s, deployments={"orders": Deployment("shop", "orders-v2")})
+    rec = run_action("restart_consumers", finding(workload=traced()), run_id="r1", dry_run=False, config=config,
+                     now=T0)
+    assert rec["target"] == "Deployment shop/orders-v2" and k8s.deployments[("shop", "orders-v2")]["annotations"]
+
+
+def test_an_owner_traced_to_no_deployment_blocks_with_the_reason(settings, k8s):
+    config = config_for(k8s, deployments={})
+    outside = run_action("restart_consumers", finding(workload={"unknown": "no pod on this cluster has IP 10.9.9.9 "
+                                                                           "or the name 'c': the member runs outside "
+                                                                           "this cluster (or behind NAT)"}),
+                         run_id="r1", config=config, now=T0)
+    assert outside["status"] == "blocked" and outside["message"].endswith(
+        "and its owner was not traced to one: no pod on this cluster has IP 10.9.9.9 or the name 'c': the member "
+        "runs outside this cluster (or behind NAT)")
+    sts = run_action("restart_consumers", finding(workload=traced("etl", "loader", "StatefulSet")), run_id="r2",
+                     config=config, now=T0)
+    assert sts["status"] == "blocked" and sts["message"].endswith("its owner runs in StatefulSet etl/loader, not a "
+                                                                  "Deployment")
+    assert k8s.requests == []
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_scale_beside_an_hpa_or_a_keda_scaledobject_recommends_the_change_there(settings, k8s, dry_run):
+    hpa = [{"kind": "HorizontalPodAutoscaler", "name": "orders-cpu", "min_replicas": 2, "max_replicas": 4}]
+    rec = run_action("scale_consumers", finding(workload=traced(autoscalers=hpa)), run_id="r1", dry_run=dry_run,
+                     config=config_for(k8s), now=T0)
+    assert rec["status"] == "blocked" and rec["message"] == (
+        "Deployment shop/orders-consumer is scaled by HorizontalPodAutoscaler orders-cpu, not by lagdoctor behind it; "
+        "change it there: maxReplicas 4 -> up to 6 (the partition count)")
+    keda = [{"kind": "ScaledObject", "name": "orders-lag", "min_replicas": 0, "max_replicas": 2,
+             "lag_threshold": "1000"}]
+    stuck = run_action("scale_consumers", finding("stalled_consumer", workload=traced(autoscalers=keda)),
+                       run_id="r2", dry_run=dry_run, config=config_for(k8s), now=T0)
+    assert stuck["status"] == "blocked" and stuck["message"] == (
+        "Deployment shop/orders-consumer is scaled by ScaledObject orders-lag, not by lagdoctor behind it; change it "
+        "there: maxReplicaCount 2 -> up to 6 (the partition count), lagThreshold below 1000 to scale out sooner, "
+        "limitToPartitionsWithLag: true (stuck partitions)")
+    unread = run_action("scale_consumers", finding(workload=traced(autoscalers_unknown="no RBAC to read it: x")),
+                        run_id="r3", dry_run=dry_run, config=config_for(k8s), now=T0)
+    assert unread["status"] == "blocked" and "autoscalers on Deployment shop/orders-consumer unknown" in unread["message"]
+    assert k8s.writes() == [] and k8s.deployments[("shop", "orders-consumer")]["replicas"] == 2
+
+
+def test_an_autoscaler_found_right_before_a_real_scale_stops_it(settings, k8s):
+    """The sweep saw none (or the group is mapped by hand): the API is asked again before replicas change."""
+    k8s.add_scaled_object("shop", "orders-lag", "orders-consumer", max_replicas=3)
+    rec = run_action("scale_consumers", finding(), run_id="r1", dry_run=False, config=config_for(k8s), now=T0)
+    assert rec["status"] == "blocked" and "is scaled by ScaledObject orders-lag" in rec["message"]
+    assert k8s.writes() == [] and k8s.deployments[("shop", "orders-consumer")]["replicas"] == 2
+    assert run_action("restart_consumers", finding(), run_id="r2", dry_run=False, config=config_for(k8s),
+                      now=T0)["status"] == "executed"  # a restart does not fight the autoscaler
+
+
 # ------------------------------------------------------------ restart_consumers
 
 def test_failed_restart_is_one_line_and_a_retry_reuses_the_same_restarted_at(settings, k8s_server):

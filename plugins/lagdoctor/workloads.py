@@ -291,3 +291,34 @@ def attach_workloads(findings: list[dict[str, Any]], settings: KubernetesSetting
             traced += workload.pod is not None
             unknown += workload.pod is None
         return {"traced": traced, "unknown": unknown, "not_traced": resolver.api_error}
+
+
+def autoscalers_of(settings: KubernetesSettings, namespace: str, name: str,
+                   kind: str = "Deployment") -> tuple[list[dict[str, Any]], str | None]:
+    """The HPAs and KEDA ScaledObjects that scale a workload now, and why some could not be read
+    (no API, no RBAC): what scale_consumers checks right before it would change replicas."""
+    with WorkloadResolver(settings) as resolver:
+        try:
+            return resolver._autoscalers(namespace, kind, name)
+        except _Refused as exc:
+            return [], exc.reason
+
+
+def autoscaler_advice(autoscalers: list[dict[str, Any]], namespace: str, deployment: str,
+                      partition_count: int | None, stuck_partitions: bool) -> str:
+    """Why lagdoctor does not scale a Deployment an autoscaler owns, and the change to make there."""
+    cap = f"{partition_count} (the partition count)" if partition_count else "the partition count"
+    advice = []
+    for a in autoscalers:
+        if a["kind"] == "ScaledObject":
+            parts = [f"maxReplicaCount {a.get('max_replicas')} -> up to {cap}"]
+            if a.get("lag_threshold"):
+                parts.append(f"lagThreshold below {a['lag_threshold']} to scale out sooner")
+            if stuck_partitions:
+                parts.append("limitToPartitionsWithLag: true (stuck partitions)")
+        else:
+            parts = [f"maxReplicas {a.get('max_replicas')} -> up to {cap}"]
+        advice.append(("" if len(autoscalers) == 1 else f"{a['kind']} {a['name']}: ") + ", ".join(parts))
+    names = " and ".join(f"{a['kind']} {a['name']}" for a in autoscalers)
+    return (f"Deployment {namespace}/{deployment} is scaled by {names}, not by lagdoctor behind it; change "
+            f"{'it' if len(autoscalers) == 1 else 'them'} there: " + "; ".join(advice))

@@ -18,7 +18,7 @@ import contextlib
 from typing import Any, Iterator, Mapping
 
 from lagdoctor.remediation.actions import Action, ActionBlocked, ActionContext, Outcome, OutcomeUnknown
-from lagdoctor.remediation.config import KubernetesSettings
+from lagdoctor.remediation.config import Deployment, KubernetesSettings
 
 RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
 
@@ -34,8 +34,20 @@ def apps_v1(settings: KubernetesSettings) -> Iterator[Any]:
         yield client.AppsV1Api(api)
 
 
+def deployment_of(ctx: ActionContext) -> Deployment | None:
+    """The group's Deployment: the remediation config's map first (an override), else the one its
+    owner was traced to (evidence.workload, lagdoctor.workloads)."""
+    mapped = ctx.config.deployment_for(ctx.cluster, ctx.group_id)
+    if mapped is not None:
+        return mapped
+    workload = ctx.evidence.get("workload")
+    if isinstance(workload, Mapping) and workload.get("kind") == "Deployment" and workload.get("name"):
+        return Deployment(namespace=str(workload.get("namespace") or "default"), name=str(workload["name"]))
+    return None
+
+
 def deployment_target(ctx: ActionContext) -> str | None:
-    dep = ctx.config.deployment_for(ctx.cluster, ctx.group_id)
+    dep = deployment_of(ctx)
     return f"Deployment {dep.namespace}/{dep.name}" if dep else None
 
 
@@ -52,10 +64,34 @@ def answer_in_time(settings: KubernetesSettings, what: str) -> Iterator[None]:
 
 
 def _deployment(ctx: ActionContext) -> dict[str, str]:
-    dep = ctx.config.deployment_for(ctx.cluster, ctx.group_id)
+    dep = deployment_of(ctx)
     if dep is None:
-        raise ActionBlocked(f"no Deployment mapped for group {ctx.group_id!r} (remediation config: deployments)")
+        workload = ctx.evidence.get("workload")
+        traced = workload if isinstance(workload, Mapping) else {}
+        why = (f"its owner runs in {traced['kind']} {traced.get('namespace')}/{traced.get('name')}, not a Deployment"
+               if traced.get("kind") else f"its owner was not traced to one: {traced['unknown']}"
+               if traced.get("unknown") else "its owner was not traced to one")
+        raise ActionBlocked(f"no Deployment mapped for group {ctx.group_id!r} (remediation config: deployments), "
+                            f"and {why}")
     return {"namespace": dep.namespace, "deployment": dep.name}
+
+
+def _stuck(ctx: ActionContext) -> bool:
+    return ctx.finding.get("diagnosis") == "stalled_consumer"
+
+
+def _refuse_beside_an_autoscaler(autoscalers: list[dict[str, Any]], unknown: str | None, plan: Mapping[str, Any],
+                                 ctx: ActionContext) -> None:
+    """An HPA or ScaledObject owns the replica count: setting it here would fight it (and a
+    KEDA scaler's connections can set off rebalances of their own)."""
+    from lagdoctor.workloads import autoscaler_advice
+
+    if autoscalers:
+        raise ActionBlocked(autoscaler_advice(autoscalers, plan["namespace"], plan["deployment"],
+                                              plan.get("partition_count"), _stuck(ctx)))
+    if unknown:
+        raise ActionBlocked(f"autoscalers on Deployment {plan['namespace']}/{plan['deployment']} unknown "
+                            f"({unknown}): refusing to set replicas an autoscaler may own")
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -94,6 +130,12 @@ class ScaleConsumers(Action):
             observed_members=_int_or_none(ctx.evidence.get("group_members")),
             max_replicas=ctx.config.max_replicas,
         )
+        workload = ctx.evidence.get("workload")
+        if isinstance(workload, Mapping) and (workload.get("namespace"), workload.get("name")) == (
+                plan["namespace"], plan["deployment"]):
+            # what the sweep saw; resolve() asks the API again right before a real change
+            _refuse_beside_an_autoscaler(list(workload.get("autoscalers") or []), workload.get("autoscalers_unknown"),
+                                         plan, ctx)
         return plan
 
     def describe(self, plan: Mapping[str, Any]) -> str:
@@ -107,6 +149,8 @@ class ScaleConsumers(Action):
         return f"scale {where}{frm} by +{plan['step']} replicas, never above {cap_text}"
 
     def resolve(self, ctx: ActionContext, plan: dict[str, Any]) -> dict[str, Any]:
+        from lagdoctor.workloads import autoscalers_of
+
         partitions = plan.get("partition_count")
         if not partitions:
             try:
@@ -122,6 +166,8 @@ class ScaleConsumers(Action):
                     f"partition count unknown ({type(exc).__name__}); refusing to scale without the cap"
                 ) from None
         cap = min(partitions, plan["max_replicas"]) if plan.get("max_replicas") is not None else partitions
+        _refuse_beside_an_autoscaler(*autoscalers_of(ctx.config.kubernetes, plan["namespace"], plan["deployment"]),
+                                     {**plan, "partition_count": partitions}, ctx)
         timeout = ctx.config.kubernetes.request_timeout_seconds
         with apps_v1(ctx.config.kubernetes) as api:
             scale = api.read_namespaced_deployment_scale(plan["deployment"], plan["namespace"],
