@@ -107,7 +107,7 @@ class WorkloadResolver:
         by_ip = self._pods(f"status.podIP={ip}") if ip else []
         if len(by_ip) == 1:
             return by_ip[0]
-        named = [p for p in by_ip if client_id and p["metadata"]["name"] in client_id]
+        named = [p for p in by_ip if _names(client_id, p["metadata"]["name"])]
         if len(named) == 1:  # pods on the node's network share its IP: the client id tells them apart
             return named[0]
         if client_id and not by_ip:
@@ -252,6 +252,12 @@ def _refusal(exc: Any, path: str) -> str:
     if exc.status == 401:
         return "the Kubernetes API refused lagdoctor's credentials (401 Unauthorized)"
     return f"{exc.status} from the Kubernetes API on {path.split('?')[0]}: {message}"
+
+
+def _names(client_id: str | None, pod: str) -> bool:
+    """A client id set from the pod's hostname: the name itself, or the name and a suffix
+    ("orders-7d9f-x2-1" for a second consumer thread), never a longer pod's name."""
+    return bool(client_id) and (client_id == pod or client_id.startswith(pod + "-"))
 
 
 def _address(host: str | None) -> str | None:
