@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.k8s import FakeKubernetes
-from tests.fixtures.k8s import _handler as k8s_handler
 from tests.fixtures.loopback import serve_loopback
 from tests.fixtures.signals import (HOLDS_ITS_STOP, groups_left, hang_up, live_in_group, read_until, reap,
                                     start_stand_in, wait_for_file)
@@ -67,9 +66,8 @@ def world(tmp_path_factory):
 
     slack, k8s = FakeSlack(), FakeKubernetes()
     k8s.add_deployment("mail", "mailer", replicas=2)
-    with serve_loopback(slack_handler(slack)) as slack_base, serve_loopback(k8s_handler(k8s)) as k8s_base:
+    with serve_loopback(slack_handler(slack)) as slack_base, k8s.serve():
         slack.url = slack_base + "/api/"
-        k8s.url = k8s_base
         remediation = {"require_approval": ["restart_consumers"],
                        "deployments": {GROUP: {"namespace": "mail", "name": "mailer"}},
                        "kubernetes": {"host": k8s.url}}
