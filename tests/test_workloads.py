@@ -226,3 +226,26 @@ def test_without_kubernetes_the_sweep_plans_and_posts_as_before_and_says_so_once
     for item in read_plans(summary["plans"]):
         text = _blocks_text(render_incident(item["finding"], item["plan"], run_id="r"))
         assert "Runs in" not in text and "workload unknown" not in text.lower()
+
+
+def test_a_proxy_answering_in_the_apis_place_leaves_the_workload_unknown_not_the_sweep_failed(tmp_path):
+    from http.server import BaseHTTPRequestHandler
+
+    from tests.fixtures.loopback import serve_loopback
+
+    class LoginPage(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            body = b"<html>sign in</html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    with serve_loopback(LoginPage) as url, WorkloadResolver(KubernetesSettings(host=url)) as workloads:
+        got = workloads.resolve("/10.0.1.15", "c")
+    assert got.target is None and got.unknown == (
+        f"{url} answered /api/v1/pods with something other than a Kubernetes object (a proxy in the way?)")

@@ -102,6 +102,8 @@ class WorkloadResolver:
             return self._describe(pod)
         except _Refused as exc:
             return Workload(unknown=exc.reason)
+        except (KeyError, TypeError, AttributeError) as exc:  # an object without the fields every API server sends
+            return Workload(unknown=f"the Kubernetes API's answer could not be read ({type(exc).__name__}: {exc})")
 
     def _find_pod(self, ip: str | None, client_id: str | None) -> dict[str, Any]:
         by_ip = self._pods(f"status.podIP={ip}") if ip else []
@@ -224,7 +226,14 @@ class WorkloadResolver:
                 ApiException.from_response(http_resp=response, body=None, data=None)  # raises its kind
             except ApiException as exc:
                 raise _Refused(_refusal(exc, path)) from None
-        return json.loads(response.data)
+        try:
+            answer = json.loads(response.data)
+        except ValueError:  # a proxy's login page, say: not the API
+            answer = None
+        if not isinstance(answer, dict):
+            raise _Refused(f"{client.configuration.host} answered {path} with something other than a Kubernetes "
+                           f"object (a proxy in the way?)")
+        return answer
 
     def _api(self) -> Any:
         if self._client is None:
