@@ -249,3 +249,35 @@ def test_a_proxy_answering_in_the_apis_place_leaves_the_workload_unknown_not_the
         got = workloads.resolve("/10.0.1.15", "c")
     assert got.target is None and got.unknown == (
         f"{url} answered /api/v1/pods with something other than a Kubernetes object (a proxy in the way?)")
+
+
+def test_an_api_that_takes_the_connection_and_never_answers_is_waited_for_once_per_run():
+    """A firewall that lets the connection in and drops the rest: one short read timeout for the run, no
+    retries, and every member after says so at once (the sweep's minute is not spent on evidence)."""
+    import threading
+
+    accepted, held = [], []
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+
+    def take():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+            held.append(conn)  # never answered
+
+    threading.Thread(target=take, daemon=True).start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}"
+    try:
+        with WorkloadResolver(KubernetesSettings(host=url, request_timeout_seconds=30)) as workloads:
+            got = [workloads.resolve(f"/10.0.0.{i}", f"c-{i}") for i in range(5)]
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+    assert len(accepted) == 1
+    assert {w.unknown for w in got} == {f"the Kubernetes API at {url} did not answer (MaxRetryError): workload unknown"}

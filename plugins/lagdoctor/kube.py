@@ -23,12 +23,14 @@ def api_client(settings: KubernetesSettings) -> Iterator[Any]:
         api.close()
 
 
-def configured_client(settings: KubernetesSettings) -> Any:
-    """A kubernetes ApiClient configured from `settings` (the caller closes it). Raises the
-    client's ConfigException when no in-cluster account and no kubeconfig are found."""
+def configured_client(settings: KubernetesSettings, *, retries: int | None = None) -> Any:
+    """A kubernetes ApiClient configured from `settings` (the caller closes it); `retries`:
+    urllib3's per request (None: its default). Raises the client's ConfigException when no
+    in-cluster account and no kubeconfig are found."""
     from kubernetes import client, config as kube_config
 
     configuration = client.Configuration()
+    configuration.retries = retries
     if settings.host:
         configuration.host = settings.host
         configuration.verify_ssl = settings.verify_ssl

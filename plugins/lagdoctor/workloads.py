@@ -25,6 +25,9 @@ from lagdoctor.remediation.config import KubernetesSettings
 log = logging.getLogger(__name__)
 
 NO_API = "no Kubernetes API: workload unknown"
+# Evidence is read inside the sweep's minute: an API that does not answer costs one short wait
+# per run (then every member says so), never the actions' timeout and urllib3's retries.
+READ_TIMEOUT_SECONDS = 5.0
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "Job", "ReplicaSet")
 
 
@@ -214,7 +217,8 @@ class WorkloadResolver:
         request = client.param_serialize("GET", path, query_params=params, header_params={"Accept": "application/json"},
                                          auth_settings=["BearerToken"])
         try:
-            response = client.call_api(*request, _request_timeout=self.settings.request_timeout_seconds)
+            response = client.call_api(*request, _request_timeout=min(self.settings.request_timeout_seconds,
+                                                                       READ_TIMEOUT_SECONDS))
             response.read()
         except Exception as exc:  # no answer: the API is down for this run, said once
             self.api_error = (f"the Kubernetes API at {client.configuration.host} did not answer "
@@ -242,7 +246,7 @@ class WorkloadResolver:
             from lagdoctor.kube import configured_client
 
             try:
-                self._client = configured_client(self.settings)
+                self._client = configured_client(self.settings, retries=0)
             except (ConfigException, FileNotFoundError, OSError):
                 self.api_error = NO_API
                 log.warning("%s (no in-cluster service account, no kubeconfig)", NO_API)
