@@ -28,7 +28,6 @@ NO_API = "no Kubernetes API: workload unknown"
 # Evidence is read inside the sweep's minute: an API that does not answer costs one short wait
 # per run (then every member says so), never the actions' timeout and urllib3's retries.
 READ_TIMEOUT_SECONDS = 5.0
-WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "Job", "ReplicaSet")
 
 
 @dataclass(frozen=True)
@@ -209,11 +208,11 @@ class WorkloadResolver:
                 unknown.append(exc.reason)
             return []
 
-    def _get(self, path: str, **query: str) -> dict[str, Any]:
+    def _get(self, path: str, field_selector: str | None = None) -> dict[str, Any]:
         from kubernetes.client.exceptions import ApiException
 
         client = self._api()
-        params = [("fieldSelector", v) for k, v in query.items() if k == "field_selector"]
+        params = [("fieldSelector", field_selector)] if field_selector else []
         request = client.param_serialize("GET", path, query_params=params, header_params={"Accept": "application/json"},
                                          auth_settings=["BearerToken"])
         try:

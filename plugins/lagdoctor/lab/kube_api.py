@@ -22,6 +22,7 @@ import json
 import re
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -75,7 +76,7 @@ class LoopbackKubernetes:
         ({pod name: pod IP}), each owned by that ReplicaSet."""
         self.deployments[(namespace, name)] = {"replicas": replicas, "annotations": {},
                                                "ready": replicas if ready is None else ready}
-        replica_set = f"{name}-{abs(hash((namespace, name))) % 16**6:06x}"
+        replica_set = f"{name}-{zlib.crc32(f'{namespace}/{name}'.encode()) % 16**6:06x}"  # the same every run
         self.replicasets[(namespace, replica_set)] = {"owner": ("Deployment", name),
                                                       "created": _iso(rolled_out_at) or "2026-01-01T00:00:00Z"}
         for pod, ip in (pods or {}).items():
