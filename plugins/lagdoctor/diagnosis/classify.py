@@ -578,7 +578,8 @@ def findings(
 
     `evidence` is a struct with the same fields in every finding; `partitions`
     lists the partitions the finding is about (empty for whole-topic findings).
-    window_start/window_end default to each group's first/last snapshot.
+    window_start/window_end default to each group's first/last snapshot; a Column of epoch
+    microseconds gives each row its own (a backtest's sweeps, lagdoctor.diagnosis.replay).
     `carried`: the previous run's surges (``carried_baselines``), rule case 27.
     """
     from pyspark.sql import functions as F
@@ -1098,7 +1099,9 @@ def findings(
 
     # The group's data on this topic stops before the window does (collection stopped, a
     # replayed or partial store): its numbers are as of its last snapshot, said in the summary.
-    data_end_gap = (F.lit(window_end.timestamp()) - c("topic_t_last")) if window_end else F.lit(None).cast("double")
+    end_seconds, end_text = _window_edge(window_end, "t_last")
+    start_text = _window_edge(window_start, "t_first")[1]
+    data_end_gap = (end_seconds - c("topic_t_last")) if end_seconds is not None else F.lit(None).cast("double")
     early_end_note = F.when(
         data_end_gap > DATA_END_GAP_SECONDS,
         F.format_string("data ends %s before the window end (last snapshot %s UTC)", _duration(data_end_gap),
@@ -1208,8 +1211,7 @@ def findings(
         F.regexp_replace(c("finding.summary"), "^consumers keep up: ", ""),
     ).otherwise(c("finding.summary"))
     summary = F.concat_ws("; ", incomplete_note, reset_note, above_note, early_end_note, own_summary)
-    start = F.lit(_iso(window_start)) if window_start else F.date_format(F.timestamp_seconds(c("t_first")), _ISO)
-    end = F.lit(_iso(window_end)) if window_end else F.date_format(F.timestamp_seconds(c("t_last")), _ISO)
+    start, end = start_text, end_text
     out = g.select(
         *GROUP_KEY,
         c("finding.partitions").alias("partitions"),
@@ -1237,6 +1239,19 @@ _ISO = "yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'"
 _ISO_SECONDS = "yyyy-MM-dd'T'HH:mm:ss'Z'"
 # A sweep's last sample lands seconds before its window ends; more than this is data that stopped early.
 DATA_END_GAP_SECONDS = 120
+
+
+def _window_edge(value, fallback: str):
+    """(epoch seconds, ISO text) of a window edge: a datetime (one run's window), a Column of epoch
+    microseconds (lagdoctor.diagnosis.replay: each replayed sweep's own window), or None: the
+    group's own `fallback` snapshot time, and no seconds."""
+    from pyspark.sql import functions as F
+
+    if value is None:
+        return None, F.date_format(F.timestamp_seconds(F.col(fallback)), _ISO)
+    if isinstance(value, datetime):
+        return F.lit(value.timestamp()), F.lit(_iso(value))
+    return value / 1e6, F.date_format(F.timestamp_micros(value), _ISO)
 
 
 def _iso(value: datetime) -> str:
