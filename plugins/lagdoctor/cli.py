@@ -163,6 +163,32 @@ def cmd_diagnose(args: argparse.Namespace, passthrough: list[str]) -> int:
     )
 
 
+# -- backtest -----------------------------------------------------------------
+
+def cmd_backtest(args: argparse.Namespace) -> int:
+    import json
+
+    from lagdoctor.backtest import run_backtest, summary_text
+
+    overrides = {}
+    for item in args.set or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise CommandError(f"backtest: --set takes NAME=VALUE, not {item!r}")
+        overrides[name.strip().replace("-", "_")] = value.strip()
+    output, report = run_backtest(
+        start=args.start, end=args.to, window_minutes=args.window_minutes, step_minutes=args.step_minutes,
+        overrides=overrides or None, groups=args.groups, topic=args.topic,
+        clusters=[c.strip() for c in args.clusters.split(",") if c.strip()] if args.clusters else None,
+        store=args.snapshots, output=args.output, master=args.master)
+    if args.json:
+        print(json.dumps({k: v for k, v in report.items() if k != "sweep_list"}, indent=1))
+    else:
+        print(summary_text(report))
+        print(f"report: {output}/report.html")
+    return 0
+
+
 # -- compact ------------------------------------------------------------------
 
 def cmd_compact(args: argparse.Namespace) -> int:
@@ -288,6 +314,28 @@ def build_parser() -> argparse.ArgumentParser:
                         "command line: other users can read it there")
     p.set_defaults(func=cmd_diagnose)
 
+    p = sub.add_parser("backtest", help="replay stored history through the rules and Slack's decisions: "
+                                        "what every sweep of a range would have said, with other thresholds beside")
+    p.add_argument("--from", dest="start", required=True, metavar="ISO-8601", help="the first sweep's end (UTC)")
+    p.add_argument("--to", default=None, metavar="ISO-8601", help="the last sweep's end (default: now)")
+    p.add_argument("--step-minutes", type=float, default=1.0, metavar="N", help="a sweep every N min (default: 1, "
+                                                                                "the sweep DAG's)")
+    p.add_argument("--window-minutes", type=float, default=30.0, metavar="N",
+                   help="each sweep's window (default: 30, the sweep DAG's)")
+    p.add_argument("--set", action="append", metavar="NAME=VALUE",
+                   help="a threshold override (repeatable): the backtest then runs the current thresholds and "
+                        "these side by side, e.g. --set warning_lag=5000")
+    p.add_argument("--groups", default=None, metavar="REGEX", help="only groups whose id matches in full")
+    p.add_argument("--topic", default=None, metavar="NAME")
+    p.add_argument("--clusters", default=None, metavar="NAME[,NAME...]")
+    p.add_argument("--snapshots", default=None, metavar="PATH",
+                   help="the snapshot store (default: $LAGDOCTOR_DATA_ROOT/snapshots)")
+    p.add_argument("--output", default=None, metavar="PATH",
+                   help="where the report goes (default: $LAGDOCTOR_DATA_ROOT/backtests/<time>)")
+    p.add_argument("--master", default=None, help="Spark master (default: local[*])")
+    p.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    p.set_defaults(func=cmd_backtest)
+
     p = sub.add_parser("connect-server", help="run a Spark Connect server (the warm engine) until Ctrl-C")
     p.add_argument("--port", type=int, default=15002, help="loopback port (default: 15002)")
     p.add_argument("--master", default="local[*]", help="its Spark master (default: local[*])")
@@ -339,6 +387,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return args.func(args, rest)
         return args.func(args)
     except (CommandError, CollectionError, ConfigError, StoreError, ValueError) as exc:
+        return _fail(str(exc))
+    except RuntimeError as exc:  # the backtest job's one line
+        if args.command != "backtest":
+            raise
         return _fail(str(exc))
     except KeyboardInterrupt:
         return 130
