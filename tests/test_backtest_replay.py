@@ -75,7 +75,7 @@ def test_every_sweep_of_the_backtest_equals_that_sweep_run_alone_carry_chain_inc
 
     snapshots = read_snapshot_store(spark, store, datetime.now(timezone.utc)).snapshots.localCheckpoint()
     ends = replay.sweep_ends(datetime(2026, 11, 21, 9, 14, 30, tzinfo=timezone.utc),
-                             datetime(2026, 11, 21, 9, 40, 30, tzinfo=timezone.utc), 2.0)
+                             datetime(2026, 11, 21, 9, 38, 30, tzinfo=timezone.utc), 3.0)
     thresholds = Thresholds()
     (found, plan), = replay.replay_sets(spark, snapshots, ends, WINDOW_MINUTES, [thresholds])
     replayed = by_sweep(found)
@@ -114,3 +114,30 @@ def test_a_regular_schedule_and_an_irregular_list_of_ends_copy_each_row_into_the
     assert len(irregular) > len(regular)
     # 09:23:00 is the start of the 09:33 window, and inside the 09:30-09:32 ones
     assert sorted(r[0] for r in regular if r[1] == "edge-row") == [f"{e}|sim" for e in ends[:4]]
+
+
+def test_the_command_runs_two_threshold_sets_side_by_side_and_the_stricter_one_alerts_less(store, tmp_path, capsys,
+                                                                                            monkeypatch):
+    """`lagdoctor backtest --set`: the current thresholds and the proposed ones in one job; a loop that
+    must change owners twice as often before it is named gives fewer alerts, and says which verdicts moved."""
+    import json
+
+    from lagdoctor.cli import main
+
+    monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", str(tmp_path / "data"))
+    out = tmp_path / "report"
+    code = main(["backtest", "--snapshots", store, "--from", "2026-11-21T09:20:00Z", "--to", "2026-11-21T09:50:00Z",
+                 "--window-minutes", "10", "--set", f"rebalance_loop_min={2 * Thresholds().rebalance_loop_min}",
+                 "--output", str(out), "--master", "local[2]"])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    report = json.loads((out / "report.json").read_text())
+    current, proposed = report["sets"]
+    assert report["sweeps"] == 31 and current["name"] == "current" and proposed["name"] == "proposed"
+    assert proposed["alerts"] < current["alerts"]
+    (cmp,) = report["comparisons"]
+    assert cmp["alerts"] == proposed["alerts"] - current["alerts"] and cmp["verdicts_changed"] > 0
+    assert {c["group_id"] for c in cmp["changed"]} == {"rebalance_loop_staircase-0"}
+    assert f"{current['alerts'] - proposed['alerts']} fewer alerts" in text
+    assert (out / "report.html").read_text().count('class="strip"') >= 2
+    assert not (tmp_path / "data" / "state").exists(), "the backtest wrote lagdoctor's real state"

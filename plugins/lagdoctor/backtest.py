@@ -414,6 +414,12 @@ def run_backtest(*, start: Any, end: Any = None, window_minutes: float = 30.0, s
     sets = [ThresholdSet("current")] + ([ThresholdSet("proposed", checked)] if checked else [])
     store = store or settings.snapshots_root
     output = output or output_folder(settings, now)
+    from lagdoctor.diagnosis.store_files import is_local_path, local_path
+
+    if not is_local_path(output):
+        raise ValueError(f"backtest: the report is written to a local folder, not {output.split('://', 1)[0]}:// "
+                         f"(give one as the output)")
+    output = local_path(output)
     run_job(store, output, start, end, window_minutes=float(window_minutes), step_minutes=float(step_minutes),
             sets=sets, master=master, groups=groups, topic=topic, clusters=clusters, sweep_ends=sweep_ends)
     report = build_report(output, runbooks_dir=runbooks_dir)

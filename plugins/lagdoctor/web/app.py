@@ -20,10 +20,12 @@ never on the API server's event loop.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import quote
 
@@ -290,7 +292,52 @@ def create_app(
             raise HTTPException(404, "no such report") from None
         return HTMLResponse(body, headers={**_NO_STORE, "Content-Security-Policy": CONTENT_SECURITY_POLICY})
 
+    @app.get("/backtests", response_class=HTMLResponse, include_in_schema=False)
+    @retry_on_stale_credentials
+    def backtests(can_read: DagReadCheck = Depends(dag_run_reader)) -> HTMLResponse:
+        from html import escape
+
+        from lagdoctor.backtest import BACKTESTS_FOLDER, REPORT_FILE
+        from lagdoctor.web.html import CONTENT_SECURITY_POLICY
+
+        if not can_read(BACKTEST_DAG_ID):
+            raise HTTPException(404, "no backtests")
+        root = Path(join(settings().data_root, BACKTESTS_FOLDER))
+        rows = []
+        for folder in sorted(root.iterdir() if root.is_dir() else [], reverse=True)[:100]:
+            try:
+                r = json.loads((folder / REPORT_FILE).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue  # running, failed, or not a backtest
+            sets = "; ".join(f"{s['name']}: {s['alerts']} alerts, {s['replies']} replies" for s in r.get("sets", []))
+            rows.append(f'<tr><td><a href="backtests/{escape(folder.name)}">{escape(folder.name)}</a></td>'
+                        f'<td>{escape(str(r.get("first_sweep", ""))[:16])} .. {escape(str(r.get("last_sweep", ""))[:16])}</td>'
+                        f'<td>{r.get("sweeps", 0)}</td><td>{escape(sets)}</td></tr>')
+        body = ("<!doctype html><html lang=en><head><meta charset=utf-8><title>backtests · lagdoctor</title></head>"
+                "<body><h1>Backtests</h1><p>Trigger the kafka_lag_backtest DAG, or run <code>lagdoctor backtest</code>."
+                "</p><table><tr><th>report</th><th>sweeps from .. to (UTC)</th><th>sweeps</th><th>sets</th></tr>"
+                + "".join(rows) + "</table></body></html>")
+        return HTMLResponse(body, headers={**_NO_STORE, "Content-Security-Policy": CONTENT_SECURITY_POLICY})
+
+    @app.get("/backtests/{name}", response_class=HTMLResponse, include_in_schema=False)
+    @retry_on_stale_credentials
+    def backtest_report(name: str, can_read: DagReadCheck = Depends(dag_run_reader)) -> HTMLResponse:
+        from lagdoctor.backtest import BACKTESTS_FOLDER, REPORT_HTML
+        from lagdoctor.web.html import CONTENT_SECURITY_POLICY
+
+        # a name, not a path: nothing the caller sends can leave the backtests folder
+        if not _SAFE_NAME.match(name) or not can_read(BACKTEST_DAG_ID):
+            raise HTTPException(404, "no such backtest")
+        try:
+            body = Path(join(settings().data_root, BACKTESTS_FOLDER, name, REPORT_HTML)).read_text(encoding="utf-8")
+        except OSError:
+            raise HTTPException(404, "no such backtest") from None
+        return HTMLResponse(body, headers={**_NO_STORE, "Content-Security-Policy": CONTENT_SECURITY_POLICY})
+
     return app
+
+
+BACKTEST_DAG_ID = "kafka_lag_backtest"
 
 
 def _link_local_reports(s: Settings, views, root: str) -> None:
