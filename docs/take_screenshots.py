@@ -42,6 +42,9 @@ def main(data_root: str, out_dir: str, group: str = "payments-ledger", cluster: 
     if reports:
         rel = reports[-1].relative_to(Path(data_root, "reports"))
         pages["incident-report.png"] = f"{base}/reports/{quote(str(rel.parent))}/{quote(rel.name)}"
+    backtests = sorted(p.parent.name for p in Path(data_root, "backtests").glob("*/report.html"))
+    if backtests:
+        pages["backtest-report.png"] = f"{base}/backtests/{quote(backtests[-1])}"
     for name, url in pages.items():
         with tempfile.TemporaryDirectory() as profile:
             subprocess.run(["/usr/bin/chromium", *FLAGS, f"--user-data-dir={profile}",

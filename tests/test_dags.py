@@ -246,3 +246,15 @@ def test_diagnosis_jvm_options_follow_the_spark_connection(monkeypatch, tmp_path
     (options,) = [a.split("=", 1)[1] for a in cmd if a.startswith("spark.driver.extraJavaOptions=")]
     assert f"-Dlog4j2.configurationFile=file:{log_config}" in options
     assert ("-XX:TieredStopAtLevel=1" in options) is c1
+
+
+def test_the_backtest_dag_is_manual_one_run_at_a_time_and_its_form_has_every_field(dagbag):
+    """Issue 33: triggered by hand with a form; one Spark job of many sweeps at a time; a failed
+    backtest is not retried (it changes nothing, and a retry would rerun hours of replay)."""
+    dag = dagbag.dags["kafka_lag_backtest"]
+    assert type(dag.timetable).__name__ == "NullTimetable"  # schedule=None: by hand only
+    assert dag.max_active_runs == 1 and "lagdoctor" in dag.tags and dag.doc_md
+    assert set(dag.params) == {"from", "to", "step_minutes", "window_minutes", "thresholds", "group_pattern",
+                               "topic", "clusters"}
+    (task,) = dag.tasks
+    assert task.retries == 0
