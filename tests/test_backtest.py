@@ -137,6 +137,8 @@ def report_in(root, name="20261121T100000Z") -> dict:
     report = {"from": iso(0), "to": iso(5), "window_minutes": 30.0, "step_minutes": 1.0, "groups": None,
               "topic": None, "clusters": None, "sweeps": 6, "sweep_list": sweeps, "first_sweep": sweeps[0],
               "last_sweep": sweeps[-1], "sets": [s], "comparisons": [], "made_at": iso(10)}
+    report["strips"] = {"current": bt.strips(s, sweeps)}
+    report["text"] = bt.summary_text(report)
     folder = root / "backtests" / name
     folder.mkdir(parents=True)
     (folder / bt.REPORT_FILE).write_text(json.dumps(report))

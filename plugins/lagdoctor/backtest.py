@@ -277,6 +277,47 @@ def verdicts_per_sweep(timeline: list[Mapping[str, Any]], sweeps: list[str]) -> 
     return out
 
 
+# How many groups get a strip, worst first (the rest are in report.json)
+MAX_STRIPS = 200
+
+
+def _tone(verdict: str | None) -> str:
+    if not verdict or verdict.startswith("collecting_history"):
+        return "none"
+    if verdict == "healthy":
+        return "ok"
+    return "warning" if "(deciding)" in verdict else "critical"
+
+
+def strips(set_report: Mapping[str, Any], sweeps: list[str]) -> list[dict[str, Any]]:
+    """Per (cluster, group, topic) with a verdict change, its segments (same verdict in a row,
+    width in sweeps) and the sweeps where a message went out."""
+    timeline = [{**r, "verdict": [{"diagnosis": r["verdict"], "provisional": False}]}
+                for r in set_report["timeline"]]
+    per = verdicts_per_sweep(timeline, sweeps)
+    keys = sorted({(r["cluster"], r["group_id"], r["topic"]) for r in set_report["timeline"]})
+    said: dict[tuple, list[Mapping[str, Any]]] = {}
+    for e in set_report["episode_list"]:
+        said.setdefault((e["cluster"], e["group_id"], e["topic"]), []).append(e)
+    out = []
+    for key in keys:
+        segments: list[dict[str, Any]] = []
+        for s in sweeps:
+            v = per.get((s, *key))
+            if segments and segments[-1]["verdict"] == v:
+                segments[-1]["sweeps"] += 1
+                segments[-1]["to"] = s
+            else:
+                segments.append({"verdict": v, "tone": _tone(v), "sweeps": 1, "from": s, "to": s})
+        changes = sum(1 for _ in segments) - 1
+        if changes == 0 and segments and segments[0]["tone"] in ("ok", "none"):
+            continue  # healthy throughout: nothing to show
+        eps = said.get(key, [])
+        out.append({"key": " / ".join(key), "segments": segments, "changes": changes, "episodes": eps})
+    out.sort(key=lambda s: (-len(s["episodes"]), -s["changes"], s["key"]))
+    return out[:MAX_STRIPS]
+
+
 def compare(base: Mapping[str, Any], other: Mapping[str, Any], base_timeline, other_timeline,
             sweeps: list[str]) -> dict[str, Any]:
     a, b = verdicts_per_sweep(base_timeline, sweeps), verdicts_per_sweep(other_timeline, sweeps)
@@ -309,6 +350,8 @@ def build_report(output: str, runbooks_dir: str | None = None) -> dict[str, Any]
               "sweeps": len(sweeps), "sweep_list": sweeps, "first_sweep": sweeps[0] if sweeps else None,
               "last_sweep": sweeps[-1] if sweeps else None, "sets": sets, "comparisons": comparisons,
               "made_at": datetime.now(timezone.utc).isoformat()}
+    report["strips"] = {s["name"]: strips(s, sweeps) for s in sets}
+    report["text"] = summary_text(report)
     Path(output, REPORT_FILE).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     return report
 
