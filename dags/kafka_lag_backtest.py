@@ -6,9 +6,8 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param, task
 
+from lagdoctor.backtest import BACKTEST_DAG_ID
 from lagdoctor.pipeline import thresholds_param, use_data_root
-
-BACKTEST_DAG_ID = "kafka_lag_backtest"
 
 with DAG(
     dag_id=BACKTEST_DAG_ID,

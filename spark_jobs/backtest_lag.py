@@ -15,7 +15,7 @@ threshold arguments). Per set, <output>/ gets:
                   topic) that had a problem in some sweep (what Slack could hear)
   <name>.timeline.jsonl  per (cluster, group, topic), each sweep where its verdict changed
 and <output>/backtest.json (the range, the sweeps, each set's carry passes),
-then _SUCCESS last. Exit codes and failure lines are diagnose_lag.py's.
+then _SUCCESS last. Exit codes and failure lines are diagnose_lag.py's (open_session, failure_exit).
 """
 
 from __future__ import annotations
@@ -80,9 +80,9 @@ def threshold_sets(raw: str | None, given: dict) -> list[tuple[str, object, dict
 def main(argv=None) -> int:
     from datetime import datetime, timezone
 
-    from diagnose_lag import absolute, die_with_parent, fail, use_spark_s3_access, _is_input_error, _remote_name
+    from diagnose_lag import absolute, die_with_parent, fail, failure_exit, open_session, use_spark_s3_access
 
-    from lagdoctor.diagnosis.input_errors import SnapshotInputError, StoreReadError, one_line, store_failure_in
+    from lagdoctor.diagnosis.input_errors import SnapshotInputError
     from lagdoctor.diagnosis.replay import sweep_ends
     from lagdoctor.diagnosis.snapshots import compile_groups, parse_clusters
     from lagdoctor.diagnosis.store_files import check_input_path
@@ -110,16 +110,13 @@ def main(argv=None) -> int:
 
     from lagdoctor.diagnosis.output import _stats, begin_outputs, finish_outputs, print_error_line, write_text
     from lagdoctor.diagnosis.replay import replay_sets, set_outputs
-    from lagdoctor.diagnosis.session import right_size_codegen, right_size_shuffle, start_spark
+    from lagdoctor.diagnosis.session import right_size_codegen, right_size_shuffle
     from lagdoctor.diagnosis.snapshots import read_snapshot_store, scope_snapshots
     from lagdoctor.diagnosis.window import WindowBounds
 
-    try:
-        spark = start_spark("lagdoctor-backtest", log_level="FATAL")
-    except ValueError as exc:
-        return fail(EXIT_USAGE, str(exc))
-    except Exception as exc:
-        return fail(EXIT_FAILED, f"cannot start a Spark session{_remote_name()}: {one_line(exc)[:300]}")
+    spark, code = open_session("lagdoctor-backtest")
+    if spark is None:
+        return code
     output = absolute(args.output)
     now = datetime.now(timezone.utc).isoformat()
     try:
@@ -158,18 +155,8 @@ def main(argv=None) -> int:
         written[SUMMARY_FILE] = _stats(text)
         finish_outputs(output, written, now=now)
         return EXIT_OK
-    except SnapshotInputError as exc:
-        return fail(EXIT_BAD_INPUT, str(exc))
-    except StoreReadError as exc:
-        return fail(EXIT_FAILED, str(exc))
     except Exception as exc:
-        message = one_line(exc)
-        store = store_failure_in(str(exc))
-        if store:
-            return fail(EXIT_FAILED, f"cannot backtest {args.snapshots}: the store failed while Spark read a file "
-                                     f"({store}): {message}")
-        code = EXIT_BAD_INPUT if _is_input_error(message) else EXIT_FAILED
-        return fail(code, f"cannot backtest {args.snapshots}: {message}")
+        return failure_exit(exc, f"cannot backtest {args.snapshots}")
     finally:
         spark.stop()
 

@@ -102,7 +102,7 @@ def use_spark_s3_access(spark) -> None:
 def main(argv=None) -> int:
     from datetime import datetime, timezone
 
-    from lagdoctor.diagnosis.input_errors import SnapshotInputError, one_line, store_failure_in
+    from lagdoctor.diagnosis.input_errors import SnapshotInputError
     from lagdoctor.diagnosis.snapshots import compile_groups, parse_clusters
     from lagdoctor.diagnosis.store_files import check_input_path
     from lagdoctor.diagnosis.window import parse_as_of, window_bounds
@@ -119,22 +119,15 @@ def main(argv=None) -> int:
 
     from lagdoctor.diagnosis.classify import findings
     from lagdoctor.diagnosis.features import group_features, group_series, partition_features
-    from lagdoctor.diagnosis.input_errors import StoreReadError
     from lagdoctor.diagnosis.output import print_error_line, write_outputs
-    from lagdoctor.diagnosis.session import is_connect, right_size_codegen, right_size_shuffle, start_spark
+    from lagdoctor.diagnosis.session import right_size_codegen, right_size_shuffle
     from lagdoctor.diagnosis.snapshots import read_snapshot_store, scope_snapshots
     from lagdoctor.diagnosis.status_job import partition_status
     from lagdoctor.diagnosis.window import resolve_window, select_window
 
-    # FATAL: a failure is reported as the one line below, not as Spark's task logs
-    try:
-        spark = start_spark("lagdoctor-diagnose-lag", log_level="FATAL")
-    except ValueError as exc:
-        return fail(EXIT_USAGE, str(exc))
-    except Exception as exc:  # a Connect server that does not answer: worth a retry
-        return fail(EXIT_FAILED, f"cannot start a Spark session{_remote_name()}: {one_line(exc)[:300]}")
-    if is_connect(spark):
-        stop_on_term(spark)
+    spark, code = open_session("lagdoctor-diagnose-lag")
+    if spark is None:
+        return code
     persisted = []
     try:
         use_spark_s3_access(spark)
@@ -175,18 +168,8 @@ def main(argv=None) -> int:
         # load: the outputs, then _SUCCESS last (a reader skips the folder until then)
         write_outputs(found, status, read.quarantined, absolute(args.output), now=datetime.now(timezone.utc).isoformat())
         return EXIT_OK
-    except SnapshotInputError as exc:
-        return fail(EXIT_BAD_INPUT, str(exc))
-    except StoreReadError as exc:  # the store's failure, not the input's: worth a retry
-        return fail(EXIT_FAILED, str(exc))
-    except Exception as exc:  # Spark surfaces corrupt files only when it reads them
-        message = one_line(exc)
-        store = store_failure_in(str(exc))  # the whole text: the JVM's cause is past one_line's cut
-        if store:
-            return fail(EXIT_FAILED, f"cannot diagnose {args.snapshots}: the store failed while Spark read a file "
-                                     f"({store}), not the file: nothing was moved: {message}")
-        code = EXIT_BAD_INPUT if _is_input_error(message) else EXIT_FAILED
-        return fail(code, f"cannot diagnose {args.snapshots}: {message}")
+    except Exception as exc:
+        return failure_exit(exc, f"cannot diagnose {args.snapshots}", moved=True)
     finally:
         # a Connect server's cache outlives this session: a run every minute must not pile up
         for df in persisted:
@@ -195,6 +178,41 @@ def main(argv=None) -> int:
             except Exception:  # noqa: BLE001 (the session is going; the server's cleaner takes the rest)
                 pass
         spark.stop()
+
+
+def open_session(app_name: str):
+    """(SparkSession, None), or (None, exit code) after its one line; FATAL logs: a failure is said
+    as that line, not as Spark's task logs. On Connect, a SIGTERM interrupts the session's queries."""
+    from lagdoctor.diagnosis.input_errors import one_line
+    from lagdoctor.diagnosis.session import is_connect, start_spark
+
+    try:
+        spark = start_spark(app_name, log_level="FATAL")
+    except ValueError as exc:
+        return None, fail(EXIT_USAGE, str(exc))
+    except Exception as exc:  # a Connect server that does not answer: worth a retry
+        return None, fail(EXIT_FAILED, f"cannot start a Spark session{_remote_name()}: {one_line(exc)[:300]}")
+    if is_connect(spark):
+        stop_on_term(spark)
+    return spark, None
+
+
+def failure_exit(exc: BaseException, what: str, *, moved: bool = False) -> int:
+    """The exit code and one line for a job's failure after its session started (`what`: e.g.
+    "cannot diagnose PATH"); `moved`: the job may move files aside (the line says none was)."""
+    from lagdoctor.diagnosis.input_errors import SnapshotInputError, StoreReadError, one_line, store_failure_in
+
+    if isinstance(exc, SnapshotInputError):
+        return fail(EXIT_BAD_INPUT, str(exc))
+    if isinstance(exc, StoreReadError):  # the store's failure, not the input's: worth a retry
+        return fail(EXIT_FAILED, str(exc))
+    # Spark surfaces corrupt files only when it reads them
+    message = one_line(exc)
+    store = store_failure_in(str(exc))  # the whole text: the JVM's cause is past one_line's cut
+    if store:
+        return fail(EXIT_FAILED, f"{what}: the store failed while Spark read a file ({store}), not the file"
+                                 f"{': nothing was moved' if moved else ''}: {message}")
+    return fail(EXIT_BAD_INPUT if _is_input_error(message) else EXIT_FAILED, f"{what}: {message}")
 
 
 def _remote_name() -> str:

@@ -30,7 +30,9 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+BACKTEST_DAG_ID = "kafka_lag_backtest"
 REPORT_FILE = "report.json"
+LISTING_FILE = "listing.json"  # the report's counts alone: the lag page lists many without reading each whole
 REPORT_HTML = "report.html"
 SUMMARY_FILE = "backtest.json"
 NO_PROBLEM = ("healthy", "collecting_history")
@@ -48,10 +50,10 @@ def job_script() -> str:
     return str(Path(default_job_script()).with_name("backtest_lag.py"))
 
 
-def job_arguments(store: str, output: str, start: datetime, end: datetime, *, window_minutes: float,
-                  step_minutes: float, sets: Sequence[ThresholdSet], groups: str | None = None,
+def job_arguments(start: datetime, *, step_minutes: float, sets: Sequence[ThresholdSet], groups: str | None = None,
                   topic: str | None = None, clusters: Sequence[str] | None = None,
                   sweep_ends: Sequence[datetime] | None = None) -> list[str]:
+    """The backtest's own arguments, after diagnose_lag's (--snapshots, --output, --as-of, --window-minutes)."""
     args = ["--from", start.isoformat()]
     if sweep_ends:
         args += ["--sweep-ends", ",".join(e.isoformat() for e in sweep_ends)]
@@ -75,8 +77,7 @@ def run_job(store: str, output: str, start: datetime, end: datetime, *, window_m
     from lagdoctor.stages.diagnose import diagnosis_failure_line
 
     proc = run_diagnosis_process(store, output, end.isoformat(), window_minutes, master or "local[*]",
-                                 extra_args=job_arguments(store, output, start, end, window_minutes=window_minutes,
-                                                          step_minutes=step_minutes, sets=sets, **scope),
+                                 extra_args=job_arguments(start, step_minutes=step_minutes, sets=sets, **scope),
                                  job_script=job_script(), timeout=timeout, capture=True)
     if proc.returncode != 0:
         line = diagnosis_failure_line((proc.stderr or "") + (proc.stdout or ""), exit_code=proc.returncode)[1]
@@ -186,7 +187,7 @@ def _seconds(a: str, b: str) -> float:
     return (parse_iso(b) - parse_iso(a)).total_seconds()
 
 
-def episodes(timeline: list[Mapping[str, Any]], sweeps: list[str]) -> list[dict[str, Any]]:
+def episodes(timeline: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per (cluster, group, topic), each run of sweeps with a problem verdict: when it began, the
     cause it settled on (its last decided problem verdict), and the decided causes it named on the way."""
     out = []
@@ -218,10 +219,9 @@ def episodes(timeline: list[Mapping[str, Any]], sweeps: list[str]) -> list[dict[
 
 
 def set_report(name: str, thresholds: Mapping[str, Any], timeline: list[Mapping[str, Any]],
-               decisions: list[Mapping[str, Any]], messages: list[Mapping[str, Any]], sweeps: list[str]
-               ) -> dict[str, Any]:
+               decisions: list[Mapping[str, Any]], messages: list[Mapping[str, Any]]) -> dict[str, Any]:
     said = [d for d in decisions if d["decision"] in SAID]
-    eps = episodes(timeline, sweeps)
+    eps = episodes(timeline)
     for e in eps:
         end = e["ended"] or "9999"
         mine = [d for d in said if _key(d) == _key(e) and e["began"] <= d["sweep_end"] < end]
@@ -339,7 +339,7 @@ def build_report(output: str, runbooks_dir: str | None = None) -> dict[str, Any]
         timeline = _jsonl(Path(output, f"{s['name']}.timeline.jsonl"))
         findings = _jsonl(Path(output, f"{s['name']}.findings.jsonl"))
         decisions, messages = replay_notifications(findings, runbooks_dir=runbooks_dir)
-        report = set_report(s["name"], s["thresholds"], timeline, decisions, messages, sweeps)
+        report = set_report(s["name"], s["thresholds"], timeline, decisions, messages)
         report.update(carry_passes=s["carry_passes"], carry_settled=s["settled"])
         sets.append(report)
         timelines[s["name"]] = timeline
@@ -352,8 +352,16 @@ def build_report(output: str, runbooks_dir: str | None = None) -> dict[str, Any]
               "made_at": datetime.now(timezone.utc).isoformat()}
     report["strips"] = {s["name"]: strips(s, sweeps) for s in sets}
     report["text"] = summary_text(report)
-    Path(output, REPORT_FILE).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    write_report(output, report)
     return report
+
+
+def write_report(output: str, report: Mapping[str, Any]) -> None:
+    """report.json, and listing.json: what the lag page's list of backtests shows of it."""
+    listing = {k: report.get(k) for k in ("first_sweep", "last_sweep", "sweeps")}
+    listing["sets"] = [{k: s[k] for k in ("name", "alerts", "replies")} for s in report["sets"]]
+    Path(output, REPORT_FILE).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    Path(output, LISTING_FILE).write_text(json.dumps(listing) + "\n", encoding="utf-8")
 
 
 def check_complete(output: str) -> None:

@@ -297,7 +297,7 @@ def create_app(
     def backtests(can_read: DagReadCheck = Depends(dag_run_reader)) -> HTMLResponse:
         from html import escape
 
-        from lagdoctor.backtest import BACKTESTS_FOLDER, REPORT_FILE
+        from lagdoctor.backtest import BACKTEST_DAG_ID, BACKTESTS_FOLDER, LISTING_FILE
         from lagdoctor.web.html import CONTENT_SECURITY_POLICY
 
         if not can_read(BACKTEST_DAG_ID):
@@ -306,7 +306,7 @@ def create_app(
         rows = []
         for folder in sorted(root.iterdir() if root.is_dir() else [], reverse=True)[:100]:
             try:
-                r = json.loads((folder / REPORT_FILE).read_text(encoding="utf-8"))
+                r = json.loads((folder / LISTING_FILE).read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue  # running, failed, or not a backtest
             sets = "; ".join(f"{s['name']}: {s['alerts']} alerts, {s['replies']} replies" for s in r.get("sets", []))
@@ -322,7 +322,7 @@ def create_app(
     @app.get("/backtests/{name}", response_class=HTMLResponse, include_in_schema=False)
     @retry_on_stale_credentials
     def backtest_report(name: str, can_read: DagReadCheck = Depends(dag_run_reader)) -> HTMLResponse:
-        from lagdoctor.backtest import BACKTESTS_FOLDER, REPORT_HTML
+        from lagdoctor.backtest import BACKTEST_DAG_ID, BACKTESTS_FOLDER, REPORT_HTML
         from lagdoctor.web.html import CONTENT_SECURITY_POLICY
 
         # a name, not a path: nothing the caller sends can leave the backtests folder
@@ -335,9 +335,6 @@ def create_app(
         return HTMLResponse(body, headers={**_NO_STORE, "Content-Security-Policy": CONTENT_SECURITY_POLICY})
 
     return app
-
-
-BACKTEST_DAG_ID = "kafka_lag_backtest"
 
 
 def _link_local_reports(s: Settings, views, root: str) -> None:
