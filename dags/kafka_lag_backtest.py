@@ -24,8 +24,12 @@ with DAG(
         "to": Param("", type=["string", "null"], title="To (UTC, ISO-8601; empty: now)"),
         "step_minutes": Param(1, type="number", exclusiveMinimum=0, maximum=1440, title="A sweep every (minutes)",
                               description="The sweep DAG's cadence by default."),
-        "window_minutes": Param(30, type="integer", minimum=1, maximum=10080, title="Each sweep's window (minutes)",
-                                description="The sweep DAG's window by default."),
+        "window_minutes": Param(30, type=["integer", "null"], minimum=1, maximum=10080,
+                                title="Each sweep's window (minutes)",
+                                description="The sweep DAG's window by default; empty with 'as swept': the sweeps' own."),
+        "as_swept": Param(False, type="boolean", title="Replay the sweeps that ran",
+                          description="The sweeps that really ran in the range, at their own times, instead of one "
+                                      "every step: their verdicts beside what the rules say now."),
         "thresholds": thresholds_param(
             "Threshold overrides to try, as a JSON object, e.g. {\"warning_lag\": 5000}. The backtest runs the "
             "current thresholds and these side by side; empty: the current ones alone."),
@@ -58,8 +62,9 @@ on the lag page (Backtests) and in the task's log.
         clusters = [c.strip() for c in str(p.get("clusters") or "").split(",") if c.strip()] or None
         output, report = run_backtest(
             start=p.get("from"), end=p.get("to") or None, step_minutes=float(p.get("step_minutes") or 1),
-            window_minutes=float(p.get("window_minutes") or 30), overrides=p.get("thresholds") or None,
-            groups=p.get("group_pattern") or None, topic=p.get("topic") or None, clusters=clusters)
+            window_minutes=float(p["window_minutes"]) if p.get("window_minutes") else None,
+            overrides=p.get("thresholds") or None, groups=p.get("group_pattern") or None,
+            topic=p.get("topic") or None, clusters=clusters, as_swept=bool(p.get("as_swept")))
         logging.getLogger("lagdoctor").info("%s\nreport: %s/report.html", summary_text(report), output)
         return {"output": output, "sweeps": report["sweeps"],
                 "sets": {s["name"]: {"alerts": s["alerts"], "replies": s["replies"]} for s in report["sets"]}}

@@ -121,6 +121,56 @@ def test_an_incomplete_output_is_refused_in_one_line(tmp_path):
         bt.build_report(str(tmp_path))
 
 
+def leave_run(findings_root, dag_id: str, run_id: str, minute: int, *, window: int = 30, overrides=None,
+              complete: bool = True, groups: int = 1) -> None:
+    """A run folder as the sweep leaves it: the job's outputs, _SUCCESS, then run.json."""
+    from lagdoctor.stages.common import run_key
+
+    run = findings_root / run_key(run_id, dag_id)
+    run.mkdir(parents=True)
+    rows = [finding(minute, "healthy", group=f"g{n}", window_start=iso(minute - window)) for n in range(groups)]
+    text = "".join(json.dumps({k: v for k, v in r.items() if k != "sweep_end"}) + "\n" for r in rows)
+    (run / "findings.jsonl").write_text(text)
+    (run / "partition_status.jsonl").write_text("")
+    if complete:
+        (run / "_SUCCESS").write_text(json.dumps({"outputs": {"findings.jsonl": {"bytes": len(text.encode())},
+                                                              "partition_status.jsonl": {"bytes": 0}}}))
+    else:
+        (run / "_WRITING").write_text("")
+    (run / "run.json").write_text(json.dumps({"dag_id": dag_id, "run_id": run_id, "kind": "sweep",
+                                              "planned_at": iso(minute + 1), "threshold_overrides": overrides or {}}))
+
+
+def test_as_swept_replays_the_times_of_the_sweeps_that_ran_and_nothing_else(tmp_path):
+    """The ends of complete sweep runs without overrides, in the range; incident runs, experiments,
+    a run still writing, a run with no group and one outside the range are not sweeps to replay."""
+    root = tmp_path / "findings"
+    for minute in (0, 5, 11, 16):
+        leave_run(root, "kafka_lag_health_sweep", f"scheduled__{minute}", minute)
+    leave_run(root, "kafka_lag_health_sweep", "scheduled__40", 40)  # after the range
+    leave_run(root, "kafka_lag_health_sweep", "manual__7", 7, overrides={"warning_lag": 5})
+    leave_run(root, "kafka_lag_health_sweep", "scheduled__8", 8, complete=False)
+    leave_run(root, "kafka_lag_health_sweep", "scheduled__9", 9, groups=0)
+    leave_run(root, "kafka_lag_incident", "manual__6", 6)
+    (root / "_runindex.json").write_text("{}")
+    ends, windows = bt.swept_ends(str(root), T0, T0 + timedelta(minutes=20))
+    assert ends == [T0 + timedelta(minutes=m) for m in (0, 5, 11, 16)] and windows == [30.0]
+    assert bt.swept_ends(str(tmp_path / "nothing-here"), T0, T0 + timedelta(minutes=20)) == ([], [])
+
+
+def test_as_swept_says_in_one_line_when_there_is_no_sweep_or_the_windows_differ(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LAGDOCTOR_DATA_ROOT", str(tmp_path))
+    argv = ["backtest", "--as-swept", "--from", iso(0), "--to", iso(20)]
+    assert cli_main(argv) == 1
+    assert "no sweep of 2026-11-21T09:00:00+00:00 .. 2026-11-21T09:20:00+00:00 is stored in" in capsys.readouterr().err
+    leave_run(tmp_path / "findings", "kafka_lag_health_sweep", "scheduled__1", 1, window=30)
+    leave_run(tmp_path / "findings", "kafka_lag_health_sweep", "scheduled__2", 2, window=10)
+    assert cli_main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the sweeps of the range used different windows (10, 30 min)" in err
+    assert not (tmp_path / "backtests").exists()
+
+
 def report_in(root, name="20261121T100000Z") -> dict:
     from lagdoctor.web.backtest_page import write_backtest_html
 

@@ -255,6 +255,6 @@ def test_the_backtest_dag_is_manual_one_run_at_a_time_and_its_form_has_every_fie
     assert type(dag.timetable).__name__ == "NullTimetable"  # schedule=None: by hand only
     assert dag.max_active_runs == 1 and "lagdoctor" in dag.tags and dag.doc_md
     assert set(dag.params) == {"from", "to", "step_minutes", "window_minutes", "thresholds", "group_pattern",
-                               "topic", "clusters"}
+                               "topic", "clusters", "as_swept"}
     (task,) = dag.tasks
     assert task.retries == 0

@@ -435,14 +435,46 @@ def output_folder(settings: Any, now: datetime) -> str:
     return join(settings.data_root, BACKTESTS_FOLDER, now.strftime("%Y%m%dT%H%M%SZ"))
 
 
-def run_backtest(*, start: Any, end: Any = None, window_minutes: float = 30.0, step_minutes: float = 1.0,
+def swept_ends(findings_root: str, start: datetime, end: datetime) -> tuple[list[datetime], list[float]]:
+    """The window ends of the sweeps that really ran in [start, end], and the windows they used:
+    each complete run folder of the sweep DAG without threshold overrides (an experiment is no
+    sweep) whose findings end their window in the range. A run that found no group says nothing."""
+    from lagdoctor.contracts import SWEEP_DAG_ID
+    from lagdoctor.notify.formatting import parse_iso
+    from lagdoctor.runindex import FINDINGS_FILE, RUN_FILE, filesystem, has_overrides, run_completeness
+
+    fs, base = filesystem(findings_root)
+    if not fs.exists(base):
+        return [], []
+    ends: dict[datetime, float] = {}
+    for path in sorted(fs.ls(base, detail=False)):
+        if not path.rstrip("/").rsplit("/", 1)[-1].startswith(f"{SWEEP_DAG_ID}__"):
+            continue  # run_key's readable prefix: another DAG's run, or no run folder
+        try:
+            with fs.open(f"{path}/{RUN_FILE}", "rt", encoding="utf-8") as fh:
+                meta = json.load(fh)
+            if meta.get("dag_id") != SWEEP_DAG_ID or has_overrides(meta) or not run_completeness(fs, path).complete:
+                continue
+            with fs.open(f"{path}/{FINDINGS_FILE}", "rt", encoding="utf-8") as fh:
+                first = next((json.loads(line) for line in fh if line.strip()), None)
+        except (OSError, ValueError, AttributeError):
+            continue  # unreadable or half-written: not a sweep that said anything
+        w_start, w_end = (parse_iso((first or {}).get(k)) for k in ("window_start", "window_end"))
+        if w_start is not None and w_end is not None and start <= w_end <= end:
+            ends[w_end] = (w_end - w_start).total_seconds() / 60
+    return sorted(ends), sorted(set(ends.values()))
+
+
+def run_backtest(*, start: Any, end: Any = None, window_minutes: float | None = 30.0, step_minutes: float = 1.0,
                  overrides: Mapping[str, Any] | str | None = None, groups: str | None = None,
                  topic: str | None = None, clusters: Sequence[str] | None = None, store: str | None = None,
                  output: str | None = None, master: str | None = None, settings: Any = None,
                  now: datetime | None = None, runbooks_dir: str | None = None,
-                 sweep_ends: Sequence[datetime] | None = None) -> tuple[str, dict[str, Any]]:
+                 sweep_ends: Sequence[datetime] | None = None, as_swept: bool = False) -> tuple[str, dict[str, Any]]:
     """Check the request, run the job (the current thresholds, and `overrides` beside them when
-    given), replay the notifications, write report.json and report.html; (output, report)."""
+    given), replay the notifications, write report.json and report.html; (output, report).
+    `as_swept`: replay the sweeps that really ran in the range (``swept_ends``), at their own
+    times and with their window (`window_minutes` None), instead of a schedule every `step_minutes`."""
     from lagdoctor.settings import Settings
     from lagdoctor.stages.params import check_thresholds
 
@@ -453,6 +485,17 @@ def run_backtest(*, start: Any, end: Any = None, window_minutes: float = 30.0, s
         raise ValueError(f"the range ends ({end.isoformat()}) before it starts ({start.isoformat()})")
     if (end - start).total_seconds() > MAX_RANGE_DAYS * 86400:
         raise ValueError(f"the range is longer than {MAX_RANGE_DAYS} days (the store keeps 8)")
+    if as_swept:
+        sweep_ends, windows = swept_ends(settings.findings_root, start, end)
+        if not sweep_ends:
+            raise ValueError(f"no sweep of {start.isoformat()} .. {end.isoformat()} is stored in "
+                             f"{settings.findings_root}: nothing to replay as swept")
+        if window_minutes is None:
+            if len(windows) > 1:
+                raise ValueError(f"the sweeps of the range used different windows ("
+                                 f"{', '.join(f'{w:g}' for w in windows)} min): give the window to replay")
+            window_minutes = windows[0]
+    window_minutes = 30.0 if window_minutes is None else window_minutes
     if not 0 < float(window_minutes) <= 10080:
         raise ValueError(f"window_minutes: between 1 and 10080, not {window_minutes}")
     if not 0 < float(step_minutes) <= 1440:

@@ -180,7 +180,7 @@ def cmd_backtest(args: argparse.Namespace) -> int:
         start=args.start, end=args.to, window_minutes=args.window_minutes, step_minutes=args.step_minutes,
         overrides=overrides or None, groups=args.groups, topic=args.topic,
         clusters=[c.strip() for c in args.clusters.split(",") if c.strip()] if args.clusters else None,
-        store=args.snapshots, output=args.output, master=args.master)
+        store=args.snapshots, output=args.output, master=args.master, as_swept=args.as_swept)
     if args.json:
         print(json.dumps({k: v for k, v in report.items() if k != "sweep_list"}, indent=1))
     else:
@@ -320,8 +320,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", default=None, metavar="ISO-8601", help="the last sweep's end (default: now)")
     p.add_argument("--step-minutes", type=float, default=1.0, metavar="N", help="a sweep every N min (default: 1, "
                                                                                 "the sweep DAG's)")
-    p.add_argument("--window-minutes", type=float, default=30.0, metavar="N",
-                   help="each sweep's window (default: 30, the sweep DAG's)")
+    p.add_argument("--window-minutes", type=float, default=None, metavar="N",
+                   help="each sweep's window (default: 30, the sweep DAG's; with --as-swept, the sweeps' own)")
+    p.add_argument("--as-swept", action="store_true",
+                   help="replay the sweeps that really ran in the range, at their own times (their run "
+                        "folders), instead of one every --step-minutes: the verdicts to compare with theirs")
     p.add_argument("--set", action="append", metavar="NAME=VALUE",
                    help="a threshold override (repeatable): the backtest then runs the current thresholds and "
                         "these side by side, e.g. --set warning_lag=5000")
