@@ -35,8 +35,32 @@ def store(tmp_path_factory):
     path = tmp_path_factory.mktemp("backtest") / "store"
     tables = [simulate_group(rng, name, "sim", f"{name}-0", f"t-{name}", START, cadence="sweep",
                              sweep=(60.0, 1, 10.0), window_seconds=3600.0)[0] for name in SCENARIOS]
+    tables.append(recreated(simulate_group(rng, "healthy_steady", "sim", RECREATED, f"t-{RECREATED}", START,
+                                           cadence="sweep", sweep=(60.0, 1, 10.0), window_seconds=3600.0)[0]))
     write_table(pa.concat_tables(tables), str(path), "sim")
     return str(path)
+
+
+RECREATED = "recreated-0"
+RECREATED_AT = datetime(2026, 11, 21, 9, 25, 10, tzinfo=timezone.utc)
+
+
+def recreated(table):
+    """Partition 0's topic recreated at RECREATED_AT: its offsets start again near 0 (the consumer
+    reset with it), so the windows that hold the fall leave its rows before it out of the totals."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    after = pc.and_(pc.equal(table["partition"], 0), pc.greater(table["snapshot_ts"], pa.scalar(
+        RECREATED_AT, pa.timestamp("us", tz="UTC"))))
+    schema = table.schema
+    drop = pc.min(pc.filter(table["committed_offset"], after)).as_py()
+    assert drop > 1000, "the partition had too little history to fall"
+    for name in ("log_start_offset", "log_end_offset", "committed_offset"):
+        col = table[name]
+        moved = pc.max_element_wise(pc.subtract(col, pa.scalar(drop, col.type)), pa.scalar(0, col.type))
+        table = table.set_column(table.schema.get_field_index(name), name, pc.if_else(after, moved, col))
+    return table.cast(schema)
 
 
 def one_sweep_at_a_time(spark, snapshots, ends, thresholds):
@@ -84,6 +108,9 @@ def test_every_sweep_of_the_backtest_equals_that_sweep_run_alone_carry_chain_inc
     assert plan.settled and plan.passes >= 2, "no surge was carried: the chain was not exercised"
     carried = [f for fs in alone.values() for f in fs if f["evidence"].get("baseline_source") == "previous run"]
     assert carried, "the reference carried no surge baseline: the scenario does not test the chain"
+    reset = [f for fs in alone.values() for f in fs if f["group_id"] == RECREATED and f["evidence"].get(
+        "offset_reset_partitions")]
+    assert 0 < len(reset) < len(ends), "no window (or every one) held the recreated topic's fall"
     for end in ends:
         iso = end.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         assert replayed.get(iso, []) == alone[end], f"sweep {iso} differs"

@@ -161,6 +161,47 @@ def test_rows_in_any_order_and_any_slicing_give_the_same_aggregates(frame):
         assert run(shuffled, chunk_rows, 5).equals(want), chunk_rows
 
 
+def test_every_window_of_a_series_aggregates_as_that_window_alone(frame):
+    """The backtest's pass (series.window_batches): each (series, sweep) pair equals the aggregates of
+    the rows its window holds, taken alone, a row on the window's start or end included; in any
+    chunking of the copies, from shuffled rows; a window that holds no row of a series gives none."""
+    import functools
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from lagdoctor.diagnosis import features as fz
+    from lagdoctor.diagnosis import forecast, series, timelag
+    from lagdoctor.diagnosis.thresholds import Thresholds
+
+    df = forecast.with_input_columns(timelag.with_record_columns(fz._with_stable_offset(fz._with_read_error(
+        frame(_history(8, partitions=12, longest=50))))))
+    rows = fz._series_rows(df, fz.OWNER_COLUMNS).orderBy("pk", "t").toArrow()
+    params = series.thresholds_params(Thresholds())
+    ts = pc.cast(rows["snapshot_ts"], pa.int64()).to_numpy()
+    window = 600_000_000
+    ends = np.unique(np.r_[ts[5], ts[17] + window, np.linspace(ts.min(), ts.max() + 2 * window, 9).astype(np.int64)])
+
+    want = []
+    for k, end in enumerate(ends):
+        held = rows.filter(pa.array((ts >= end - window) & (ts <= end)))
+        if held.num_rows:
+            out = pa.Table.from_batches(list(series.aggregate_batches(iter(held.to_batches()), params)))
+            label = pc.binary_join_element_wise(pa.array([str(end)] * out.num_rows), out["cluster"], "|")
+            want.append(out.set_column(out.schema.get_field_index("cluster"), "cluster", label))
+    want = pa.concat_tables(want).drop_columns(["pk"]).sort_by([("cluster", "ascending"), ("partition", "ascending"),
+                                                                ("group_id", "ascending")])
+    shuffled = rows.take(pa.array(np.random.default_rng(8).permutation(rows.num_rows)))
+    assert want.num_rows > len(ends)
+    for chunk_rows in (1, 9, 10_000):
+        task = functools.partial(series.window_batches, params=params, ends_us=ends, window_us=window,
+                                 chunk_rows=chunk_rows)
+        got = pa.Table.from_batches(list(task(iter(shuffled.to_batches(max_chunksize=7))))).drop_columns(["pk"])
+        got = got.sort_by([("cluster", "ascending"), ("partition", "ascending"), ("group_id", "ascending")])
+        assert got.equals(want), chunk_rows
+
+
 @pytest.mark.parametrize("pk, size, want", [
     ([1, 1, 2, 2, 2, 3], 3, [(0, 2), (2, 5), (5, 6)]),  # a slice ends where a series starts
     ([1, 1, 1, 1, 2], 2, [(0, 4), (4, 5)]),  # a series longer than the size goes whole

@@ -124,6 +124,21 @@ def partition_features(snapshots, thresholds: Thresholds = Thresholds(), *, engi
     return owners.join(feats, "pk").drop("pk")
 
 
+def window_partition_features(snapshots, ends_us: list[int], window_us: int, thresholds: Thresholds = Thresholds()):
+    """partition_features of every sweep ending at `ends_us` (epoch µs), each over its own window
+    [end - window, end], in one pass (the backtest): each row reaches its partition's task once
+    and is copied into its windows there. The cluster is labelled "<end µs>|<cluster>"
+    (replay.relabel's label), so the rows are the ones partition_features gives for each sweep alone."""
+    from lagdoctor.diagnosis import series
+
+    th = thresholds
+    snapshots = forecast.with_input_columns(
+        timelag.with_record_columns(_with_stable_offset(_with_read_error(snapshots))))
+    agg = series.window_aggregates(_series_rows(snapshots, OWNER_COLUMNS), th, ends_us, window_us)
+    feats = _partition_columns(agg, th)
+    return feats.select(*OWNER_COLUMNS, *(c for c in feats.columns if c not in OWNER_COLUMNS and c != "pk"))
+
+
 # The partition's names and its owner at the last snapshot, first in partition_features' rows.
 OWNER_COLUMNS = (*PARTITION_KEY, "member_id", "client_id", "host")
 

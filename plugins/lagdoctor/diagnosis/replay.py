@@ -21,8 +21,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from lagdoctor.diagnosis.features import GROUP_KEY
+from lagdoctor.diagnosis.series import LABEL_SEP
 
-LABEL_SEP = "|"  # never in a cluster name: an Airflow connection id
 MAX_CARRY_PASSES = 8
 SURGE = "producer_surge"
 
@@ -249,22 +249,45 @@ def diagnose_sweeps(spark, partitions, group_feats, thresholds, window_us: int, 
     return out, plan
 
 
+def window_group_series(rows, partitions, ends_us: list[int], window_us: int):
+    """features.group_series of every sweep, labelled. A group's totals at one snapshot are the same
+    in every window that holds the snapshot, so they are summed once and the group's rows (not each
+    partition's) copied into the windows. The exception: in a window where a partition's offset
+    reset falls, its rows before the reset are left out (partition_features' offset_reset_t); those
+    (sweep, group, topic) are summed again from their own copied rows."""
+    from pyspark.sql import functions as F
+
+    from lagdoctor.diagnosis.features import group_series
+
+    copied = relabel(group_series(rows), ends_us, window_us).drop("sweep_end_us")
+    key = list(GROUP_KEY)
+    resets = partitions.where(F.col("offset_reset_t").isNotNull()).select(*key).distinct().localCheckpoint()
+    if resets.isEmpty():
+        return copied
+    own = resets.select(F.split(F.col("cluster"), r"\|", 2).getItem(1).alias("cluster"), "group_id", "topic").distinct()
+    again = relabel(rows.join(F.broadcast(own), key, "left_semi"), ends_us, window_us).join(
+        F.broadcast(resets), key, "left_semi")
+    return copied.join(F.broadcast(resets), key, "left_anti").unionByName(group_series(again, partitions))
+
+
 def replay_sets(spark, snapshots, ends: list[datetime], window_minutes: float, sets: list) -> list[tuple[Any, CarryPlan]]:
     """Per Thresholds of `sets`: (labelled findings of every sweep ending at `ends`, its CarryPlan);
-    (None, CarryPlan) for no sweep. The rows are copied into their sweeps once, for every set."""
-    from lagdoctor.diagnosis.features import group_features, group_series, partition_features
+    (None, CarryPlan) for no sweep. Each row is read once and copied into its sweeps' windows where
+    that is cheap: in numpy, inside its partition's task (features.window_partition_features), and as
+    its group's totals (window_group_series)."""
+    from lagdoctor.diagnosis.features import group_features, window_partition_features
     from lagdoctor.diagnosis.window import select_window
 
     if not ends:
         return [(None, CarryPlan(ends=[])) for _ in sets]
     window_us = round(window_minutes * 60e6)
     ends_us = [micros(e) for e in ends]
-    rows = select_window(snapshots, from_micros(ends_us[0] - window_us), ends[-1])
-    labelled = relabel(rows, ends_us, window_us)
+    rows = select_window(snapshots, from_micros(ends_us[0] - window_us), ends[-1]).localCheckpoint()
     out = []
     for thresholds in sets:
-        partitions = partition_features(labelled, thresholds).localCheckpoint()
-        group_feats = group_features(group_series(labelled, partitions), thresholds).localCheckpoint()
+        partitions = window_partition_features(rows, ends_us, window_us, thresholds).localCheckpoint()
+        series = window_group_series(rows, partitions, ends_us, window_us)
+        group_feats = group_features(series, thresholds).localCheckpoint()
         out.append(diagnose_sweeps(spark, partitions, group_feats, thresholds, window_us, ends_us))
     return out
 

@@ -112,6 +112,76 @@ def aggregate_batches(batches: Iterator, params: dict, chunk_rows: int = CHUNK_R
         yield aggregate_table(table.slice(start, stop - start), params)
 
 
+# -- many windows of one series (the backtest) ----------------------------------------------
+
+LABEL_SEP = "|"  # a backtest sweep's cluster label: "<window end, epoch µs>|<cluster>" (never in a connection id)
+
+
+def window_aggregates(rows, th, ends_us: list[int], window_us: int):
+    """features._series_rows' rows of a whole range -> one row per (partition, sweep) whose window
+    [end - window, end] holds some of its rows, as partition_aggregates gives for the rows of that
+    sweep alone, its cluster labelled with the sweep's end. Spark moves each row once; the copies
+    into each window are made here, in numpy, a chunk at a time."""
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    agg = rows.repartition("pk").mapInArrow(
+        functools.partial(window_batches, params=thresholds_params(th), ends_us=np.asarray(ends_us, np.int64),
+                          window_us=int(window_us)), output_ddl())
+    names = [name for name, _ in OUTPUT]
+    cut, last = names.index("nothing_to_read") + 1, names.index("cleanup_policy") + 1
+    return agg.select(*names[:cut], committed_record("committed_offset_last").alias("committed_record"),
+                      *names[cut:last], *(name for name, _ in OWNERS))
+
+
+def window_batches(batches: Iterator, params: dict, ends_us, window_us: int,
+                   chunk_rows: int = CHUNK_ROWS) -> Iterator:
+    """One task's record batches -> the aggregate batches of every (series, window) pair."""
+    tables = [pa.Table.from_batches([batch]) for batch in batches if batch.num_rows]
+    if not tables:
+        return
+    table = pa.concat_tables(tables)
+    del tables
+    order = np.lexsort((table.column("t").to_numpy(), table.column("pk").to_numpy()))
+    table = table.take(pa.array(order))
+    ts = pc.cast(table.column("snapshot_ts"), pa.int64()).to_numpy()
+    pk = table.column("pk").to_numpy()
+    starts = np.flatnonzero(np.r_[True, pk[1:] != pk[:-1]])
+    stops = np.r_[starts[1:], len(pk)]
+    lo_edge, hi_edge = ends_us - window_us, ends_us
+    # per series, per window: the rows [lo, hi) it holds (select_window: start <= ts <= end)
+    pieces = []
+    for a, b in zip(starts, stops):
+        lo = a + np.searchsorted(ts[a:b], lo_edge, side="left")
+        hi = a + np.searchsorted(ts[a:b], hi_edge, side="right")
+        keep = np.flatnonzero(hi > lo)
+        if len(keep):
+            pieces.append((lo[keep], hi[keep], keep))
+    if not pieces:
+        return
+    lo = np.concatenate([p[0] for p in pieces])
+    hi = np.concatenate([p[1] for p in pieces])
+    window = np.concatenate([p[2] for p in pieces])
+    size = hi - lo
+    total = np.cumsum(size)
+    first = 0
+    while first < len(lo):
+        # whole (series, window) pairs, about chunk_rows copied rows at a time
+        done = total[first - 1] if first else 0
+        last = max(first + 1, int(np.searchsorted(total, done + chunk_rows, side="right")))
+        sel = slice(first, last)
+        n = size[sel]
+        rows = np.repeat(lo[sel] - np.r_[0, np.cumsum(n)[:-1]], n) + np.arange(int(n.sum()))
+        copied = table.take(pa.array(rows)).set_column(
+            table.schema.get_field_index("pk"), "pk", pa.array(np.repeat(np.arange(first, last), n)))
+        out = aggregate_table(copied, params)
+        labels = pc.binary_join_element_wise(
+            pa.array(ends_us[window[sel]]).cast(pa.string()), out.column(out.schema.get_field_index("cluster")),
+            LABEL_SEP)
+        yield out.set_column(out.schema.get_field_index("cluster"), "cluster", labels)
+        first = last
+
+
 def _slices(pk, size: int) -> Iterator[tuple[int, int]]:
     """[start, stop) ranges of sorted `pk` of at most `size` rows, each of whole series;
     a series longer than `size` is a range of its own."""
