@@ -24,6 +24,14 @@ def workload_of(finding: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return w if isinstance(w, Mapping) else None
 
 
+def run_wide_reason(finding: Mapping[str, Any]) -> str | None:
+    """Why no member of the finding's run could be traced (no Kubernetes API, or one that did not
+    answer): said once per run, never beside each member; None otherwise."""
+    w = workload_of(finding)
+    why = " ".join(str((w or {}).get("unknown") or "").split())
+    return why if w is not None and not w.get("pod") and why.startswith(_SAID_ONCE_PER_RUN) else None
+
+
 def workload_lines(finding: Mapping[str, Any]) -> tuple[str, str] | None:
     """("known", text) naming the pod, its workload and what explains the lag; ("unknown", why)
     for a member traced to nothing; None when there is nothing to say here."""
