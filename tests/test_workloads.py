@@ -155,6 +155,47 @@ def test_a_kubeconfig_token_is_sent_and_a_refused_one_is_never_echoed(k8s_server
     assert "t0ken" not in json.dumps(refused.as_dict())
 
 
+# -- the words: a restart or rollout against the lag's onset -------------------------------------------
+
+
+def _said(rolled_out_at=None, onset=None, terminated_at=None):
+    from lagdoctor.notify.workload_text import workload_lines
+
+    termination = terminated_at and {"reason": "OOMKilled", "exit_code": 137, "finished_at": terminated_at}
+    finding = {"window_start": "2026-11-21T03:00:00.000000Z", "window_end": "2026-11-21T03:30:00.000000Z",
+               "evidence": {"lag_onset": onset, "workload": {
+                   "namespace": "shop", "pod": "orders-7d9f-x2", "kind": "Deployment", "name": "orders",
+                   "restarts": 1, "last_termination": termination, "rolled_out_at": rolled_out_at}}}
+    kind, text = workload_lines(finding)
+    assert kind == "known"
+    return text.removeprefix("pod orders-7d9f-x2 of Deployment shop/orders").removeprefix("; ") or None
+
+
+@pytest.mark.parametrize(("rolled_out_at", "onset", "said"), [
+    # the case: a rollout minutes before the lag began is the first suspect
+    ("2026-11-21T03:10:00Z", "2026-11-21T03:12:00.000000Z",
+     "Deployment rolled out at 03:10:00 UTC, 2m 00s before the lag began"),
+    # before the window, and still within 30 minutes of the onset
+    ("2026-11-21T02:50:00Z", "2026-11-21T03:05:00.000000Z",
+     "Deployment rolled out at 02:50:00 UTC, 15m 00s before the lag began"),
+    # after the onset: named, but not as a cause
+    ("2026-11-21T03:20:00Z", "2026-11-21T03:12:00.000000Z",
+     "Deployment rolled out at 03:20:00 UTC, 8m 00s after the lag began"),
+    # no onset (the lag was already up at the window's first snapshot): against the window
+    ("2026-11-21T02:50:00Z", None, "Deployment rolled out at 02:50:00 UTC, 10m 00s before this window"),
+    ("2026-11-21T03:10:00Z", None, "Deployment rolled out at 03:10:00 UTC, in this window"),
+    # hours before the onset and the window: not a suspect, not said
+    ("2026-11-21T01:00:00Z", "2026-11-21T03:12:00.000000Z", None),
+])
+def test_a_rollout_is_said_against_the_moment_the_lag_began_when_the_diagnosis_knows_it(rolled_out_at, onset, said):
+    assert _said(rolled_out_at=rolled_out_at, onset=onset) == said
+
+
+def test_a_restart_is_said_against_the_onset_too():
+    assert _said(onset="2026-11-21T03:12:00.000000Z", terminated_at="2026-11-21T03:11:00Z") == (
+        "last OOMKilled (exit 137) at 03:11:00 UTC, 1m 00s before the lag began, 1 restart in all")
+
+
 # -- in the sweep: the plan carries each owner's workload, Slack names it -----------------------------
 
 

@@ -1,9 +1,10 @@
 """The owner's pod and workload in words (``evidence["workload"]``, lagdoctor.workloads), for
 Slack and the page: what runs the consumer and, when it explains the lag, what happened to it.
 
-A restart or a rollout is named with its time and whether it fell in the finding's window (or
-just before it: a rollout minutes before the lag began is the first suspect). "No Kubernetes
-API" is said once per run in the log, never in each message.
+A restart or a rollout is named with its time against the moment the lag began to grow
+(``evidence["lag_onset"]``, the diagnosis job's: a rollout minutes before it is the first
+suspect), else against the finding's window (the lag was already up when the window began).
+"No Kubernetes API" is said once per run in the log, never in each message.
 """
 
 from __future__ import annotations
@@ -44,19 +45,28 @@ def workload_lines(finding: Mapping[str, Any]) -> tuple[str, str] | None:
             return None
         return "unknown", " ".join(why.split())
     start, end = parse_iso(finding.get("window_start")), parse_iso(finding.get("window_end"))
+    onset = parse_iso(evidence_of(finding).get("lag_onset"))
     where = f"pod {one_line_id(w.get('pod'))}"
     if w.get("kind") and w.get("name"):
         where += f" of {one_line_id(w['kind'])} {one_line_id(w.get('namespace'))}/{one_line_id(w['name'])}"
     parts = [where]
-    parts += filter(None, (_termination(w, start, end), _rollout(w, start, end), _replicas(w), _autoscalers(w)))
+    parts += filter(None, (_termination(w, start, end, onset), _rollout(w, start, end, onset), _replicas(w),
+                           _autoscalers(w)))
     return "known", "; ".join(parts)
 
 
-def _when(at: datetime | None, start: datetime | None, end: datetime | None) -> str | None:
-    """"at 03:12:00 UTC, in this window" / "..., 12m00s before this window"; None when long before."""
+def _when(at: datetime | None, start: datetime | None, end: datetime | None,
+          onset: datetime | None = None) -> str | None:
+    """"at 03:12:00 UTC, 2m 00s before the lag began" when the onset is known and near; else
+    "..., in this window" / "..., 12m 00s before this window"; None when long before."""
     if at is None:
         return None
     stamp = at.strftime("%H:%M:%S UTC")
+    if onset is not None and onset - ROLLOUT_LOOKBACK <= at <= (end or onset) + timedelta(minutes=1):
+        gap = (onset - at).total_seconds()
+        if abs(gap) < 1:
+            return f"at {stamp}, as the lag began"
+        return f"at {stamp}, {fmt_duration(abs(gap))} {'before' if gap > 0 else 'after'} the lag began"
     if start is None or end is None or start <= at <= end + timedelta(minutes=1):
         return f"at {stamp}, in this window" if start is not None else f"at {stamp}"
     if start - ROLLOUT_LOOKBACK <= at < start:
@@ -64,9 +74,10 @@ def _when(at: datetime | None, start: datetime | None, end: datetime | None) -> 
     return None
 
 
-def _termination(w: Mapping[str, Any], start: datetime | None, end: datetime | None) -> str | None:
+def _termination(w: Mapping[str, Any], start: datetime | None, end: datetime | None,
+                 onset: datetime | None) -> str | None:
     last = w.get("last_termination") if isinstance(w.get("last_termination"), Mapping) else None
-    when = _when(parse_iso((last or {}).get("finished_at")), start, end)
+    when = _when(parse_iso((last or {}).get("finished_at")), start, end, onset)
     if last is None or when is None:
         return None
     code = last.get("exit_code")
@@ -76,8 +87,9 @@ def _termination(w: Mapping[str, Any], start: datetime | None, end: datetime | N
     return f"last {reason} {when}{times}"
 
 
-def _rollout(w: Mapping[str, Any], start: datetime | None, end: datetime | None) -> str | None:
-    when = _when(parse_iso(w.get("rolled_out_at")), start, end)
+def _rollout(w: Mapping[str, Any], start: datetime | None, end: datetime | None,
+             onset: datetime | None) -> str | None:
+    when = _when(parse_iso(w.get("rolled_out_at")), start, end, onset)
     return f"{one_line_id(w.get('kind'), 'workload')} rolled out {when}" if when else None
 
 
