@@ -89,10 +89,12 @@ class LoopbackKubernetes:
             self.add_pod(namespace, pod, ip, owner=("StatefulSet", name))
 
     def add_pod(self, namespace: str, name: str, ip: str, *, owner: tuple[str, str] | None = None,
-                restarts: int = 0, last_termination: dict[str, Any] | None = None) -> None:
-        """`last_termination`: {"reason": "OOMKilled", "exitCode": 137, "finishedAt": datetime}."""
+                restarts: int = 0, last_termination: dict[str, Any] | None = None, uid: str | None = None) -> None:
+        """`last_termination`: {"reason": "OOMKilled", "exitCode": 137, "finishedAt": datetime}; `uid`:
+        a new one for a pod recreated under its name (default: the same for the name every run)."""
         self.pods[(namespace, name)] = {"ip": ip, "owner": owner, "restarts": restarts,
-                                        "last_termination": last_termination}
+                                        "last_termination": last_termination,
+                                        "uid": uid or f"{zlib.crc32(f'pod/{namespace}/{name}'.encode()):08x}"}
 
     def add_autoscaler(self, namespace: str, name: str, deployment: str, *, min_replicas: int = 1,
                        max_replicas: int = 10) -> None:
@@ -154,7 +156,7 @@ class LoopbackKubernetes:
             t["finishedAt"] = _iso(t.get("finishedAt"))
             status["lastState"] = {"terminated": t}
         return {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "namespace": ns, "ownerReferences": owners},
+                "metadata": {"name": name, "namespace": ns, "uid": p["uid"], "ownerReferences": owners},
                 "spec": {"containers": [{"name": "consumer", "image": "consumer:1"}]},
                 "status": {"phase": "Running", "podIP": p["ip"], "containerStatuses": [status]}}
 

@@ -1,7 +1,9 @@
 """The owner's pod and workload in words (``evidence["workload"]``, lagdoctor.workloads), for
 Slack and the page: what runs the consumer and, when it explains the lag, what happened to it.
 
-A restart or a rollout is named with its time against the moment the lag began to grow
+Restarts are counted since a sweep last saw the pod's count (at or before the window's start,
+else inside it); without such a sighting the total is said as a total. A restart or a rollout is
+named with its time against the moment the lag began to grow
 (``evidence["lag_onset"]``, the diagnosis job's: a rollout minutes before it is the first
 suspect), else against the finding's window (the lag was already up when the window began).
 "No Kubernetes API" is said once per run in the log, never in each message.
@@ -78,13 +80,28 @@ def _termination(w: Mapping[str, Any], start: datetime | None, end: datetime | N
                  onset: datetime | None) -> str | None:
     last = w.get("last_termination") if isinstance(w.get("last_termination"), Mapping) else None
     when = _when(parse_iso((last or {}).get("finished_at")), start, end, onset)
+    restarts, recent = _restarts(w)
     if last is None or when is None:
-        return None
+        return restarts if recent else None  # restarts lately, their last termination not known or not near
     code = last.get("exit_code")
     reason = one_line_id(last.get("reason"), "terminated") + (f" (exit {code})" if code is not None else "")
-    restarts = w.get("restarts")
-    times = f", {restarts} restart{'s' if restarts != 1 else ''} in all" if isinstance(restarts, int) else ""
-    return f"last {reason} {when}{times}"
+    return f"last {reason} {when}" + (f", {restarts}" if restarts else "")
+
+
+def _restarts(w: Mapping[str, Any]) -> tuple[str | None, int]:
+    """("3 restarts in the last 10m 00s (since 03:20:00 UTC)", 3) from the count a sweep saw
+    before (lagdoctor.workloads.remember_restarts); ("3 restarts in all", 0) with none: the total,
+    never a guess at the window's share; (None, 0) when even the total is unknown."""
+    total = w.get("restarts")
+    if not isinstance(total, int) or isinstance(total, bool):
+        return None, 0
+    since = w.get("restarts_since") if isinstance(w.get("restarts_since"), Mapping) else {}
+    at, observed, before = parse_iso(since.get("at")), parse_iso(w.get("observed_at")), since.get("restarts")
+    if at is None or observed is None or observed <= at or not isinstance(before, int) or not 0 <= before <= total:
+        return f"{total} restart{'s' if total != 1 else ''} in all", 0
+    n = total - before
+    count = f"{n} restart{'s' if n != 1 else ''}" if n else "no restart"
+    return f"{count} in the last {fmt_duration((observed - at).total_seconds())} (since {at:%H:%M:%S} UTC)", n
 
 
 def _rollout(w: Mapping[str, Any], start: datetime | None, end: datetime | None,
