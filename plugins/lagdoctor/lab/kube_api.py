@@ -53,6 +53,11 @@ def _iso(at: datetime | str | None) -> str | None:
     return at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def replica_set_name(namespace: str, deployment: str) -> str:
+    """The current ReplicaSet's name of a Deployment here: its name and a hash, the same every run."""
+    return f"{deployment}-{zlib.crc32(f'{namespace}/{deployment}'.encode()) % 16**6:06x}"
+
+
 @dataclass
 class LoopbackKubernetes:
     url: str = ""
@@ -76,7 +81,7 @@ class LoopbackKubernetes:
         ({pod name: pod IP}), each owned by that ReplicaSet."""
         self.deployments[(namespace, name)] = {"replicas": replicas, "annotations": {},
                                                "ready": replicas if ready is None else ready}
-        replica_set = f"{name}-{zlib.crc32(f'{namespace}/{name}'.encode()) % 16**6:06x}"  # the same every run
+        replica_set = replica_set_name(namespace, name)
         self.replicasets[(namespace, replica_set)] = {"owner": ("Deployment", name),
                                                       "created": _iso(rolled_out_at) or "2026-01-01T00:00:00Z"}
         for pod, ip in (pods or {}).items():
