@@ -176,6 +176,25 @@ def test_stalled_partitions_but_not_batch_committers(spark, frame):
     assertDataFrameEqual(got, expected)
 
 
+def test_the_lags_onset_is_its_last_snapshot_at_the_baseline_and_unknown_when_up_from_the_start(spark, frame):
+    """What a rollout or a restart is set against ("rolled out 2 min before the lag began"): the last
+    snapshot before the partition's lag grew; none when it was already up at the window's first
+    snapshot (it began before the window) or never grew."""
+    from pyspark.testing import assertDataFrameEqual
+
+    from lagdoctor.diagnosis.features import partition_features
+
+    rows = []
+    for k in range(8):  # a snapshot a minute, 10 msg/s
+        t, leo = 60 * k, 600 * k
+        rows.append(snap(t, 0, leo, leo if k <= 3 else 1800 + 2 * (t - 180)))  # slows after minute 3
+        rows.append(snap(t, 1, leo + 5000, leo))  # 5,000 behind from the first snapshot on
+        rows.append(snap(t, 2, leo, leo))  # keeps up
+    got = partition_features(frame(rows)).select("partition", "lag_onset_t")
+    start = T0.timestamp()
+    assertDataFrameEqual(got, spark.createDataFrame([(0, start + 180.0), (1, None), (2, None)], got.schema))
+
+
 @scenario
 def _stalled_between_five_minute_sweeps():
     rows = []
@@ -265,6 +284,7 @@ def test_an_owner_that_slowed_late_in_the_window_is_shown_at_its_rate_now(diagno
     ev = f["evidence"]
     assert (ev["partition_late_consume_rate"], ev["partition_late_produce_rate"]) == (3.0, 20.0)
     assert ev["partition_consume_rate"] < 15  # the window's average stays in the evidence
+    assert ev["lag_onset"] == "2026-11-21T12:20:00.000000Z"  # it kept up until minute 20
 
 
 @scenario

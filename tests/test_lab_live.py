@@ -246,3 +246,52 @@ def test_a_warm_up_that_fails_after_the_sweep_started_never_stops_the_engine_und
     assert demo.Demo(tmp_path, 0, 1, 0, 0).run() == 0
     assert len(sweeps) == 1
     assert not engine.stopped_during_sweep
+
+
+def test_the_demos_kubernetes_api_names_each_consumers_pod_and_deployment_through_a_0600_kubeconfig(
+        tmp_path, monkeypatch):
+    """What `make demo` gives the sweep: each consumer process (its host, its client id) traced to its pod
+    and its group's Deployment, through a kubeconfig only its owner reads; the token nowhere else."""
+    import os
+    import stat
+    import types
+
+    from lagdoctor.lab import demo
+    from lagdoctor.notify.render import render_incident
+    from lagdoctor.remediation.config import KubernetesSettings
+    from lagdoctor.workloads import WorkloadResolver
+
+    incidents = live_incidents()
+    members = [(inc.group, i) for inc in incidents for i in range(1, len(inc.members) + 1)]
+    kube = demo.DemoKubernetes(tmp_path).start(incidents, datetime(2026, 11, 21, 3, 0, tzinfo=timezone.utc))
+    try:
+        run = demo.Demo(tmp_path, 0, 1, 0, 0)
+        run.broker, run.kubernetes = types.SimpleNamespace(bootstrap="127.0.0.1:1"), kube
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")  # the demo run inside some cluster's pod
+        env = run.airflow_env()
+        assert env["KUBECONFIG"] == str(kube.kubeconfig) and "KUBERNETES_SERVICE_HOST" not in env
+        assert stat.S_IMODE(os.stat(kube.kubeconfig).st_mode) == 0o600
+        assert not any(kube.api.token in value for value in env.values())
+        monkeypatch.setenv("KUBECONFIG", env["KUBECONFIG"])
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
+        with WorkloadResolver(KubernetesSettings()) as workloads:
+            traced = {m: workloads.resolve(f"/{demo.POD_IP}", demo.pod_name(*m)) for m in members}
+        assert {r.authorization for r in kube.api.requests} == {f"Bearer {kube.api.token}"}
+    finally:
+        kube.stop()
+    assert {m: (w.pod, w.target) for m, w in traced.items()} == {
+        m: (demo.pod_name(*m), f"Deployment shop/{m[0]}") for m in members}
+    assert len({demo.pod_name(*m) for m in members}) == len(members) == 7
+    assert [a["name"] for a in traced[(demo.SURGE_GROUP, 1)].autoscalers] == ["clicks-aggregator-cpu"]
+
+    # and what the demo prints under the orders group's Slack message
+    orders = ("orders-processor", 1)
+    finding = {"cluster": "kafka_default", "group_id": "orders-processor", "topic": "orders", "partitions": [1],
+               "diagnosis": "partition_imbalance", "pattern": "steady_climb", "severity": "critical",
+               "summary": "partition 1 holds the lag", "window_start": "2026-11-21T02:40:00Z",
+               "window_end": "2026-11-21T03:05:00Z",
+               "evidence": {"partition": 1, "owner_host": f"/{demo.POD_IP}", "owner_client_id": demo.pod_name(*orders),
+                            "lag_onset": "2026-11-21T03:00:30.000000Z", "workload": traced[orders].as_dict()}}
+    assert demo.workload_lines_of(render_incident(finding, {}, run_id="r")) == [
+        f"Runs in: pod {demo.pod_name(*orders)} of Deployment shop/orders-processor; Deployment rolled out at "
+        "03:00:00 UTC, 30s before the lag began"]

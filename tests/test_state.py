@@ -320,3 +320,25 @@ def test_a_lock_held_elsewhere_fails_after_the_lock_timeout_as_unavailable(postg
         worker.join(60)  # a safety net against a hang, not the assertion
         assert not worker.is_alive(), "waited for the lock without a timeout"
     assert state.is_unavailable(outcome["error"]) and "lock timeout" in str(outcome["error"])
+
+
+def test_pruning_drops_restart_counts_seen_before_the_cutoff_only(state_url):
+    """The pods' restart counts only grow, one row per traced pod per sweep: retention removes the
+    old ones and keeps what a window still counts from."""
+    from lagdoctor.state import pod_restarts, prune_notifications
+    from lagdoctor.workloads import remember_restarts
+
+    db = StateDB.from_url(state_url)
+
+    def seen(at, restarts):
+        workload = {"namespace": "shop", "pod": "orders-7d9f-x2", "pod_uid": "u1", "restarts": restarts}
+        finding = {"window_start": (at - timedelta(minutes=10)).isoformat(), "evidence": {"workload": workload}}
+        assert remember_restarts([finding], at, db=db) is None
+        return workload
+
+    seen(NOW - timedelta(days=20), 1)
+    seen(NOW - timedelta(minutes=12), 2)
+    assert prune_notifications(db, NOW - timedelta(days=8))["pod_restarts"] == 1
+    with db.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(pod_restarts)).scalar() == 1
+    assert seen(NOW, 5)["restarts_since"]["restarts"] == 2  # the window still counts from the kept one

@@ -457,3 +457,78 @@ def test_an_approval_answered_with_slacks_buttons_names_who(history):
     with client_for(history.root) as client:
         entries = timeline_of(client.get("/group/prod/orders-processor").text)
     assert ("approval", "2026-11-21 14:23 UTC", "skip_poison_pill approved by Dana (U123)") in entries
+
+
+# ------------------------------------------------------------------ the pod behind the lag
+
+def _trace(root, run_key: str, workloads: dict[str, dict]) -> None:
+    """As the sweep's plan step leaves it: each group's problem finding in plans.json carries its
+    owner's pod and workload (evidence.workload); findings.jsonl, the job's output, does not."""
+    path = root / "findings" / run_key / "plans.json"
+    items = json.loads(path.read_text())
+    for item in items:
+        f = item["finding"]
+        if f["group_id"] in workloads:
+            f["evidence"]["workload"] = workloads[f["group_id"]]
+    path.write_text(json.dumps(items))
+
+
+def _owner_item(page: str, owner_text: str) -> str:
+    """The text of the owners list's entry that holds `owner_text`, as a reader sees it."""
+    items = re.findall(r"<li>(.*?)</li>", page, re.S)
+    (item,) = [i for i in items if owner_text in i]
+    return " ".join(htmllib.unescape(re.sub(r"<[^>]+>", " ", item)).split())
+
+
+ORDERS_POD = {"namespace": "shop", "pod": "orders-7d9f-x2", "kind": "Deployment", "name": "orders", "unknown": None,
+              "restarts": 3, "last_termination": {"reason": "OOMKilled", "exit_code": 137,
+                                                  "finished_at": "2026-11-21T14:25:00Z"},
+              "rolled_out_at": "2026-11-21T14:05:00Z", "ready_replicas": 2, "desired_replicas": 3,
+              "autoscalers": [], "autoscalers_unknown": None}
+
+
+def test_the_page_and_the_group_view_name_the_owners_pod_and_workload_beside_the_member(lag_data_root):
+    root = lag_data_root.root
+    owner = next(f for f in _findings(root, lag_data_root.sweep_run_key)
+                 if f["group_id"] == "orders-processor")["evidence"]
+    _trace(root, lag_data_root.sweep_run_key, {"orders-processor": ORDERS_POD})
+    with client_for(root) as client:
+        page = client.get("/").text
+        group = client.get("/group/prod/orders-processor").text
+        api = client.get("/api/findings?group=orders-processor").json()["findings"]
+    said = ("runs in pod orders-7d9f-x2 of Deployment shop/orders; last OOMKilled (exit 137) at 14:25:00 UTC, "
+            "in this window, 3 restarts in all; Deployment rolled out at 14:05:00 UTC, 5m 00s before this window; "
+            "2 of 3 replicas ready")
+    for shown in (page, group):
+        item = _owner_item(shown, owner["owner_member_id"])
+        assert item.startswith(f"{owner['owner_member_id']} {owner['owner_client_id']} @ {owner['owner_host']}")
+        assert item.endswith(said)
+        assert shown.count("runs in pod") == 1  # the other members were not traced: nothing is guessed
+        assert "not traced" not in shown
+    assert api[0]["evidence"]["workload"]["pod"] == "orders-7d9f-x2"
+
+
+def test_a_member_traced_to_nothing_says_why_and_no_kubernetes_api_is_said_once_per_run(lag_data_root):
+    from lagdoctor.workloads import NO_API
+
+    root = lag_data_root.root
+    owner = next(f for f in _findings(root, lag_data_root.sweep_run_key)
+                 if f["group_id"] == "orders-processor")["evidence"]
+    outside = (f"no pod on this cluster has IP {owner['owner_host'].lstrip('/')} or the name "
+               f"'{owner['owner_client_id']}': the member runs outside this cluster (or behind NAT)")
+    _trace(root, lag_data_root.sweep_run_key, {"orders-processor": {"unknown": outside}})
+    with client_for(root) as client:
+        group = client.get("/group/prod/orders-processor").text
+    assert _owner_item(group, owner["owner_member_id"]).endswith(f"pod and workload unknown: {outside}")
+
+    # the same run without any Kubernetes API: one line for the run, not one per member or group
+    _trace(root, lag_data_root.sweep_run_key, {"orders-processor": {"unknown": NO_API},
+                                              "payments-ledger": {"unknown": NO_API}})
+    with client_for(root) as client:
+        page = client.get("/").text
+        group = client.get("/group/prod/orders-processor").text
+    for shown in (page, group):
+        notes = re.findall(r'<p class="note workloads-unknown"[^>]*>(.*?)</p>', shown, re.S)
+        assert [" ".join(htmllib.unescape(re.sub(r"<[^>]+>", "", n)).split()) for n in notes] == [
+            f"Pods and workloads of run {SWEEP_RUN_ID} not traced: no Kubernetes API: workload unknown."]
+        assert "pod and workload unknown" not in shown and "runs in pod" not in shown

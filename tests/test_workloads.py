@@ -155,6 +155,74 @@ def test_a_kubeconfig_token_is_sent_and_a_refused_one_is_never_echoed(k8s_server
     assert "t0ken" not in json.dumps(refused.as_dict())
 
 
+# -- the words: a restart or rollout against the lag's onset -------------------------------------------
+
+
+def _said(rolled_out_at=None, onset=None, terminated_at=None, restarts=1, **seen):
+    from lagdoctor.notify.workload_text import workload_lines
+
+    termination = terminated_at and {"reason": "OOMKilled", "exit_code": 137, "finished_at": terminated_at}
+    finding = {"window_start": "2026-11-21T03:00:00.000000Z", "window_end": "2026-11-21T03:30:00.000000Z",
+               "evidence": {"lag_onset": onset, "workload": {
+                   "namespace": "shop", "pod": "orders-7d9f-x2", "kind": "Deployment", "name": "orders",
+                   "restarts": restarts, "last_termination": termination, "rolled_out_at": rolled_out_at, **seen}}}
+    kind, text = workload_lines(finding)
+    assert kind == "known"
+    return text.removeprefix("pod orders-7d9f-x2 of Deployment shop/orders").removeprefix("; ") or None
+
+
+@pytest.mark.parametrize(("rolled_out_at", "onset", "said"), [
+    # the issue's case: a rollout minutes before the lag began is the first suspect
+    ("2026-11-21T03:10:00Z", "2026-11-21T03:12:00.000000Z",
+     "Deployment rolled out at 03:10:00 UTC, 2m 00s before the lag began"),
+    # before the window, and still within 30 minutes of the onset
+    ("2026-11-21T02:50:00Z", "2026-11-21T03:05:00.000000Z",
+     "Deployment rolled out at 02:50:00 UTC, 15m 00s before the lag began"),
+    # after the onset: named, but not as a cause
+    ("2026-11-21T03:20:00Z", "2026-11-21T03:12:00.000000Z",
+     "Deployment rolled out at 03:20:00 UTC, 8m 00s after the lag began"),
+    # no onset (the lag was already up at the window's first snapshot): against the window
+    ("2026-11-21T02:50:00Z", None, "Deployment rolled out at 02:50:00 UTC, 10m 00s before this window"),
+    ("2026-11-21T03:10:00Z", None, "Deployment rolled out at 03:10:00 UTC, in this window"),
+    # hours before the onset and the window: not a suspect, not said
+    ("2026-11-21T01:00:00Z", "2026-11-21T03:12:00.000000Z", None),
+])
+def test_a_rollout_is_said_against_the_moment_the_lag_began_when_the_diagnosis_knows_it(rolled_out_at, onset, said):
+    assert _said(rolled_out_at=rolled_out_at, onset=onset) == said
+
+
+def test_a_restart_is_said_against_the_onset_too():
+    assert _said(onset="2026-11-21T03:12:00.000000Z", terminated_at="2026-11-21T03:11:00Z") == (
+        "last OOMKilled (exit 137) at 03:11:00 UTC, 1m 00s before the lag began, 1 restart in all")
+
+
+OOM_AT_0325 = "last OOMKilled (exit 137) at 03:25:00 UTC, in this window"
+
+
+@pytest.mark.parametrize(("restarts", "seen", "said"), [
+    # a sweep saw the count 10 minutes ago: the restarts since are counted, with their span
+    (5, {"restarts_since": {"at": "2026-11-21T03:20:00Z", "restarts": 2}, "observed_at": "2026-11-21T03:30:00Z"},
+     f"{OOM_AT_0325}, 3 restarts in the last 10m 00s (since 03:20:00 UTC)"),
+    (2, {"restarts_since": {"at": "2026-11-21T03:20:00Z", "restarts": 2}, "observed_at": "2026-11-21T03:30:00Z"},
+     f"{OOM_AT_0325}, no restart in the last 10m 00s (since 03:20:00 UTC)"),
+    # no sighting before: the total, said as a total (unknown is not zero)
+    (3, {}, f"{OOM_AT_0325}, 3 restarts in all"),
+    # a count above today's (another pod of the name) or a sighting not before now compares nothing
+    (3, {"restarts_since": {"at": "2026-11-21T03:20:00Z", "restarts": 7}, "observed_at": "2026-11-21T03:30:00Z"},
+     f"{OOM_AT_0325}, 3 restarts in all"),
+    (3, {"restarts_since": {"at": "2026-11-21T03:30:00Z", "restarts": 1}, "observed_at": "2026-11-21T03:30:00Z"},
+     f"{OOM_AT_0325}, 3 restarts in all"),
+])
+def test_restarts_are_counted_since_a_sweep_last_saw_the_pod_else_said_as_a_total(restarts, seen, said):
+    assert _said(terminated_at="2026-11-21T03:25:00Z", restarts=restarts, **seen) == said
+
+
+def test_restarts_counted_lately_are_said_even_when_the_last_termination_is_not_known():
+    assert _said(restarts=4, restarts_since={"at": "2026-11-21T03:20:00Z", "restarts": 1},
+                 observed_at="2026-11-21T03:30:00Z") == "3 restarts in the last 10m 00s (since 03:20:00 UTC)"
+    assert _said(restarts=4) is None  # a total alone, with no termination near the window, explains nothing
+
+
 # -- in the sweep: the plan carries each owner's workload, Slack names it -----------------------------
 
 
@@ -281,3 +349,62 @@ def test_an_api_that_takes_the_connection_and_never_answers_is_waited_for_once_p
             conn.close()
     assert len(accepted) == 1
     assert {w.unknown for w in got} == {f"the Kubernetes API at {url} did not answer (MaxRetryError): workload unknown"}
+
+
+def test_restarts_in_a_window_are_counted_from_what_earlier_sweeps_saw_in_lagdoctors_state(
+        k8s_server, tmp_path, monkeypatch, state_url):
+    """Kubernetes keeps a pod's total only: the plan writes each traced pod's count with its time,
+    and a later sweep says the restarts since (SQLite and PostgreSQL)."""
+    from lagdoctor.notify.render import render_incident
+    from lagdoctor.stages.common import read_plans
+    from lagdoctor.stages.plan import plan_findings
+
+    k8s_server.add_deployment("shop", "orders", replicas=1, pods={"orders-7d9f-x2": "10.0.1.15"})
+    (_, replica_set), = k8s_server.replicasets
+    monkeypatch.setenv("LAGDOCTOR_REMEDIATION_CONFIG", json.dumps({"kubernetes": {"host": k8s_server.url}}))
+
+    def sweep(name, start, end, restarts, terminated, uid=None):
+        k8s_server.add_pod("shop", "orders-7d9f-x2", "10.0.1.15", owner=("ReplicaSet", replica_set),
+                           restarts=restarts, last_termination={**OOM, "finishedAt": terminated}, uid=uid)
+        finding = {**_finding("orders", "slow_consumer", "/10.0.1.15", "c"), "window_start": start,
+                   "window_end": end}
+        out = _run_folder(tmp_path / name, finding)
+        summary = plan_findings(str(out), now=datetime.fromisoformat(end.replace("Z", "+00:00")))
+        (item,) = read_plans(summary["plans"])
+        return _blocks_text(render_incident(item["finding"], item["plan"], run_id=name))
+
+    first = sweep("a", "2026-11-21T02:35:00Z", "2026-11-21T03:05:00Z", 1,
+                  datetime(2026, 11, 21, 3, 1, tzinfo=timezone.utc))
+    assert "last OOMKilled (exit 137) at 03:01:00 UTC, in this window, 1 restart in all" in first
+    later = sweep("b", "2026-11-21T03:00:00Z", "2026-11-21T03:30:00Z", 4,
+                  datetime(2026, 11, 21, 3, 28, tzinfo=timezone.utc))
+    assert ("last OOMKilled (exit 137) at 03:28:00 UTC, in this window, 3 restarts in the last 25m 00s "
+            "(since 03:05:00 UTC)") in later
+    # recreated under the same name (a StatefulSet's pod, a new uid): its count starts again, and what
+    # the sweeps saw of the old pod is not its history
+    again = sweep("c", "2026-11-21T03:10:00Z", "2026-11-21T03:40:00Z", 1,
+                  datetime(2026, 11, 21, 3, 38, tzinfo=timezone.utc), uid="recreated")
+    assert "last OOMKilled (exit 137) at 03:38:00 UTC, in this window, 1 restart in all" in again
+
+
+def test_without_a_usable_state_database_restarts_are_said_as_totals_and_the_plan_goes_on(
+        k8s_server, tmp_path, monkeypatch, caplog):
+    from lagdoctor.stages.common import read_plans
+    from lagdoctor.stages.plan import plan_findings
+    from lagdoctor.state import dispose_engines
+
+    k8s_server.add_deployment("shop", "orders", replicas=1, pods={"orders-7d9f-x2": "10.0.1.15"})
+    monkeypatch.setenv("LAGDOCTOR_REMEDIATION_CONFIG", json.dumps({"kubernetes": {"host": k8s_server.url}}))
+    monkeypatch.setenv("LAGDOCTOR_STATE_URL", "postgresql+psycopg://lagdoctor:s3cret@127.0.0.1:1/state")
+    caplog.set_level(logging.WARNING, logger="lagdoctor.workloads")
+    out = _run_folder(tmp_path, _finding("orders", "slow_consumer", "/10.0.1.15", "c"))
+    try:
+        summary = plan_findings(str(out), now=datetime(2026, 11, 21, 3, 30, tzinfo=timezone.utc))
+    finally:
+        dispose_engines()
+    (item,) = read_plans(summary["plans"])
+    workload = item["finding"]["evidence"]["workload"]
+    assert workload["pod"] == "orders-7d9f-x2" and workload["restarts"] == 0 and "restarts_since" not in workload
+    lines = [r.getMessage() for r in caplog.records if r.name == "lagdoctor.workloads"]
+    assert len(lines) == 1 and lines[0].startswith("restarts not counted per window: ")
+    assert "s3cret" not in lines[0] and "s3cret" not in json.dumps(summary)

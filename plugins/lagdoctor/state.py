@@ -1,6 +1,7 @@
 """lagdoctor's own state in a SQL database: Slack threads, the action log,
-leases, the durable Slack outbox, failure threads and Slack's buttons
-(approvals, acknowledge/snooze, seen requests, the click audit).
+leases, the durable Slack outbox, failure threads, Slack's buttons
+(approvals, acknowledge/snooze, seen requests, the click audit) and the
+restart counts of the consumers' pods as sweeps saw them.
 
 Where it lives (first that applies):
 
@@ -227,6 +228,21 @@ spool_replays = sa.Table(
     sa.Column("entry_id", sa.String(64), primary_key=True),
     sa.Column("kind", sa.String(32), nullable=False),
     sa.Column("replayed_at", sa.DateTime(timezone=True), nullable=False, index=True),
+)
+
+
+# Each traced pod's restartCount as a sweep saw it (lagdoctor.workloads.remember_restarts):
+# Kubernetes keeps only the total, so restarts in a window are the difference between two of these.
+pod_restarts = sa.Table(
+    "pod_restarts", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("namespace", sa.String(253), nullable=False),
+    sa.Column("pod", sa.String(253), nullable=False),
+    sa.Column("pod_uid", sa.String(64), nullable=True),  # a pod recreated under its name restarts from 0
+    sa.Column("restarts", sa.Integer, nullable=False),
+    sa.Column("observed_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Index("ix_pod_restarts_pod_at", "namespace", "pod", "observed_at"),
+    sa.Index("ix_pod_restarts_at", "observed_at"),
 )
 
 
@@ -549,6 +565,8 @@ def prune_notifications(db: StateDB, before: datetime) -> dict[str, int]:
     - ``spool_replays``: markers of spool files replayed before ``before`` (the
       replay removes its file at once; a marker only guards against a second
       replay in the meantime).
+    - ``pod_restarts``: restart counts observed before ``before`` (a window's count
+      reads those from its start on).
     """
     before = as_utc(before)
     with db.transaction() as conn:
@@ -591,4 +609,6 @@ def prune_notifications(db: StateDB, before: datetime) -> dict[str, int]:
             slack_interactions.c.at < before)).rowcount or 0
         counts["spool_replays"] = conn.execute(sa.delete(spool_replays).where(
             spool_replays.c.replayed_at < before)).rowcount or 0
+        counts["pod_restarts"] = conn.execute(sa.delete(pod_restarts).where(
+            pod_restarts.c.observed_at < before)).rowcount or 0
     return counts

@@ -18,6 +18,7 @@ import ipaddress
 import json
 import logging
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from lagdoctor.remediation.config import KubernetesSettings
@@ -36,6 +37,7 @@ class Workload:
 
     namespace: str | None = None
     pod: str | None = None
+    pod_uid: str | None = None  # tells a pod from an older one of the same name (a StatefulSet's)
     kind: str | None = None  # the top of the owner chain: Deployment, StatefulSet, ...
     name: str | None = None
     unknown: str | None = None
@@ -137,8 +139,8 @@ class WorkloadResolver:
             "reason": last.get("reason"), "exit_code": last.get("exitCode"), "finished_at": last.get("finishedAt")}
         kind, owner, rolled_out = self._owner_chain(namespace, meta.get("ownerReferences") or [])
         details = self._workload(namespace, kind, owner) if kind in ("Deployment", "StatefulSet") else {}
-        return Workload(namespace=namespace, pod=name, kind=kind, name=owner, restarts=restarts,
-                        last_termination=termination, rolled_out_at=rolled_out,
+        return Workload(namespace=namespace, pod=name, pod_uid=meta.get("uid"), kind=kind, name=owner,
+                        restarts=restarts, last_termination=termination, rolled_out_at=rolled_out,
                         ready_replicas=details.get("ready"), desired_replicas=details.get("desired"),
                         autoscalers=tuple(details.get("autoscalers") or ()),
                         autoscalers_unknown=details.get("autoscalers_unknown"),
@@ -309,6 +311,67 @@ def attach_workloads(findings: list[dict[str, Any]], settings: KubernetesSetting
             traced += workload.pod is not None
             unknown += workload.pod is None
         return {"traced": traced, "unknown": unknown, "not_traced": resolver.api_error}
+
+
+# An observation this long before a window's start still counts as its start (sweeps a minute
+# apart leave one a minute before; older ones would count restarts from long before the window).
+RESTARTS_LOOKBACK = timedelta(minutes=30)
+
+
+def remember_restarts(findings: list[dict[str, Any]], now: datetime, db: Any = None) -> str | None:
+    """Kubernetes gives a pod's restarts only as a total: each traced pod's count is kept with
+    ``now`` in lagdoctor's state, and each workload gets ``restarts_since`` ({"at", "restarts"}):
+    the count seen last at or before its window's start (at most RESTARTS_LOOKBACK before it),
+    else first inside the window, and ``observed_at`` (now). Without such an observation only
+    the total is known, and said. Returns why nothing was counted (the state database is not
+    usable: the plan goes on without it), else None."""
+    import sqlalchemy as sa
+
+    from lagdoctor.notify.formatting import parse_iso
+    from lagdoctor.state import StateConfigError, as_utc, is_unavailable, pod_restarts, state_db, unavailable_line
+
+    traced = [(f, f["evidence"]["workload"]) for f in findings
+              if isinstance(f.get("evidence"), dict) and isinstance(f["evidence"].get("workload"), dict)]
+    traced = [(f, w) for f, w in traced
+              if w.get("pod") and w.get("namespace") and isinstance(w.get("restarts"), int)]
+    if not traced:
+        return None
+    now = as_utc(now)
+    table = pod_restarts.c
+    try:
+        db = db if db is not None else state_db()
+        with db.transaction() as conn:
+            for f, w in traced:
+                start = as_utc(parse_iso(f.get("window_start")))
+                uid = w.get("pod_uid")
+                pod = (table.namespace == w["namespace"], table.pod == w["pod"],
+                       table.pod_uid == uid if uid else table.pod_uid.is_(None))
+                row = None if start is None else conn.execute(
+                    sa.select(table.restarts, table.observed_at)
+                    .where(*pod, table.observed_at <= start, table.observed_at >= start - RESTARTS_LOOKBACK)
+                    .order_by(table.observed_at.desc()).limit(1)).first() or conn.execute(
+                    sa.select(table.restarts, table.observed_at)
+                    .where(*pod, table.observed_at > start, table.observed_at < now)
+                    .order_by(table.observed_at).limit(1)).first()
+                # a count above today's: another pod of the same name that the API gave no uid
+                if row is not None and row.restarts <= w["restarts"]:
+                    w["restarts_since"] = {"at": as_utc(row.observed_at).isoformat().replace("+00:00", "Z"),
+                                           "restarts": row.restarts}
+                w["observed_at"] = now.isoformat().replace("+00:00", "Z")
+            observed = {(w["namespace"], w["pod"], w.get("pod_uid")): w["restarts"] for _, w in traced}
+            conn.execute(sa.insert(pod_restarts), [
+                {"namespace": ns, "pod": name, "pod_uid": uid, "restarts": n, "observed_at": now}
+                for (ns, name, uid), n in observed.items()])
+    except (StateConfigError, sa.exc.SQLAlchemyError) as exc:
+        if not (isinstance(exc, StateConfigError) or is_unavailable(exc)):
+            raise
+        for _, w in traced:  # said as totals, as without any observation
+            w.pop("restarts_since", None)
+            w.pop("observed_at", None)
+        why = unavailable_line(exc)
+        log.warning("restarts not counted per window: %s", why)
+        return why
+    return None
 
 
 def autoscalers_of(settings: KubernetesSettings, namespace: str, name: str,

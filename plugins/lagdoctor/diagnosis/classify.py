@@ -345,6 +345,7 @@ _FOCUS_FIELDS = (
     "time_lag_lower_bound",
     "time_lag_source",
     "frozen_seconds",
+    "lag_onset_t",
     "committed_record",
     "log_end_offset_end",
     "last_stable_offset_end",
@@ -1142,6 +1143,8 @@ def findings(
         f["time_lag_source"].alias("time_lag_source"),
         F.round(c("max_time_lag_seconds"), 3).alias("max_time_lag_seconds"),
         F.round(f["frozen_seconds"], 3).alias("frozen_seconds"),
+        # when the focus partition's lag began to grow: its last snapshot at the baseline (null: before the window)
+        F.date_format(F.timestamp_seconds(f["lag_onset_t"]), _ISO).alias("lag_onset"),
         c("stalled_partitions").alias("stalled_partitions"),
         c("slow_partitions").alias("slow_partitions"),
         c("rebalances").alias("rebalances"),

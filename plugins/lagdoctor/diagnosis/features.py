@@ -351,6 +351,8 @@ def partition_aggregates_sql(rows, th: Thresholds):
         F.sum(F.when(F.col("risen"), F.col("dleo"))).alias("rise_produced"),
         F.sum(F.when(F.col("risen"), F.col("dcom"))).alias("rise_consumed"),
         F.sum(F.when(F.col("risen"), F.col("dt"))).alias("rise_seconds"),
+        # the last snapshot before the rise: the lag began to grow after it (the onset, to the sampling)
+        F.max(F.when(~F.col("risen"), F.col("t"))).alias("rise_from_t"),
         F.count(F.when(F.col("stuck_episode"), 1)).alias("stuck_episodes_done"),
         # a batch rhythm: the commit stands still between snapshots while data waits, then
         # one advance passes everything that waited (the largest backlog cleared so)
@@ -419,6 +421,8 @@ def _partition_columns(agg, th: Thresholds):
             "rise_produce_rate": _ratio(F.col("rise_produced"), F.col("rise_seconds")),
             "rise_consume_rate": _ratio(F.col("rise_consumed"), F.col("rise_seconds")),
             "frozen_seconds": F.col("t_last") - F.col("last_adv_t"),
+            # none when the lag never rose (no peak) or was already up at the window's start
+            "lag_onset_t": F.when(F.col("lag_peak") > 0, F.col("rise_from_t")),
             "time_lag_seconds": time_lag,
             "time_lag_lower_bound": lower,
             "time_lag_source": time_lag_source,

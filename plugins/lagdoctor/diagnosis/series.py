@@ -45,7 +45,7 @@ OUTPUT = (
     ("recent_seconds", "double"), ("recent_advances", "bigint"), ("recent_unsettled", "bigint"),
     ("base_produced", "bigint"), ("base_consumed", "bigint"), ("base_seconds", "double"),
     ("base_all_produced", "bigint"), ("base_all_consumed", "bigint"), ("base_all_seconds", "double"),
-    ("rise_produced", "bigint"), ("rise_consumed", "bigint"), ("rise_seconds", "double"),
+    ("rise_produced", "bigint"), ("rise_consumed", "bigint"), ("rise_seconds", "double"), ("rise_from_t", "double"),
     ("stuck_episodes_done", "bigint"), ("still_intervals", "bigint"), ("waiting_intervals", "bigint"),
     ("cleared_backlog", "bigint"), ("open_run_unsettled", "bigint"), ("last_adv_t", "double"),
     ("frozen_snapshots", "bigint"), ("max_commit_gap_seconds", "double"), ("last_stable_offset_end", "bigint"),
@@ -465,6 +465,8 @@ def aggregate_table(table, params: dict):
     sums("base", base_row)
     sums("base_all", ~risen)
     sums("rise", risen)
+    i, ok = s.last_index(~risen)
+    out["rise_from_t"] = value_at(t, i, ok, pa.float64())
     out["stuck_episodes_done"] = pa.array(s.count(stuck))
     waiting = prev_lag_ok & (prev_lag > 0)
     out["still_intervals"] = pa.array(s.count(dcom_ok & (dcom == 0) & waiting))

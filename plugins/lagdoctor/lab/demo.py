@@ -10,7 +10,10 @@
    would have accumulated): offsets, group state and the owner of each
    partition (member id, client id, host).
 4. Run the real `kafka_lag_health_sweep` DAG through `airflow dags test`,
-   with spark-submit on local[*] and Slack going to a local outbox.
+   with spark-submit on local[*] and Slack going to a local outbox. A
+   loopback Kubernetes API (bearer token, kubeconfig in the work folder)
+   serves a pod per consumer and a Deployment per group, so the sweep names
+   the pod and workload behind each owner, as in a cluster.
 5. Print the findings beside what was played, the owners they name, the
    Slack messages and the reports; stop everything, also on Ctrl-C.
 """
@@ -18,16 +21,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import html
 import json
 import logging
 import os
+import re
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -36,6 +43,10 @@ from typing import Any
 
 CLUSTER = "kafka_default"  # the sweep's default Kafka connection, and the store's cluster name
 SWEEP_DAG = "kafka_lag_health_sweep"
+NAMESPACE = "shop"  # where the demo's Deployments run, in its loopback Kubernetes API
+# Every consumer process connects from this machine: its pods share the node's address, as pods on
+# the host network do, and each one's client id (its pod's name) tells them apart.
+POD_IP = "127.0.0.1"
 
 
 def say(message: str) -> None:
@@ -96,6 +107,14 @@ def live_incidents(crash_after_s: float = 15.0) -> list[Incident]:
     ]
 
 
+def pod_name(group: str, member: int) -> str:
+    """The pod of the group's Deployment that runs its `member`th consumer: the ReplicaSet's name
+    and a suffix, the same every run."""
+    from lagdoctor.lab.kube_api import replica_set_name
+
+    return f"{replica_set_name(NAMESPACE, group)}-{zlib.crc32(f'{group}/{member}'.encode()) % 16**5:05x}"
+
+
 def start_workloads(bootstrap: str, incidents: list[Incident], *, assigned_within_s: float = 60.0) -> None:
     """Topics, producers and one consumer process per member; returns once every member has partitions."""
     from lagdoctor.lab.workload import ConsumerProcess, SteadyProducer, create_topic
@@ -103,7 +122,9 @@ def start_workloads(bootstrap: str, incidents: list[Incident], *, assigned_withi
     for inc in incidents:
         create_topic(bootstrap, inc.topic, inc.partitions)
         inc.producer = SteadyProducer(bootstrap, inc.topic, list(range(inc.partitions)), inc.produce_rate).start()
-        inc.consumers = [ConsumerProcess(bootstrap, inc.group, inc.topic, client_id=f"{inc.group}-{i}", **options).start()
+        # client.id from the hostname, as a pod's consumer often sets it: its pod's name
+        inc.consumers = [ConsumerProcess(bootstrap, inc.group, inc.topic, client_id=pod_name(inc.group, i),
+                                         **options).start()
                          for i, options in enumerate(inc.members, 1)]
         say(f"  {inc.group:<17} on {inc.topic:<9} {inc.story}")
         say(f"  {'':<17}    {'':<9} measured: {inc.watch}; expected: {inc.expect}")
@@ -160,6 +181,52 @@ def kill_consumer(incidents: list[Incident], group: str) -> str:
 def surge(incidents: list[Incident]) -> str:
     next(i for i in incidents if i.group == SURGE_GROUP).producer.rate = SURGE_RATE
     return f"{SURGE_GROUP}'s producer surged to {SURGE_RATE:g} msg/s per partition"
+
+
+# -- the pods behind the consumers: a loopback Kubernetes API -------------------------------------
+
+def write_kubeconfig(path: Path, server: str, token: str) -> Path:
+    """A kubeconfig naming `server` with `token`, readable by its owner only (the token is inside,
+    never in an argument, an environment value or a log line)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    name = "lagdoctor-demo"
+    config = {"apiVersion": "v1", "kind": "Config", "current-context": name,
+              "clusters": [{"name": name, "cluster": {"server": server}}],
+              "users": [{"name": name, "user": {"token": token}}],
+              "contexts": [{"name": name, "context": {"cluster": name, "user": name}}]}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        os.fchmod(fd, 0o600)  # a file left by an earlier run keeps its mode through O_CREAT
+        json.dump(config, fh)
+    return path
+
+
+class DemoKubernetes:
+    """The demo's cluster as the sweep sees it: a Deployment per incident group in namespace shop,
+    rolled out as its consumers start, a pod per consumer process, and an HPA on the surge's
+    Deployment (which scaling by hand would fight)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.kubeconfig = workdir / "kubernetes" / "kubeconfig"
+        self.api = None
+        self._serving = contextlib.ExitStack()
+
+    def start(self, incidents: list[Incident], rolled_out_at: datetime) -> "DemoKubernetes":
+        from lagdoctor.lab.kube_api import LoopbackKubernetes
+
+        api = LoopbackKubernetes(token=secrets.token_urlsafe(24))  # any local user can reach a loopback port
+        for inc in incidents:
+            api.add_deployment(NAMESPACE, inc.group, replicas=len(inc.members), rolled_out_at=rolled_out_at,
+                               pods={pod_name(inc.group, i): POD_IP for i in range(1, len(inc.members) + 1)})
+            if inc.group == SURGE_GROUP:
+                api.add_autoscaler(NAMESPACE, f"{inc.group}-cpu", inc.group, min_replicas=1, max_replicas=4)
+        self.api = self._serving.enter_context(api.serve())
+        write_kubeconfig(self.kubeconfig, api.url, api.token)
+        return self
+
+    def stop(self) -> None:
+        self._serving.close()
+        self.api = None
 
 
 # -- the warm Spark engine (lagdoctor.connectserver) shared by the demo, `make airflow` and the topology --
@@ -226,6 +293,7 @@ class Demo:
         self.shortfalls: dict[str, str] = {}
         self.airflow_proc: subprocess.Popen | None = None
         self.engine = None  # lagdoctor.connectserver.ConnectServer once started
+        self.kubernetes: DemoKubernetes | None = None
         # the warm-up's outcome (seconds, or why it failed) and whether the sweep has chosen its
         # engine: only the sweep's side stops the engine, and only before the sweep starts
         self._warm_lock = threading.Lock()
@@ -252,6 +320,9 @@ class Demo:
             warming.start()
             say("starting the live incidents (topics, producers, one OS process per consumer):")
             self.incidents = live_incidents(self.crash_after_s)
+            self.kubernetes = DemoKubernetes(self.workdir).start(self.incidents, datetime.now(timezone.utc))
+            say(f"serving a loopback Kubernetes API on {self.kubernetes.api.url}: a Deployment per group in "
+                f"namespace {NAMESPACE}, a pod per consumer (kubeconfig {self.kubernetes.kubeconfig})")
             start_workloads(self.broker.bootstrap, self.incidents)
             self.sample_history()
             warming.join(WARM_UP_TIMEOUT_S)
@@ -301,6 +372,9 @@ class Demo:
             except subprocess.TimeoutExpired:
                 os.killpg(self.airflow_proc.pid, signal.SIGKILL)
         stop_workloads(self.incidents)
+        if self.kubernetes is not None:
+            self.kubernetes.stop()
+            self.kubernetes = None
         if self.broker is not None:
             self.broker.stop()
             self.broker = None
@@ -360,6 +434,11 @@ class Demo:
             "SPARK_LOCAL_IP": "127.0.0.1",
             "PYSPARK_PYTHON": sys.executable,
         }
+        if self.kubernetes is not None:
+            env["KUBECONFIG"] = str(self.kubernetes.kubeconfig)
+            # the demo's pods are in its loopback API, not in a cluster the demo itself may run in
+            env.pop("KUBERNETES_SERVICE_HOST", None)
+            env.pop("KUBERNETES_SERVICE_PORT", None)
         return env
 
     def run_sweep(self) -> int:
@@ -423,7 +502,7 @@ class Demo:
             for m in messages:
                 indent = "    ↳ " if m.get("thread_ts") else "  • "
                 print(f"{indent}{html.unescape(m['text'])}")  # Slack text is mrkdwn-escaped
-                for line in evidence_lines(m):  # the owners, as the message's table names them
+                for line in evidence_lines(m) + workload_lines_of(m):  # the owners, and the pod behind them
                     print(f"      {line}")
         reports = sorted(Path(settings.reports_root).rglob("*.html")) if Path(settings.reports_root).exists() else []
         print()
@@ -467,6 +546,16 @@ def evidence_lines(message: dict[str, Any]) -> list[str]:
         if text.startswith("*Worst partitions*") and "```" in text:
             return html.unescape(text.split("```")[1]).strip("\n").splitlines()
     return []
+
+
+def workload_lines_of(message: dict[str, Any]) -> list[str]:
+    """The message's line naming the owner's pod and workload (or why it is unknown), as plain text."""
+    lines = []
+    for block in message.get("blocks") or []:
+        text = (block.get("text") or {}).get("text", "") if isinstance(block.get("text"), dict) else ""
+        if re.match(r":\w+: \*(Runs in|Pod and workload unknown):\*", text):
+            lines.append(html.unescape(re.sub(r"^:\w+: \*([^*]+)\*", r"\1", text)))
+    return lines
 
 
 def sample_line(rows: list[dict[str, Any]], owners_before: dict[str, frozenset]) -> str:

@@ -53,6 +53,11 @@ def _iso(at: datetime | str | None) -> str | None:
     return at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def replica_set_name(namespace: str, deployment: str) -> str:
+    """The current ReplicaSet's name of a Deployment here: its name and a hash, the same every run."""
+    return f"{deployment}-{zlib.crc32(f'{namespace}/{deployment}'.encode()) % 16**6:06x}"
+
+
 @dataclass
 class LoopbackKubernetes:
     url: str = ""
@@ -76,7 +81,7 @@ class LoopbackKubernetes:
         ({pod name: pod IP}), each owned by that ReplicaSet."""
         self.deployments[(namespace, name)] = {"replicas": replicas, "annotations": {},
                                                "ready": replicas if ready is None else ready}
-        replica_set = f"{name}-{zlib.crc32(f'{namespace}/{name}'.encode()) % 16**6:06x}"  # the same every run
+        replica_set = replica_set_name(namespace, name)
         self.replicasets[(namespace, replica_set)] = {"owner": ("Deployment", name),
                                                       "created": _iso(rolled_out_at) or "2026-01-01T00:00:00Z"}
         for pod, ip in (pods or {}).items():
@@ -89,10 +94,12 @@ class LoopbackKubernetes:
             self.add_pod(namespace, pod, ip, owner=("StatefulSet", name))
 
     def add_pod(self, namespace: str, name: str, ip: str, *, owner: tuple[str, str] | None = None,
-                restarts: int = 0, last_termination: dict[str, Any] | None = None) -> None:
-        """`last_termination`: {"reason": "OOMKilled", "exitCode": 137, "finishedAt": datetime}."""
+                restarts: int = 0, last_termination: dict[str, Any] | None = None, uid: str | None = None) -> None:
+        """`last_termination`: {"reason": "OOMKilled", "exitCode": 137, "finishedAt": datetime}; `uid`:
+        a new one for a pod recreated under its name (default: the same for the name every run)."""
         self.pods[(namespace, name)] = {"ip": ip, "owner": owner, "restarts": restarts,
-                                        "last_termination": last_termination}
+                                        "last_termination": last_termination,
+                                        "uid": uid or f"{zlib.crc32(f'pod/{namespace}/{name}'.encode()):08x}"}
 
     def add_autoscaler(self, namespace: str, name: str, deployment: str, *, min_replicas: int = 1,
                        max_replicas: int = 10) -> None:
@@ -154,7 +161,7 @@ class LoopbackKubernetes:
             t["finishedAt"] = _iso(t.get("finishedAt"))
             status["lastState"] = {"terminated": t}
         return {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "namespace": ns, "ownerReferences": owners},
+                "metadata": {"name": name, "namespace": ns, "uid": p["uid"], "ownerReferences": owners},
                 "spec": {"containers": [{"name": "consumer", "image": "consumer:1"}]},
                 "status": {"phase": "Running", "podIP": p["ip"], "containerStatuses": [status]}}
 

@@ -48,7 +48,7 @@ def plan_findings(
 
     from lagdoctor.kafka.group_listing import compile_group_pattern
     from lagdoctor.runbooks import choose_actions, load_runbooks
-    from lagdoctor.workloads import attach_workloads
+    from lagdoctor.workloads import attach_workloads, remember_restarts
 
     if kind not in KINDS:
         raise ValueError(f"kind: {kind!r} is not one of {', '.join(KINDS)}")
@@ -64,14 +64,18 @@ def plan_findings(
                     entry.get("moved_to"))
     runbooks = load_runbooks(runbooks_dir)
     # each owner's pod and workload, before runbooks and Slack read the evidence
+    now = now or datetime.now(timezone.utc)
     workloads = attach_workloads(findings)
+    restarts_unknown = remember_restarts(findings, now)
+    if restarts_unknown:
+        workloads["restarts_not_counted"] = restarts_unknown
     planned = [{"finding": f, "plan": choose_actions(f, runbooks).as_dict()} for f in findings]
     plans_path = join(output, PLANS_FILE)
     with fsspec.open(plans_path, "wt") as fh:
         fh.write(json.dumps(planned))  # one write: json.dump makes one per token (7 s at 10,000 findings)
     with fsspec.open(join(output, RUN_FILE), "wt") as fh:
         json.dump({"dag_id": dag_id, "run_id": run_id, "kind": kind,
-                   "planned_at": (now or datetime.now(timezone.utc)).isoformat(),
+                   "planned_at": now.isoformat(),
                    "group_pattern": group_pattern, "topic": topic,
                    "threshold_overrides": dict(threshold_overrides or {}),
                    "clusters": list(clusters or []), "clusters_unread": list(clusters_unread or [])}, fh)

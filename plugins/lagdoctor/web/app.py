@@ -132,7 +132,7 @@ def create_app(
     ) -> HTMLResponse:
         from lagdoctor.web.data import current_index, incomplete_runs, incomplete_text, latest_states, read_shortfalls
         from lagdoctor.web.html import CONTENT_SECURITY_POLICY, render
-        from lagdoctor.web.views import SEVERITIES, group_view, severity_counts
+        from lagdoctor.web.views import SEVERITIES, group_view, severity_counts, workload_notes
 
         s = settings()
         index = current_index(s.findings_root)
@@ -154,6 +154,7 @@ def create_app(
             q=q or "", severity=severity or "", severities=SEVERITIES, filter_error=filter_error,
             filtered=bool(cluster or group or q or severity),
             unknown_member_clusters=sorted({v.cluster for v in views if v.members_unknown}),
+            workload_notes=workload_notes(views),
             runs_not_read=index.not_read,
             incomplete=incomplete_text(incomplete_runs(s.findings_root, index, can_read)),
             cadence=_cadence(index, can_read)[1],
@@ -241,7 +242,7 @@ def create_app(
         from lagdoctor.web.data import current_index, incomplete_runs, incomplete_text, latest_states, read_shortfalls
         from lagdoctor.web.html import CONTENT_SECURITY_POLICY, render
         from lagdoctor.web.timeline import MAX_RUNS, group_timeline, problems_text, read_actions
-        from lagdoctor.web.views import dag_run_href, group_view
+        from lagdoctor.web.views import dag_run_href, group_view, workload_notes
 
         s = settings()
         index = current_index(s.findings_root)
@@ -264,6 +265,7 @@ def create_app(
             page_href=f"{root}/", run_href=lambda run: dag_run_href(run, base), problems_text=problems_text,
             max_runs=MAX_RUNS, incomplete=incomplete_text(incomplete_runs(s.findings_root, index, can_read)),
             unknown_member_clusters=sorted({v.cluster for v in views if v.members_unknown}),
+            workload_notes=workload_notes(views),
             shortfalls={g: line for g, line in read_shortfalls(s.data_root).items() if g == group_id},
             generated_at=now.strftime("%Y-%m-%d %H:%M:%S"),
         )

@@ -324,24 +324,38 @@ def read_run(run: Run) -> RunData:
     findings = _read_json_lines(fs, f"{run.path}/{FINDINGS_FILE}")
     status_rows = _read_json_lines(fs, f"{run.path}/{PARTITION_STATUS_FILE}")
     plans: dict[tuple[Key, str], dict[str, Any]] = {}
+    workloads: dict[tuple[Key, str], dict[str, Any]] = {}
     if fs.exists(f"{run.path}/{PLANS_FILE}"):
         try:
             with fs.open(f"{run.path}/{PLANS_FILE}", "rt") as fh:
                 for item in json.load(fh):
                     f = item.get("finding") or {}
-                    plans[(finding_key(f), str(f.get("diagnosis")))] = {**(item.get("plan") or {}),
-                                                                         "report_url": f.get("report_url")}
+                    planned = (finding_key(f), str(f.get("diagnosis")))
+                    plans[planned] = {**(item.get("plan") or {}), "report_url": f.get("report_url")}
+                    ev = f.get("evidence")
+                    workload = ev.get("workload") if isinstance(ev, Mapping) else None
+                    if isinstance(workload, Mapping):
+                        workloads[planned] = dict(workload)
         except (OSError, ValueError) as exc:
             log.warning("ignoring unreadable %s/%s: %s", run.path, PLANS_FILE, exc)
-    # The report link (stamped on plans.json's findings by lagdoctor.web.report) travels with the finding.
-    findings = [{**f, "report_url": plans.get((finding_key(f), str(f.get("diagnosis"))), {}).get("report_url")}
-                for f in findings]
+    # What the plan step added travels with the finding: the report link (stamped on plans.json's
+    # findings by lagdoctor.web.report) and the owner's pod and workload (lagdoctor.workloads).
+    findings = [_with_plan_fields(f, plans, workloads) for f in findings]
     data = RunData(run, findings, status_rows, plans)
     with _CACHE_LOCK:
         if len(_CACHE) >= _CACHE_MAX:
             _CACHE.clear()
         _CACHE[cache_key] = data
     return data
+
+
+def _with_plan_fields(f: dict[str, Any], plans: Mapping[tuple[Key, str], Mapping[str, Any]],
+                      workloads: Mapping[tuple[Key, str], Mapping[str, Any]]) -> dict[str, Any]:
+    planned = (finding_key(f), str(f.get("diagnosis")))
+    out = {**f, "report_url": plans.get(planned, {}).get("report_url")}
+    if planned in workloads and isinstance(f.get("evidence"), Mapping):
+        out["evidence"] = {**f["evidence"], "workload": workloads[planned]}
+    return out
 
 
 def states_of_run(data: RunData, keys: Collection[Key] | None = None) -> list[GroupState]:

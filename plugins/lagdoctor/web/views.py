@@ -31,6 +31,7 @@ from lagdoctor.notify.lag_text import (
     time_lag_text,
 )
 from lagdoctor.notify.render import DESCRIBE_COLUMNS, EXTRA_COLUMNS
+from lagdoctor.notify.workload_text import run_wide_reason, workload_lines
 from lagdoctor.web import charts
 from lagdoctor.web.data import SEVERITY_RANK, GroupHistory, GroupState, Run
 
@@ -144,6 +145,10 @@ class Owner:
     host: str | None
     partitions: list[int]
     known: bool = True
+    # its pod and workload (lagdoctor.notify.workload_text): "known" or "unknown" (then `workload`
+    # says why); "" when the plan traced no finding to this member (a healthy group, an older run)
+    workload_kind: str = ""
+    workload: str = ""
 
 
 @dataclass
@@ -221,6 +226,7 @@ class GroupView:
     group_href: str | None = None  # the group view, on the page
     not_collected_since: str = ""  # "" while current; else the newest sweep of the cluster did not collect it
     last_sweep_at: str = ""
+    workload_unavailable: str = ""  # the run could trace no member (no Kubernetes API): said once per run
 
     @property
     def stale(self) -> bool:
@@ -264,7 +270,26 @@ def _members_text(state: GroupState, history: GroupHistory) -> tuple[str, str]:
 
 
 def owners_of(state: GroupState, history: GroupHistory) -> list[Owner]:
-    """Who owns which partition at the window's end."""
+    """Who owns which partition at the window's end, each with its pod and workload when traced."""
+    owners = _owners(state, history)
+    traced = {}
+    for f in state.findings:  # worst first: the worst finding's words win for a shared owner
+        ev = f.get("evidence") or {}
+        lines = workload_lines(f)
+        if lines:
+            traced.setdefault((ev.get("owner_host"), ev.get("owner_client_id")), lines)
+    for owner in owners:
+        owner.workload_kind, owner.workload = traced.get((owner.host, owner.client_id), ("", ""))
+    return owners
+
+
+def workload_unavailable(state: GroupState) -> str:
+    """Why no member of this group's run was traced to a pod ("no Kubernetes API: workload
+    unknown"): the page says it once per run, not per member; "" otherwise."""
+    return next(filter(None, map(run_wide_reason, state.findings)), "")
+
+
+def _owners(state: GroupState, history: GroupHistory) -> list[Owner]:
     latest = history.latest_rows()
     if not latest:
         ev = state.findings[0].get("evidence") or {} if state.findings else {}
@@ -474,6 +499,7 @@ def group_view(state: GroupState, history: GroupHistory, *, airflow_base: str = 
         if page_root is not None and state.group_id else None,
         not_collected_since=f"{state.not_collected_since:%Y-%m-%d %H:%M} UTC" if state.not_collected_since else "",
         last_sweep_at=f"{state.last_sweep_at:%Y-%m-%d %H:%M} UTC" if state.last_sweep_at else "",
+        workload_unavailable=workload_unavailable(state),
     )
 
 
@@ -492,3 +518,12 @@ def _collecting_state(state) -> bool:
     """A GroupState or GroupView whose every finding is collecting_history."""
     diagnoses = [f.diagnosis if isinstance(f, FindingView) else f.get("diagnosis") for f in state.findings]
     return bool(diagnoses) and all(d == COLLECTING_HISTORY for d in diagnoses)
+
+
+def workload_notes(views: Sequence[GroupView]) -> list[tuple[Run, str]]:
+    """(run, why) for each run shown whose members could not be traced at all: one line per run."""
+    notes: dict[str, tuple[Run, str]] = {}
+    for v in views:
+        if v.workload_unavailable:
+            notes.setdefault(v.run.run_key, (v.run, v.workload_unavailable))
+    return sorted(notes.values(), key=lambda n: n[0].planned_at, reverse=True)
