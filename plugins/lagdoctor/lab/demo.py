@@ -37,7 +37,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -201,10 +201,14 @@ def write_kubeconfig(path: Path, server: str, token: str) -> Path:
     return path
 
 
+DEPLOYED_BEFORE = timedelta(days=1)
+
+
 class DemoKubernetes:
     """The demo's cluster as the sweep sees it: a Deployment per incident group in namespace shop,
-    rolled out as its consumers start, a pod per consumer process, and an HPA on the surge's
-    Deployment (which scaling by hand would fight)."""
+    a pod per consumer process, and an HPA on the surge's Deployment (which scaling by hand would
+    fight). The Deployments were rolled out a day before (DEPLOYED_BEFORE): none of the demo's
+    incidents is a rollout's, so no message may name one as a suspect."""
 
     def __init__(self, workdir: Path) -> None:
         self.kubeconfig = workdir / "kubernetes" / "kubeconfig"
@@ -320,7 +324,8 @@ class Demo:
             warming.start()
             say("starting the live incidents (topics, producers, one OS process per consumer):")
             self.incidents = live_incidents(self.crash_after_s)
-            self.kubernetes = DemoKubernetes(self.workdir).start(self.incidents, datetime.now(timezone.utc))
+            self.kubernetes = DemoKubernetes(self.workdir).start(
+                self.incidents, datetime.now(timezone.utc) - DEPLOYED_BEFORE)
             say(f"serving a loopback Kubernetes API on {self.kubernetes.api.url}: a Deployment per group in "
                 f"namespace {NAMESPACE}, a pod per consumer (kubeconfig {self.kubernetes.kubeconfig})")
             start_workloads(self.broker.bootstrap, self.incidents)
