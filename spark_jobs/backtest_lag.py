@@ -108,8 +108,8 @@ def main(argv=None) -> int:
     except (SnapshotInputError, ValueError) as exc:
         return fail(EXIT_USAGE, str(exc))
 
-    from lagdoctor.diagnosis.output import _stats, begin_outputs, finish_outputs, print_error_line, write_text
-    from lagdoctor.diagnosis.replay import replay_sets, set_outputs
+    from lagdoctor.diagnosis.output import begin_outputs, finish_outputs, print_error_line, write_lines
+    from lagdoctor.diagnosis.replay import micros, replay_sets, set_outputs
     from lagdoctor.diagnosis.session import right_size_codegen, right_size_shuffle
     from lagdoctor.diagnosis.snapshots import read_snapshot_store, scope_snapshots
     from lagdoctor.diagnosis.window import WindowBounds
@@ -131,28 +131,27 @@ def main(argv=None) -> int:
         right_size_shuffle(spark, read.input_bytes * max(1, round(args.window_minutes / max(args.step_minutes, 1e-9))))
         right_size_codegen(spark, read.input_bytes)
         snapshots = scope_snapshots(read.snapshots, groups, args.topic)
-        texts: dict[str, str] = {}
         summary = {"from": start.isoformat(), "to": end.isoformat(), "window_minutes": args.window_minutes,
                    "step_minutes": None if args.sweep_ends else args.step_minutes,
                    "sweeps": [e.isoformat() for e in ends], "groups": args.groups, "topic": args.topic,
                    "clusters": clusters, "sets": []}
-        for (name, _, overrides), (found, plan) in zip(sets, replay_sets(
-                spark, snapshots, ends, args.window_minutes, [th for _, th, _ in sets])):
-            found_text, timeline_text = set_outputs(found) if found is not None else ("", "")
-            texts[f"{name}.{FINDINGS_FILE}"], texts[f"{name}.{TIMELINE_FILE}"] = found_text, timeline_text
+        ends_us = [micros(e) for e in ends]
+        results = replay_sets(spark, snapshots, ends, args.window_minutes, [th for _, th, _ in sets])
+        # from here until _SUCCESS every reader skips the folder: a set's findings are written as
+        # they are collected, a few sweeps at a time
+        begin_outputs(output, now=now)
+        written = {}
+        for (name, _, overrides), (found, plan) in zip(sets, results):
+            lines, timeline_text = set_outputs(found, ends_us) if found is not None else (iter(()), "")
+            _, written[f"{name}.{FINDINGS_FILE}"] = write_lines(output, f"{name}.{FINDINGS_FILE}", lines)
+            _, written[f"{name}.{TIMELINE_FILE}"] = write_lines(output, f"{name}.{TIMELINE_FILE}", [timeline_text])
             summary["sets"].append({"name": name, "thresholds": overrides, "carry_passes": plan.passes,
                                     "settled": plan.settled})
             if not plan.settled:
                 print_error_line(f"backtest_lag: WARNING: set {name}: the surge carry chain did not settle in "
                                  f"{plan.passes} passes; some sweeps after a long surge are judged on their window alone")
-        begin_outputs(output, now=now)
-        written = {}
-        for path, text in texts.items():
-            write_text(output, path, text)
-            written[path] = _stats(text)
         text = json.dumps(summary, indent=1) + "\n"
-        write_text(output, SUMMARY_FILE, text)
-        written[SUMMARY_FILE] = _stats(text)
+        _, written[SUMMARY_FILE] = write_lines(output, SUMMARY_FILE, [text])
         finish_outputs(output, written, now=now)
         return EXIT_OK
     except Exception as exc:

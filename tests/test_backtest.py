@@ -36,26 +36,32 @@ def test_an_episode_replayed_sweep_by_sweep_is_one_alert_then_silence_then_one_r
     monkeypatch.setenv("LAGDOCTOR_STATE_URL", f"sqlite:///{real}")
     found = ([finding(m, "healthy") for m in range(0, 3)] + [finding(m, "slow_consumer") for m in range(3, 12)]
              + [finding(m, "healthy") for m in range(12, 15)])
-    decisions, messages = bt.replay_notifications(found)
+    decisions, counts, messages = bt.replay_notifications(iter(found))  # read as it goes
 
     assert [(m["sweep_end"], m["thread_ts"] is None) for m in messages] == [(iso(3), True), (iso(12), False)]
     assert "Recovered" in messages[1]["text"] or "recovered" in messages[1]["text"].lower()
-    said = [(d["sweep_end"], d["decision"]) for d in decisions if d["decision"] in ("posted", "replied", "recovered")]
-    assert said == [(iso(3), "posted"), (iso(12), "recovered")]
+    assert [(d["sweep_end"], d["decision"]) for d in decisions] == [(iso(3), "posted"), (iso(12), "recovered")]
+    assert sum(counts.values()) == len(found) and counts["posted"] == 1 and counts["recovered"] == 1
     assert not real.exists(), "the backtest wrote to the real state database"
     assert os.environ["LAGDOCTOR_STATE_URL"] == f"sqlite:///{real}"
+
+
+def test_findings_out_of_sweep_order_are_refused_in_one_line_not_replayed_as_two_sweeps():
+    found = [finding(0, "slow_consumer"), finding(1, "slow_consumer"), finding(0, "slow_consumer", group="b")]
+    with pytest.raises(ValueError, match="out of sweep order at 2026-11-21T09:00:00.000000Z"):
+        bt.replay_notifications(found)
 
 
 def test_a_lag_that_doubles_is_a_reply_and_a_new_cause_in_the_same_episode_is_a_flip():
     found = ([finding(m, "slow_consumer", lag=50_000) for m in range(0, 4)]
              + [finding(m, "slow_consumer", lag=200_000) for m in range(4, 25)]
              + [finding(m, "stalled_consumer", lag=300_000) for m in range(25, 28)])
-    decisions, messages = bt.replay_notifications(found)
+    decisions, counts, messages = bt.replay_notifications(found)
     timeline = [{"sweep_end": iso(0), "cluster": "prod", "group_id": "orders", "topic": "orders.v1",
                  "verdict": [{"diagnosis": "slow_consumer", "severity": "critical", "provisional": False}]},
                 {"sweep_end": iso(25), "cluster": "prod", "group_id": "orders", "topic": "orders.v1",
                  "verdict": [{"diagnosis": "stalled_consumer", "severity": "critical", "provisional": False}]}]
-    report = bt.set_report("current", {}, timeline, decisions, messages)
+    report = bt.set_report("current", {}, timeline, decisions, counts, messages)
 
     assert report["alerts"] == 1
     assert report["replies"] >= 2  # the lag quadrupled (after the quarter hour), then the cause changed
@@ -68,14 +74,14 @@ def test_a_provisional_start_then_its_decision_counts_the_time_to_the_decided_me
     found = ([finding(m, "healthy") for m in range(0, 2)]
              + [finding(m, "slow_consumer", provisional=True) for m in range(2, 4)]
              + [finding(m, "slow_consumer") for m in range(4, 8)])
-    decisions, messages = bt.replay_notifications(found)
+    decisions, counts, messages = bt.replay_notifications(found)
     timeline = [{"sweep_end": iso(0), "cluster": "prod", "group_id": "orders", "topic": "orders.v1",
                  "verdict": [{"diagnosis": "healthy", "severity": "ok", "provisional": False}]},
                 {"sweep_end": iso(2), "cluster": "prod", "group_id": "orders", "topic": "orders.v1",
                  "verdict": [{"diagnosis": "slow_consumer", "severity": "critical", "provisional": True}]},
                 {"sweep_end": iso(4), "cluster": "prod", "group_id": "orders", "topic": "orders.v1",
                  "verdict": [{"diagnosis": "slow_consumer", "severity": "critical", "provisional": False}]}]
-    report = bt.set_report("current", {}, timeline, decisions, messages)
+    report = bt.set_report("current", {}, timeline, decisions, counts, messages)
     (episode,) = report["episode_list"]
     assert episode["began"] == iso(2) and episode["first_right_message"] == iso(4)
     assert episode["seconds_to_first_right"] == 120 and episode["flips"] == 0 and episode["corrected"] == 0

@@ -135,7 +135,7 @@ def test_the_backtest_of_a_live_run_says_what_its_sweeps_decided_sweep_by_sweep(
 
     # what would have been said, sweep by sweep, is what the sweeps said
     findings = [json.loads(line) for line in Path(output, "current.findings.jsonl").read_text().splitlines()]
-    decisions, _ = replay_notifications(findings)
+    decisions, _, _ = replay_notifications(findings)
     for end in ends:
         would = {}
         for d in decisions:

@@ -18,11 +18,12 @@ status rows of each message (the decisions read the findings' own evidence).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -126,17 +127,26 @@ def throwaway_state() -> Iterator[Any]:
                 os.environ[STATE_URL_ENV] = saved
 
 
-def by_sweep(findings: list[Mapping[str, Any]]) -> list[tuple[str, list[Mapping[str, Any]]]]:
-    out: dict[str, list[Mapping[str, Any]]] = {}
-    for f in findings:
-        out.setdefault(str(f["sweep_end"]), []).append(f)
-    return sorted(out.items())
+def by_sweep(findings: Iterable[Mapping[str, Any]]) -> Iterator[tuple[str, list[Mapping[str, Any]]]]:
+    """Findings in sweep order (the job writes them so) -> (sweep_end, its findings), one sweep held
+    at a time; a finding out of order is one line, not a silently split sweep."""
+    last = None
+    for sweep_end, found in itertools.groupby(findings, key=lambda f: str(f["sweep_end"])):
+        if last is not None and sweep_end <= last:
+            raise ValueError(f"backtest findings out of sweep order at {sweep_end} (after {last})")
+        last = sweep_end
+        yield sweep_end, list(found)
 
 
-def replay_notifications(findings: list[Mapping[str, Any]], *, runbooks_dir: str | None = None
-                         ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(decisions, messages): each finding's decision as the sweep's notify step makes it, sweep by
-    sweep with `now` at the sweep's end, and each message Slack would have been sent."""
+# A finding's decision kept for the report: those that sent something. The others are only counted.
+SPOKE = ("posted", "replied", "recovered")
+
+
+def replay_notifications(findings: Iterable[Mapping[str, Any]], *, runbooks_dir: str | None = None
+                         ) -> tuple[list[dict[str, Any]], dict[str, int], list[dict[str, Any]]]:
+    """(decisions, counts, messages): each finding that made the sweep's notify step say something,
+    with its decision, replayed sweep by sweep with `now` at the sweep's end; how many findings got
+    each decision; and each message Slack would have been sent. `findings` is read as it goes."""
     from lagdoctor.contracts import COLLECTING_HISTORY, SWEEP_DAG_ID
     from lagdoctor.notify.formatting import parse_iso
     from lagdoctor.notify.incidents import delivery_batch, findings_without_news, post_or_update_incident
@@ -145,6 +155,7 @@ def replay_notifications(findings: list[Mapping[str, Any]], *, runbooks_dir: str
     runbooks = load_runbooks(runbooks_dir)
     sender = RecordingSender()
     decisions: list[dict[str, Any]] = []
+    counts: dict[str, int] = {}
     with throwaway_state() as settings:
         for sweep_end, found in by_sweep(findings):
             now, run_id, sender.sweep = parse_iso(sweep_end), f"backtest__{sweep_end}", sweep_end
@@ -160,12 +171,15 @@ def replay_notifications(findings: list[Mapping[str, Any]], *, runbooks_dir: str
                     result = quiet.get(n) or post_or_update_incident(
                         item["finding"], item["plan"], run_id=run_id, settings=settings, sender=sender,
                         sweep=sweeps[_key(item["finding"])], now=now, dag_id=SWEEP_DAG_ID, buttons=False)
+                    counts[result["decision"]] = counts.get(result["decision"], 0) + 1
+                    if result["decision"] not in SPOKE:
+                        continue
                     f = item["finding"]
                     decisions.append({"sweep_end": sweep_end, "cluster": f["cluster"], "group_id": f["group_id"],
                                       "topic": f["topic"], "diagnosis": f["diagnosis"],
                                       "provisional": bool(f.get("provisional")), "decision": result["decision"],
                                       "changes": result.get("changes") or []})
-    return decisions, sender.messages
+    return decisions, counts, sender.messages
 
 
 def _key(f: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -219,7 +233,8 @@ def episodes(timeline: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def set_report(name: str, thresholds: Mapping[str, Any], timeline: list[Mapping[str, Any]],
-               decisions: list[Mapping[str, Any]], messages: list[Mapping[str, Any]]) -> dict[str, Any]:
+               decisions: list[Mapping[str, Any]], counts: Mapping[str, int],
+               messages: list[Mapping[str, Any]]) -> dict[str, Any]:
     said = [d for d in decisions if d["decision"] in SAID]
     eps = episodes(timeline)
     for e in eps:
@@ -240,7 +255,7 @@ def set_report(name: str, thresholds: Mapping[str, Any], timeline: list[Mapping[
         "alerts": sum(1 for m in messages if m["thread_ts"] is None),
         "replies": sum(1 for m in messages if m["thread_ts"] is not None),
         "messages": len(messages),
-        "decisions": _count(d["decision"] for d in decisions),
+        "decisions": dict(sorted(counts.items())),
         "episodes": len(eps), "flips": sum(e["flips"] for e in eps),
         "corrected": sum(e["corrected"] for e in eps),
         "never_named": sum(1 for e in eps if e["first_right_message"] is None),
@@ -251,13 +266,6 @@ def set_report(name: str, thresholds: Mapping[str, Any], timeline: list[Mapping[
                       "verdict": _verdict(r["verdict"])} for r in timeline],
         "message_list": messages,
     }
-
-
-def _count(values) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for v in values:
-        out[v] = out.get(v, 0) + 1
-    return out
 
 
 def verdicts_per_sweep(timeline: list[Mapping[str, Any]], sweeps: list[str]) -> dict[tuple, str]:
@@ -337,9 +345,10 @@ def build_report(output: str, runbooks_dir: str | None = None) -> dict[str, Any]
     sets, timelines = [], {}
     for s in summary["sets"]:
         timeline = _jsonl(Path(output, f"{s['name']}.timeline.jsonl"))
-        findings = _jsonl(Path(output, f"{s['name']}.findings.jsonl"))
-        decisions, messages = replay_notifications(findings, runbooks_dir=runbooks_dir)
-        report = set_report(s["name"], s["thresholds"], timeline, decisions, messages)
+        with open(Path(output, f"{s['name']}.findings.jsonl"), encoding="utf-8") as fh:
+            decisions, counts, messages = replay_notifications(
+                (json.loads(line) for line in fh if line.strip()), runbooks_dir=runbooks_dir)
+        report = set_report(s["name"], s["thresholds"], timeline, decisions, counts, messages)
         report.update(carry_passes=s["carry_passes"], carry_settled=s["settled"])
         sets.append(report)
         timelines[s["name"]] = timeline

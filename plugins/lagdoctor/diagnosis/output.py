@@ -55,7 +55,21 @@ def write_jsonl(records: Iterable[dict], output: str, filename: str) -> str:
 
 def write_text(output: str, filename: str, text: str) -> str:
     """Write text to output/filename atomically (temporary name, then rename); returns the path."""
+    return write_lines(output, filename, [text])[0]
+
+
+def write_lines(output: str, filename: str, pieces: Iterable[str]) -> tuple[str, dict[str, int]]:
+    """Write `pieces` (text, e.g. JSON lines, produced as they are written: never all held at once)
+    to output/filename atomically (temporary name, then rename); (path, _stats of what was written)."""
     from lagdoctor.diagnosis.store_files import is_local_path, local_path
+
+    stats = {"rows": 0, "bytes": 0}
+
+    def counted(fh):
+        for piece in pieces:
+            fh.write(piece)
+            stats["rows"] += piece.count("\n")
+            stats["bytes"] += len(piece.encode("utf-8"))
 
     if is_local_path(output):
         directory = local_path(output)
@@ -64,14 +78,14 @@ def write_text(output: str, filename: str, text: str) -> str:
         tmp = os.path.join(directory, f".{filename}.{uuid.uuid4().hex[:8]}.tmp")
         try:
             with open(tmp, "w", encoding="utf-8") as fh:
-                fh.write(text)
+                counted(fh)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, final)
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
-        return final
+        return final, stats
     import fsspec
 
     fs, base = fsspec.core.url_to_fs(_fsspec_url(output))
@@ -81,12 +95,12 @@ def write_text(output: str, filename: str, text: str) -> str:
     tmp = f"{base}/.{filename}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         with fs.open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
+            counted(fh)
         fs.mv(tmp, final)
     finally:
         if fs.exists(tmp):
             fs.rm(tmp)
-    return f"{output.rstrip('/')}/{filename}"
+    return f"{output.rstrip('/')}/{filename}", stats
 
 
 def remove_file(output: str, filename: str) -> None:

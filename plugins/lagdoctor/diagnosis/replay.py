@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Iterator
 
 from lagdoctor.diagnosis.features import GROUP_KEY
 from lagdoctor.diagnosis.series import LABEL_SEP
@@ -292,10 +292,21 @@ def replay_sets(spark, snapshots, ends: list[datetime], window_minutes: float, s
     return out
 
 
-def set_outputs(found) -> tuple[str, str]:
-    """(findings.jsonl, timeline.jsonl) texts of one set's labelled findings: every finding, with
-    its sweep_end, of each (cluster, group, topic) with a problem in some sweep (what Slack could
-    hear); and per (cluster, group, topic) each sweep where its verdict changed."""
+# Sweeps whose findings are on the driver at once: a day of 200 lagging groups is about 600 MB of
+# findings.jsonl, a week seven times that, which no driver holds whole.
+SWEEPS_PER_COLLECT = 60
+
+
+def iso_end(us: int) -> str:
+    """A sweep's end as unlabel writes it (sortable text)."""
+    return from_micros(us).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def set_outputs(found, ends_us: list[int]) -> tuple[Iterator[str], str]:
+    """(findings.jsonl's lines, timeline.jsonl's text) of one set's labelled findings: every finding,
+    with its sweep_end, of each (cluster, group, topic) with a problem in some sweep (what Slack could
+    hear), sweep by sweep, collected SWEEPS_PER_COLLECT sweeps at a time as the lines are written;
+    and per (cluster, group, topic) each sweep where its verdict changed."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -305,13 +316,20 @@ def set_outputs(found) -> tuple[str, str]:
     found = unlabel(found).localCheckpoint()
     key = list(GROUP_KEY)
     problem = found.where(~F.col("diagnosis").isin(sorted(NO_PROBLEM_DIAGNOSES))).select(*key).distinct()
-    records = findings_records(found.join(F.broadcast(problem), key, "left_semi"))
-    records.sort(key=lambda r: r["sweep_end"])  # stable: each sweep keeps findings_records' order
+    heard = found.join(F.broadcast(problem), key, "left_semi").localCheckpoint()
+
+    def lines() -> Iterator[str]:
+        for i in range(0, len(ends_us), SWEEPS_PER_COLLECT):
+            first, last = iso_end(ends_us[i]), iso_end(ends_us[min(i + SWEEPS_PER_COLLECT, len(ends_us)) - 1])
+            records = findings_records(heard.where(F.col("sweep_end").between(first, last)))
+            records.sort(key=lambda r: r["sweep_end"])  # stable: each sweep keeps findings_records' order
+            for r in records:
+                yield to_json_line(r) + "\n"
+
     verdicts = found.groupBy("sweep_end", *key).agg(F.sort_array(F.collect_list(F.struct(
         "diagnosis", "severity", "provisional"))).alias("verdict"))
     w = Window.partitionBy(*key).orderBy("sweep_end")
     changes = verdicts.withColumn("before", F.lag("verdict").over(w)).where(
         F.col("before").isNull() | (F.col("before") != F.col("verdict"))).drop("before")
     timeline = dataframe_records(changes, order_by=[*key, "sweep_end"])
-    return ("".join(to_json_line(r) + "\n" for r in records),
-            "".join(to_json_line(r) + "\n" for r in timeline))
+    return lines(), "".join(to_json_line(r) + "\n" for r in timeline)
