@@ -87,6 +87,11 @@ def partition_aggregates(rows, th):
     # 10,000 x 20 partitions, 3.6M rows, local[2]: 14.9 -> 10.7 s)
     agg = rows.repartition("pk").mapInArrow(
         functools.partial(aggregate_batches, params=thresholds_params(th)), output_ddl())
+    return _features_order(agg)
+
+
+def _features_order(agg):
+    """OUTPUT's columns in the reference's order, the committed_record struct built, the owners last."""
     names = [name for name, _ in OUTPUT]
     cut, last = names.index("nothing_to_read") + 1, names.index("cleanup_policy") + 1
     return agg.select(*names[:cut], committed_record("committed_offset_last").alias("committed_record"),
@@ -100,14 +105,9 @@ CHUNK_ROWS = 65_536
 
 def aggregate_batches(batches: Iterator, params: dict, chunk_rows: int = CHUNK_ROWS) -> Iterator:
     """One task's record batches, in any order -> aggregate batches of whole series."""
-    tables = [pa.Table.from_batches([batch]) for batch in batches if batch.num_rows]
-    if not tables:
+    table = _sorted(batches)
+    if table is None:
         return
-    table = pa.concat_tables(tables)
-    del tables  # the sorted copy below replaces these rows: one copy held, not two
-    # stable, like the order the rows came in for rows of one time (as Spark's sort left them)
-    order = np.lexsort((table.column("t").to_numpy(), table.column("pk").to_numpy()))
-    table = table.take(pa.array(order))
     for start, stop in _slices(table.column("pk").to_numpy(), chunk_rows):
         yield aggregate_table(table.slice(start, stop - start), params)
 
@@ -128,22 +128,15 @@ def window_aggregates(rows, th, ends_us: list[int], window_us: int):
     agg = rows.repartition("pk").mapInArrow(
         functools.partial(window_batches, params=thresholds_params(th), ends_us=np.asarray(ends_us, np.int64),
                           window_us=int(window_us)), output_ddl())
-    names = [name for name, _ in OUTPUT]
-    cut, last = names.index("nothing_to_read") + 1, names.index("cleanup_policy") + 1
-    return agg.select(*names[:cut], committed_record("committed_offset_last").alias("committed_record"),
-                      *names[cut:last], *(name for name, _ in OWNERS))
+    return _features_order(agg)
 
 
 def window_batches(batches: Iterator, params: dict, ends_us, window_us: int,
                    chunk_rows: int = CHUNK_ROWS) -> Iterator:
     """One task's record batches -> the aggregate batches of every (series, window) pair."""
-    tables = [pa.Table.from_batches([batch]) for batch in batches if batch.num_rows]
-    if not tables:
+    table = _sorted(batches)
+    if table is None:
         return
-    table = pa.concat_tables(tables)
-    del tables
-    order = np.lexsort((table.column("t").to_numpy(), table.column("pk").to_numpy()))
-    table = table.take(pa.array(order))
     ts = pc.cast(table.column("snapshot_ts"), pa.int64()).to_numpy()
     pk = table.column("pk").to_numpy()
     starts = np.flatnonzero(np.r_[True, pk[1:] != pk[:-1]])
@@ -180,6 +173,18 @@ def window_batches(batches: Iterator, params: dict, ends_us, window_us: int,
             LABEL_SEP)
         yield out.set_column(out.schema.get_field_index("cluster"), "cluster", labels)
         first = last
+
+
+def _sorted(batches: Iterator):
+    """One task's record batches as one table sorted by (pk, t); None for no row."""
+    tables = [pa.Table.from_batches([batch]) for batch in batches if batch.num_rows]
+    if not tables:
+        return None
+    table = pa.concat_tables(tables)
+    del tables  # the sorted copy below replaces these rows: one copy held, not two
+    # stable, like the order the rows came in for rows of one time (as Spark's sort left them)
+    order = np.lexsort((table.column("t").to_numpy(), table.column("pk").to_numpy()))
+    return table.take(pa.array(order))
 
 
 def _slices(pk, size: int) -> Iterator[tuple[int, int]]:
