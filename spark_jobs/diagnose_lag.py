@@ -26,6 +26,9 @@ _SUCCESS (rows and bytes of each output): a folder without it is incomplete.
 --carry-from names the previous run's findings.jsonl (or its folder): a surge
 that outlasts the window keeps the baseline that run measured (rule case 27);
 one that cannot be read gets a one-line warning, and the run goes on without.
+--check-mount (the DAGs pass it with LAGDOCTOR_DATA_ROOT_SHARED=1): a local
+--snapshots folder on a cluster master is first proved seen by every executor
+(lagdoctor.mount); one that is not fails the run, exit 1, with nothing written.
 Exit codes: 0 outputs written (empty input -> empty outputs), 2 bad
 arguments or missing path, 3 a missing column in every file or an
 unreadable input, 1 any other failure (a store that failed to serve a file
@@ -59,6 +62,9 @@ def parse_args(argv):
                              "a file the store fails to serve is never moved)")
     parser.add_argument("--carry-from", default=None, metavar="PATH",
                         help="the previous run's findings.jsonl or its folder: surges older than the window")
+    parser.add_argument("--check-mount", action="store_true",
+                        help="the local --snapshots folder is declared mounted on every Spark host "
+                             "(LAGDOCTOR_DATA_ROOT_SHARED=1): on a cluster master, first prove every executor sees it")
     for f in fields(Thresholds):
         parser.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None, dest=f.name)
     args = parser.parse_args(argv)
@@ -131,6 +137,13 @@ def main(argv=None) -> int:
     persisted = []
     try:
         use_spark_s3_access(spark)
+        if args.check_mount:
+            from lagdoctor.mount import MountNotSeen, check_executors_see
+
+            try:  # before anything is read: an unseen mount reads as an empty, healthy store
+                check_executors_see(spark, absolute(args.snapshots))
+            except MountNotSeen as exc:
+                return fail(EXIT_FAILED, str(exc))
         # extract
         read = read_snapshot_store(spark, absolute(args.snapshots), datetime.now(timezone.utc),
                                    window=window_bounds(as_of, args.window_minutes), clusters=clusters,

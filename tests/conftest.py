@@ -54,6 +54,7 @@ pytest_plugins = [
 MARKER_OF_FIXTURE = {
     "kafka_bootstrap": "broker",
     "spark": "spark", "connect_server": "spark", "warm_engine": "spark", "connect_job": "spark", "job_runner": "spark",
+    "spark_standalone": "spark",
 }
 
 

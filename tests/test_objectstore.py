@@ -575,3 +575,8 @@ def test_a_local_data_root_with_a_remote_master_or_distributed_workers_is_refuse
         op.prepared_hook(_prep(tmp_path, str(tmp_path / "data")), str(tmp_path))
     line = str(err.value)
     assert says in line and "set LAGDOCTOR_DATA_ROOT=s3://" in line and "\n" not in line
+    assert line.endswith("or, if it is mounted at that path on every host, LAGDOCTOR_DATA_ROOT_SHARED=1")
+
+    # declared shared: submitted (the job proves the executors see it: tests/test_shared_root.py)
+    monkeypatch.setenv("LAGDOCTOR_DATA_ROOT_SHARED", "1")
+    op.prepared_hook(_prep(tmp_path, str(tmp_path / "data")), str(tmp_path))

@@ -399,18 +399,32 @@ def distributed_executor(executor: str | None) -> str | None:
     return None
 
 
-def check_deployable(data_root: str, *, master: str | None = None, executor: str | None = None) -> None:
+SHARED_ENV = "LAGDOCTOR_DATA_ROOT_SHARED"
+
+
+def check_deployable(data_root: str, *, master: str | None = None, executor: str | None = None,
+                     shared: bool = False) -> None:
     """Refuse, in one line, a local data root that other hosts would need to see:
     a remote Spark master (its executors read the snapshots) or a distributed
-    Airflow executor (tasks land on workers that share no disk)."""
+    Airflow executor (tasks land on workers that share no disk).
+
+    `shared` (LAGDOCTOR_DATA_ROOT_SHARED=1): the operator says the root is mounted at the
+    same path on every host; it is then proved at run time (lagdoctor.mount), not refused."""
     if is_remote(data_root):
         return
     remote_master = bool(master) and not str(master).startswith("local")
     distributed = distributed_executor(executor)
     if not remote_master and not distributed:
         return
+    if shared:
+        path = data_root[len("file://"):] if data_root.startswith("file://") else data_root
+        if not os.path.isabs(path):  # each host would resolve it against its own working directory
+            raise ObjectStoreError(
+                f"{SHARED_ENV}=1 needs an absolute LAGDOCTOR_DATA_ROOT, the path every host mounts, "
+                f"not {data_root!r}")
+        return
     where = f"Spark runs on {master}" if remote_master else f"Airflow runs tasks with the {distributed}"
     raise ObjectStoreError(
         f"LAGDOCTOR_DATA_ROOT is a local path ({data_root}) but {where}, whose hosts share no disk: "
         f"set LAGDOCTOR_DATA_ROOT=s3://<bucket>/lagdoctor and the AWS connection {CONN_ID_ENV} "
-        f"(default {DEFAULT_CONN_ID})")
+        f"(default {DEFAULT_CONN_ID}), or, if it is mounted at that path on every host, {SHARED_ENV}=1")

@@ -186,7 +186,9 @@ class DiagnoseLagOperator(SparkSubmitOperator):
 
         with no_retry(ValueError):
             url = SparkConnectHook(conn_id=self._conn_id).get_connection_url()
-            check_deployable(Settings.from_env().data_root, master=connect_master(url), executor=airflow_executor())
+            settings = Settings.from_env()
+            check_deployable(settings.data_root, master=connect_master(url), executor=airflow_executor(),
+                             shared=settings.data_root_shared)
             plan = plan_connect(prep, remote=url, connection_conf=_connection_extra(self._conn_id).get("conf"),
                                 operator_conf=self.conf, session_conf_dir=private_dir)
         self.log.info("diagnosis on the Spark Connect server %s", url.split(";", 1)[0])  # never its token
@@ -235,8 +237,10 @@ class DiagnoseLagOperator(SparkSubmitOperator):
         spark = hook._connection
         extra = _connection_extra(self._conn_id)
         with no_retry(ValueError):
-            data_root = Settings.from_env().data_root
-            check_deployable(data_root, master=spark["master"], executor=airflow_executor())
+            settings = Settings.from_env()
+            data_root = settings.data_root
+            check_deployable(data_root, master=spark["master"], executor=airflow_executor(),
+                             shared=settings.data_root_shared)
             plan = plan_submission(prep, master=spark["master"], deploy_mode=spark.get("deploy_mode"),
                                    binary_from_connection=bool(extra.get("spark-binary")), data_root=data_root,
                                    connection_conf=extra.get("conf"), operator_conf=self.conf)
@@ -291,6 +295,24 @@ def _form() -> dict[str, Any]:
 
 def _run_id() -> str:
     return str(get_current_context()["run_id"])
+
+
+def _run_key() -> str:
+    from lagdoctor.stages.common import run_key
+
+    ctx = get_current_context()
+    return run_key(str(ctx["run_id"]), ctx["dag"].dag_id)
+
+
+def see_shared_root() -> None:
+    """With LAGDOCTOR_DATA_ROOT_SHARED=1 under a distributed executor: fail this task in one line
+    when its worker does not see the root as the run's first task left it (lagdoctor.mount).
+    Retried: the next try may land on a worker that mounts it."""
+    from lagdoctor.mount import check_worker_sees
+    from lagdoctor.objectstore import airflow_executor
+    from lagdoctor.settings import Settings
+
+    check_worker_sees(Settings.from_env(), _run_key(), executor=airflow_executor())
 
 
 CLUSTERS_TASK_ID = "list_clusters"
@@ -367,15 +389,18 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
         if kind == "incident":
             params.pop("clusters", None)  # an incident looks at its one cluster
         dag_run = get_current_context().get("dag_run")
-        from lagdoctor.notify.spool import SpoolNotShared, check_shared
-        from lagdoctor.objectstore import ObjectStoreError, airflow_executor, check_deployable
+        from lagdoctor.mount import leave_run_marker
+        from lagdoctor.notify.spool import check_shared
+        from lagdoctor.objectstore import airflow_executor, check_deployable
         from lagdoctor.settings import Settings
 
         # before any snapshot lands on one worker's disk that the next task's worker cannot see
-        with no_retry(ObjectStoreError, SpoolNotShared):
+        with no_retry(ValueError):  # the settings' own errors (a bad LAGDOCTOR_DATA_ROOT_SHARED) too
             settings = Settings.from_env()
-            check_deployable(settings.data_root, executor=airflow_executor())
+            check_deployable(settings.data_root, executor=airflow_executor(), shared=settings.data_root_shared)
             check_shared(settings, executor=airflow_executor())
+        # a declared shared root: what later tasks look for on their own workers (see_shared_root)
+        leave_run_marker(settings, _run_key(), executor=airflow_executor())
         with no_retry(params_stage.FormError):
             return params_stage.validate_params(params, conf=getattr(dag_run, "conf", None) or {})
 
@@ -390,6 +415,7 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
           map_index_template="{{ task.op_kwargs['cluster'] }}")
     def snapshot(cluster: str, form: dict[str, Any]) -> dict[str, Any]:
         # An incident whose pattern selects nothing fails here, before Spark, never "no problem found".
+        see_shared_root()
         with no_retry(collect_stage.NoGroupMatched):
             return collect_stage.snapshot_cluster(cluster, _run_id(), form, dag_id=get_current_context()["dag"].dag_id,
                                                   require_match=kind == "incident")
@@ -399,6 +425,7 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
     # satisfy "one success" when every cluster failed.
     @task(execution_timeout=TIMEOUTS["prepare_diagnosis"], trigger_rule="all_done_min_one_success")
     def prepare_diagnosis() -> dict[str, Any]:
+        see_shared_root()
         form, ti = _form(), get_current_context()["ti"]
         results = ti.xcom_pull(task_ids=SNAPSHOT_TASK_ID, map_indexes=list(range(len(form["clusters"]))))
         read = collect_stage.snapshotted_clusters(form["clusters"], list(results))
@@ -415,6 +442,7 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
 
     @task(task_id=PLAN_TASK_ID, execution_timeout=TIMEOUTS["plan"])
     def plan(prep: dict[str, Any], form: dict[str, Any]) -> dict[str, Any]:
+        see_shared_root()
         ctx = get_current_context()
         with no_retry(RunbookError):
             return plan_stage.plan_findings(
@@ -436,6 +464,7 @@ def build_pipeline(*, samples: int, interval_s: float, prune: bool, one_thread_p
     # that fails or times out must not hold back the findings. No plan: no post.
     @task(task_id=POST_TASK_ID, execution_timeout=TIMEOUTS["post_findings"], trigger_rule="all_done_min_one_success")
     def post_findings(summary: dict[str, Any]) -> dict[str, int]:
+        see_shared_root()
         report_error = get_current_context()["ti"].xcom_pull(task_ids=REPORTS_TASK_ID, key=REPORT_ERROR_KEY)
         scope = notify_stage.incident_scope(_form()) if one_thread_per_run else None
         from lagdoctor.notify.spool import SpoolNotShared

@@ -16,6 +16,8 @@ Layout under the data root (contract 6):
 
 The spool and the outbox are appended to or renamed in place: with an object-store
 root (s3://) they live under $AIRFLOW_HOME/lagdoctor on the worker instead.
+A local root with LAGDOCTOR_DATA_ROOT_SHARED=1 is one every host mounts: the spool
+under it counts as shared (lagdoctor.notify.spool.check_shared).
 """
 
 from __future__ import annotations
@@ -48,6 +50,20 @@ def _env_number(env, name: str, kind, default, minimum):
     return value
 
 
+FLAG_VALUES = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
+               "off": False}
+
+
+def _env_flag(env, name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return FLAG_VALUES[raw.strip().lower()]
+    except KeyError:
+        raise ValueError(f"{name} must be 1 or 0, not {raw!r}") from None
+
+
 @dataclass(frozen=True)
 class Settings:
     data_root: str = field(default_factory=_default_data_root)
@@ -58,8 +74,13 @@ class Settings:
     record_budget_s: float = 10.0
     # LAGDOCTOR_SPOOL_DIR: where notifications wait while the state database is
     # unreachable; None: <data root>/state/spool (see spool_root). Under a distributed
-    # executor it must be set, to a folder every worker mounts (spool.check_shared).
+    # executor it must be set, to a folder every worker mounts, unless the spool is under a local
+    # root declared shared (spool.check_shared).
     spool_dir: str | None = None
+    # LAGDOCTOR_DATA_ROOT_SHARED=1: a local data root mounted at the same path on every
+    # Airflow worker and Spark executor (NFS, a ReadWriteMany volume). Not refused beside a
+    # remote master or a distributed executor; each run proves it instead (lagdoctor.mount).
+    data_root_shared: bool = False
 
     def __post_init__(self) -> None:
         # An s3:// root: its AWS connection (LAGDOCTOR_AWS_CONN_ID) becomes fsspec's
@@ -77,6 +98,7 @@ class Settings:
             record_partitions=_env_number(env, "LAGDOCTOR_RECORD_PARTITIONS", int, cls.record_partitions, 0),
             record_budget_s=_env_number(env, "LAGDOCTOR_RECORD_BUDGET_SECONDS", float, cls.record_budget_s, 0),
             spool_dir=env.get("LAGDOCTOR_SPOOL_DIR") or None,
+            data_root_shared=_env_flag(env, "LAGDOCTOR_DATA_ROOT_SHARED", cls.data_root_shared),
         )
 
     @property

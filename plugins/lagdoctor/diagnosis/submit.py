@@ -104,6 +104,7 @@ def job_arguments(
     topic: str | None = None,
     quarantine: bool = False,
     carry_from: str | None = None,
+    check_mount: bool = False,
 ) -> list[str]:
     """The job's own arguments (contract 2), e.g. for SparkSubmitOperator(application_args=...).
 
@@ -123,6 +124,8 @@ def job_arguments(
         args.append("--quarantine")
     if carry_from is not None:
         args += ["--carry-from", str(carry_from)]
+    if check_mount:
+        args.append("--check-mount")
     for name, value in (thresholds or {}).items():
         args += ["--" + name.replace("_", "-"), str(value)]
     return args

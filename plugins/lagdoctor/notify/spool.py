@@ -27,7 +27,8 @@ Many workers: the spool is only as shared as its folder. Under a distributed
 executor (Celery, Kubernetes, ...) the default folder is one worker's disk, gone
 with a pod, replayed only by that worker: ``check_shared`` refuses it in one
 line at the first task and before a post, unless LAGDOCTOR_SPOOL_DIR names a
-folder every worker mounts. Not the state database: the spool exists for when
+folder every worker mounts, or the spool is under a local data root declared
+shared (LAGDOCTOR_DATA_ROOT_SHARED=1: it is under the same mount). Not the state database: the spool exists for when
 that cannot be reached.
 
 Files: ``<id>.json`` under ``Settings.spool_root`` (a POSIX folder), written to
@@ -66,11 +67,15 @@ class SpoolNotShared(ValueError):
 def check_shared(settings: Any, *, executor: str | None) -> None:
     """Refuse, in one line, the default spool (this worker's disk) under a distributed executor:
     a call kept there dies with a Kubernetes pod, or waits on one Celery worker until it is stale.
-    LAGDOCTOR_SPOOL_DIR set is the operator's word that every worker mounts that folder."""
-    from lagdoctor.objectstore import distributed_executor
+    LAGDOCTOR_SPOOL_DIR set is the operator's word that every worker mounts that folder; so is
+    LAGDOCTOR_DATA_ROOT_SHARED=1 with a local data root, for the spool under it (each task then
+    checks it can write there: lagdoctor.mount.check_worker_sees)."""
+    from lagdoctor.objectstore import distributed_executor, is_remote
 
     distributed = distributed_executor(executor)
     if settings.spool_dir or not distributed:
+        return
+    if getattr(settings, "data_root_shared", False) and not is_remote(settings.data_root):
         return
     raise SpoolNotShared(
         f"LAGDOCTOR_SPOOL_DIR is not set, so the Slack spool is on this worker's disk ({settings.spool_root}), "

@@ -87,7 +87,8 @@ def prepare_diagnosis(
         "py_files": build_package_zip(work_dir),
         "args": job_arguments(snapshots, output, as_of=as_of.isoformat(),
                               window_minutes=window_minutes, thresholds=check_thresholds(thresholds),
-                              quarantine=True, carry_from=carry_from, **scope) + only,
+                              quarantine=True, carry_from=carry_from, check_mount=declared_shared(settings),
+                              **scope) + only,
         "output": output,
         "clusters": clusters,
         "python": sys.executable,
@@ -97,6 +98,13 @@ def prepare_diagnosis(
         # decides the driver JVM's options (C1 only for a small local job)
         "input_bytes": window_input_bytes(snapshots, as_of, window_minutes, clusters if only else None),
     }
+
+
+def declared_shared(settings: Settings) -> bool:
+    """A local data root declared mounted on every host: the job proves its executors see it."""
+    from lagdoctor.objectstore import is_remote
+
+    return settings.data_root_shared and not is_remote(settings.data_root)
 
 
 SCHEDULED_RUN_PREFIX = "scheduled__"  # the run id Airflow gives a run its schedule made
