@@ -210,6 +210,10 @@ def open_session(app_name: str):
     return spark, None
 
 
+# Spark's words for a JVM that ran out of memory (local: the driver's heap holds every task's)
+OUT_OF_MEMORY = ("SparkOutOfMemoryError", "java.lang.OutOfMemoryError", "UNABLE_TO_ACQUIRE_MEMORY")
+
+
 def failure_exit(exc: BaseException, what: str, *, moved: bool = False) -> int:
     """The exit code and one line for a job's failure after its session started (`what`: e.g.
     "cannot diagnose PATH"); `moved`: the job may move files aside (the line says none was)."""
@@ -221,6 +225,9 @@ def failure_exit(exc: BaseException, what: str, *, moved: bool = False) -> int:
         return fail(EXIT_FAILED, str(exc))
     # Spark surfaces corrupt files only when it reads them
     message = one_line(exc)
+    if any(sign in str(exc) for sign in OUT_OF_MEMORY):  # before the store's signs: its stack names InternalError
+        return fail(EXIT_FAILED, f"{what}: Spark ran out of memory: give its driver more (spark.driver.memory) "
+                                 f"or ask for less at once: {message}")
     store = store_failure_in(str(exc))  # the whole text: the JVM's cause is past one_line's cut
     if store:
         return fail(EXIT_FAILED, f"{what}: the store failed while Spark read a file ({store}), not the file"

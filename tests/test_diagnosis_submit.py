@@ -91,3 +91,30 @@ def test_airflow_side_imports_no_pyspark():
     code = ("import sys, lagdoctor.diagnosis.submit, lagdoctor.diagnosis.thresholds, lagdoctor.lab.sim; "
             "sys.exit('pyspark' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_a_job_out_of_memory_says_so_not_that_the_store_failed(capsys):
+    """A week's backtest on Spark's default heap failed with 'the store failed while Spark read a
+    file (InternalError)': the JVM's stack names InternalError, but the store was never at fault."""
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "spark_jobs"))
+    try:
+        import diagnose_lag
+    finally:
+        sys.path.pop(0)
+    error = RuntimeError("Job aborted due to stage failure: Task 5 in stage 23.0 failed 1 times: "
+                         "org.apache.spark.memory.SparkOutOfMemoryError: [UNABLE_TO_ACQUIRE_MEMORY] Unable to "
+                         "acquire 67108864 bytes of memory\n\tat java.lang.InternalError.<init>")
+    assert diagnose_lag.failure_exit(error, "cannot backtest /store") == diagnose_lag.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot backtest /store: Spark ran out of memory" in err
+    assert "store failed" not in err
+
+
+def test_a_backtest_driver_gets_a_heap_for_its_range():
+    from datetime import datetime, timedelta, timezone
+
+    from lagdoctor.backtest import driver_memory
+
+    t0 = datetime(2026, 11, 21, tzinfo=timezone.utc)
+    assert [driver_memory(t0, t0 + timedelta(hours=h)) for h in (1, 24, 168, 336)] == ["3g", "3g", "8g", "8g"]

@@ -21,6 +21,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import os
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -70,6 +71,13 @@ def job_arguments(start: datetime, *, step_minutes: float, sets: Sequence[Thresh
     return args
 
 
+def driver_memory(start: datetime, end: datetime) -> str:
+    """The job's driver heap: every sweep's partition and group rows are classified at once (a week
+    at 200 x 10 ran out of Spark's default 1g), so 1g a day of range and 2g more, at most 8g."""
+    days = max(0.0, (end - start).total_seconds() / 86400)
+    return f"{min(8, 2 + math.ceil(days))}g"
+
+
 def run_job(store: str, output: str, start: datetime, end: datetime, *, window_minutes: float, step_minutes: float,
             sets: Sequence[ThresholdSet], master: str | None = None, timeout: float | None = None,
             **scope: Any) -> None:
@@ -79,7 +87,8 @@ def run_job(store: str, output: str, start: datetime, end: datetime, *, window_m
 
     proc = run_diagnosis_process(store, output, end.isoformat(), window_minutes, master or "local[*]",
                                  extra_args=job_arguments(start, step_minutes=step_minutes, sets=sets, **scope),
-                                 job_script=job_script(), timeout=timeout, capture=True)
+                                 job_script=job_script(), timeout=timeout, capture=True,
+                                 conf={"spark.driver.memory": driver_memory(start, end)})
     if proc.returncode != 0:
         line = diagnosis_failure_line((proc.stderr or "") + (proc.stdout or ""), exit_code=proc.returncode)[1]
         raise RuntimeError(line.replace("diagnosis: ", "backtest: ", 1).replace("diagnose_lag: error: ", ""))
