@@ -202,6 +202,13 @@ def report_in(root, name="20261121T100000Z") -> dict:
     return report
 
 
+def test_the_summary_says_how_the_sweeps_were_chosen(tmp_path):
+    report = report_in(tmp_path)
+    assert report["text"].splitlines()[0].endswith("6 sweeps (one every 1 min), 30-minute window")
+    assert bt.summary_text({**report, "step_minutes": None}).splitlines()[0].endswith("6 sweeps (as they ran), "
+                                                                                      "30-minute window")
+
+
 def test_the_lag_page_lists_backtests_and_shows_each_report_with_its_timeline(tmp_path):
     from lagdoctor.settings import Settings
     from lagdoctor.web.app import create_app

@@ -125,6 +125,7 @@ def test_the_backtest_of_a_live_run_says_what_its_sweeps_decided_sweep_by_sweep(
                                   store=settings.snapshots_root, output=str(tmp_path / "backtest"),
                                   master="local[2]", settings=settings)
     assert report["sweeps"] == SWEEPS and report["window_minutes"] == WINDOW_MINUTES
+    assert report["text"].splitlines()[0].endswith(f"{SWEEPS} sweeps (as they ran), 1-minute window")
     timeline = [json.loads(line) for line in Path(output, "current.timeline.jsonl").read_text().splitlines()]
     replayed = replayed_verdicts(timeline, ends)
     for end in ends:

@@ -409,7 +409,8 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 def summary_text(report: Mapping[str, Any]) -> str:
     """The report as the CLI prints it."""
-    lines = [f"backtest {report['from']} .. {report['to']}: {report['sweeps']} sweeps, "
+    every = "as they ran" if report.get("step_minutes") is None else f"one every {report['step_minutes']:g} min"
+    lines = [f"backtest {report['from']} .. {report['to']}: {report['sweeps']} sweeps ({every}), "
              f"{report['window_minutes']:g}-minute window"]
     for s in report["sets"]:
         med = s["median_seconds_to_first_right"]
