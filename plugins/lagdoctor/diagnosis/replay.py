@@ -292,9 +292,10 @@ def replay_sets(spark, snapshots, ends: list[datetime], window_minutes: float, s
     return out
 
 
-# Sweeps whose findings are on the driver at once: a day of 200 lagging groups is about 600 MB of
-# findings.jsonl, a week seven times that, which no driver holds whole.
-SWEEPS_PER_COLLECT = 60
+# Findings on the driver at once, about (whole sweeps at a time): a day of 200 lagging groups is
+# about 600 MB of findings.jsonl, a week seven times that, which no driver holds whole; each
+# collect scans every finding kept, so not fewer than needed either.
+FINDINGS_PER_COLLECT = 50_000
 
 
 def iso_end(us: int) -> str:
@@ -305,7 +306,7 @@ def iso_end(us: int) -> str:
 def set_outputs(found, ends_us: list[int]) -> tuple[Iterator[str], str]:
     """(findings.jsonl's lines, timeline.jsonl's text) of one set's labelled findings: every finding,
     with its sweep_end, of each (cluster, group, topic) with a problem in some sweep (what Slack could
-    hear), sweep by sweep, collected SWEEPS_PER_COLLECT sweeps at a time as the lines are written;
+    hear), sweep by sweep, collected about FINDINGS_PER_COLLECT at a time as the lines are written;
     and per (cluster, group, topic) each sweep where its verdict changed."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -318,9 +319,12 @@ def set_outputs(found, ends_us: list[int]) -> tuple[Iterator[str], str]:
     problem = found.where(~F.col("diagnosis").isin(sorted(NO_PROBLEM_DIAGNOSES))).select(*key).distinct()
     heard = found.join(F.broadcast(problem), key, "left_semi").localCheckpoint()
 
+    per_sweep = heard.count() / max(1, len(ends_us))
+    step = max(1, int(FINDINGS_PER_COLLECT / max(per_sweep, 1.0)))
+
     def lines() -> Iterator[str]:
-        for i in range(0, len(ends_us), SWEEPS_PER_COLLECT):
-            first, last = iso_end(ends_us[i]), iso_end(ends_us[min(i + SWEEPS_PER_COLLECT, len(ends_us)) - 1])
+        for i in range(0, len(ends_us), step):
+            first, last = iso_end(ends_us[i]), iso_end(ends_us[min(i + step, len(ends_us)) - 1])
             records = findings_records(heard.where(F.col("sweep_end").between(first, last)))
             records.sort(key=lambda r: r["sweep_end"])  # stable: each sweep keeps findings_records' order
             for r in records:
