@@ -47,7 +47,9 @@ carry from sweep to sweep and the same Slack decisions, in one Spark job, and
 writes a report: per threshold set the alerts and replies Slack would have had,
 the flips, the verdicts later corrected and the time from the first sign to the
 first message naming the settled cause; with overrides, what they change, sweep by
-sweep. Nothing is posted, acted on or written to lagdoctor's state. The report is
+sweep. With "as swept", it replays instead the sweeps that really ran in the
+range, at their own times and window: their verdicts beside the rules' now.
+Nothing is posted, acted on or written to lagdoctor's state. The report is
 on the lag page (Backtests) and in the task's log.
 """,
 ) as dag:
