@@ -85,7 +85,6 @@ def count_snapshot_files(root: str, cap: int = COUNT_CAP) -> int:
 def executor_view(task: int, snapshots: str, marker_path: str, token: str) -> str:
     """What one task sees, as "host<TAB>token seen (0/1)<TAB>files<TAB>error". Standard library only
     (pickled by value for the executors)."""
-    import os as _os
     import socket as _socket
 
     host = _socket.gethostname()
@@ -95,13 +94,8 @@ def executor_view(task: int, snapshots: str, marker_path: str, token: str) -> st
         error = "" if seen else "another token"
     except OSError as exc:
         seen, error = False, f"{type(exc).__name__}: {exc.strerror or exc}"
-    files = 0
-    for directory, folders, names in _os.walk(snapshots):
-        folders[:] = [f for f in folders if not f.startswith((".", "_"))]
-        files += sum(1 for n in names if not n.startswith((".", "_")) and (n.endswith(".parquet") or "." not in n))
-        if files >= 1000:
-            break
-    return "\t".join((host, "1" if seen else "0", str(min(files, 1000)), error.replace("\t", " ")))
+    files = count_snapshot_files(snapshots)  # this module travels by value: the same count as the driver's
+    return "\t".join((host, "1" if seen else "0", str(files), error.replace("\t", " ")))
 
 
 def unseen_line(views: list[str], *, path: str, driver_files: int, master: str) -> str | None:
